@@ -1,0 +1,1 @@
+"""Shared helpers: user-facing errors, atomic file writes, logging."""

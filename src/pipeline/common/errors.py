@@ -1,0 +1,34 @@
+"""User errors exit 2 with one line; anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, TypeVar
+
+F = TypeVar("F", bound=Callable[..., int | None])
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad config, missing file, bad flag). Exits with code 2."""
+
+    exit_code = 2
+
+
+def cli_main(fn: F) -> F:
+    """Wrap a ``main(argv)`` so a UserError prints ``error: ...`` and exits 2, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            rc = fn(*args, **kwargs)
+        except UserError as exc:
+            for line in str(exc).splitlines() or [""]:
+                print(f"error: {line}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr)
+            return 130
+        return 0 if rc is None else rc
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""Configuration: schema, YAML + Hydra override loading, model registry, cluster profiles."""

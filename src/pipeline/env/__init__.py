@@ -1,0 +1,1 @@
+"""Environment pipeline: runtimes, base-model assets, validation checks."""

@@ -1,0 +1,202 @@
+"""Validation gates of the environment: numbered, named checks that print PASS, FAIL or SKIP.
+
+Every FAIL prints the command that fixes it; checks that need hardware this machine lacks (a GPU)
+are reported as SKIP with the reason. Exit code 0 when nothing failed, 1 otherwise.
+
+    python -m pipeline.env.validate            # all checks
+    python -m pipeline.env.validate --list     # names only
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from pipeline.common.errors import cli_main
+
+ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+SETUP = f"bash {ROOT}/pipeline_env_setup.sh"
+
+
+class Skip(Exception):
+    """The check cannot run on this machine; the message says why."""
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    fn: Callable[[], str]  # returns a detail string; raises AssertionError/Exception on failure, Skip to skip
+    fix: str
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;]+)", line.strip())
+        if m:
+            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
+    return pins
+
+
+def check_python() -> str:
+    v = sys.version_info
+    assert (v.major, v.minor) == (3, 11), f"Python {v.major}.{v.minor}; the local lock is for 3.11"
+    return sys.version.split()[0]
+
+
+def check_venv() -> str:
+    venv = Path(os.environ.get("PIPELINE_VENV", ROOT / ".venv"))
+    assert Path(sys.prefix).resolve() == venv.resolve(), f"running in {sys.prefix}, not the venv {venv}"
+    return str(venv)
+
+
+def check_pins() -> str:
+    req = Path(os.environ.get("PIPELINE_REQUIREMENTS", ROOT / "requirements" / "local.txt"))
+    bad = []
+    pins = _pins(req)
+    for name, want in pins.items():
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            bad.append(f"{name} missing (want {want})")
+            continue
+        if have.split("+")[0] != want.split("+")[0]:
+            bad.append(f"{name} {have} != {want}")
+    assert not bad, "; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+    return f"{len(pins)} packages match {req.name}"
+
+
+def _import_version(mod: str) -> str:
+    m = importlib.import_module(mod)
+    return f"{mod} {getattr(m, '__version__', '?')}"
+
+
+def check_torch() -> str:
+    import torch
+
+    x = torch.ones(4) * 2
+    assert float(x.sum()) == 8.0
+    return f"torch {torch.__version__}, threads={torch.get_num_threads()}"
+
+
+def check_gpu() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA device on this machine (the local engine runs on CPU)")
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+
+
+def check_smollm2_package() -> str:
+    from pipeline.env.assets import smollm2_gguf_dir
+
+    return str(smollm2_gguf_dir())
+
+
+def check_base_model() -> str:
+    from pipeline.config.models import get_model, require_local_model
+
+    return str(require_local_model(get_model("smollm2-135m")))
+
+
+def check_chat_corpus() -> str:
+    import chatterbot_corpus
+
+    d = Path(chatterbot_corpus.__file__).parent / "data" / "english"
+    n = len(list(d.glob("*.yml")))
+    assert n > 0, f"no *.yml under {d}"
+    return f"{n} files in {d}"
+
+
+def _writable(path: Path) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path):
+        pass
+    return str(path)
+
+
+def check_hf_cache() -> str:
+    return _writable(Path(os.environ.get("HF_HOME", ROOT / ".cache" / "huggingface")))
+
+
+def check_wandb_dir() -> str:
+    return _writable(Path(os.environ.get("WANDB_DIR", ROOT)))
+
+
+def check_wandb_offline() -> str:
+    import wandb
+
+    with tempfile.TemporaryDirectory() as d:
+        run = wandb.init(project="pipeline-validate", mode="offline", dir=d, settings=wandb.Settings(silent=True))
+        run.log({"check": 1.0})
+        run.finish()
+        runs = list(Path(d).glob("wandb/offline-run-*"))
+        assert runs, "no offline run directory written"
+    return f"wandb {wandb.__version__} offline run written"
+
+
+CHECKS: list[Check] = [
+    Check("python-version", check_python, f"PIPELINE_PYTHON=python3.11 {SETUP} --force"),
+    Check("venv-active", check_venv, f"source {ROOT}/pipeline_env_activate.sh"),
+    Check("package-pins", check_pins, f"{SETUP} --only packages --force"),
+    Check("import-torch", check_torch, f"{SETUP} --only packages --force"),
+    Check("import-transformers", lambda: _import_version("transformers"), f"{SETUP} --only packages --force"),
+    Check("import-datasets", lambda: _import_version("datasets"), f"{SETUP} --only packages --force"),
+    Check("import-pyarrow", lambda: _import_version("pyarrow"), f"{SETUP} --only packages --force"),
+    Check("import-hydra", lambda: _import_version("hydra"), f"{SETUP} --only packages --force"),
+    Check("import-pipeline", lambda: _import_version("pipeline"), f"source {ROOT}/pipeline_env_activate.sh"),
+    Check("smollm2-package", check_smollm2_package, f"{SETUP} --only packages --force"),
+    Check("base-model-smollm2", check_base_model, f"{SETUP} --only assets --force"),
+    Check("chat-corpus", check_chat_corpus, f"{SETUP} --only packages --force"),
+    Check("hf-cache-writable", check_hf_cache, "export HF_HOME=<a writable dir> (pipeline_env_config.env)"),
+    Check("wandb-dir-writable", check_wandb_dir, "export WANDB_DIR=<a writable dir> (pipeline_env_config.env)"),
+    Check("wandb-offline-run", check_wandb_offline, f"{SETUP} --only packages --force"),
+    Check("gpu-visible", check_gpu, "run on a GPU node (isambard_sbatch pipeline_env_submit.sbatch validate)"),
+]
+
+
+def run_checks(checks: list[Check]) -> tuple[int, int, int]:
+    passed = failed = skipped = 0
+    for i, check in enumerate(checks, 1):
+        try:
+            detail = check.fn()
+        except Skip as exc:
+            skipped += 1
+            print(f"[{i:2d}/{len(checks)}] SKIP {check.name}: {exc}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a check reports any failure as FAIL
+            failed += 1
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"[{i:2d}/{len(checks)}] FAIL {check.name}: {msg}", flush=True)
+            print(f"        fix: {check.fix}", flush=True)
+        else:
+            passed += 1
+            print(f"[{i:2d}/{len(checks)}] PASS {check.name}: {detail}", flush=True)
+    print(f"validate: {passed} passed, {failed} failed, {skipped} skipped", flush=True)
+    return passed, failed, skipped
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the check names and exit")
+    parser.add_argument("--only", action="append", default=[], help="run only this check (repeatable)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for i, c in enumerate(CHECKS, 1):
+            print(f"{i:2d} {c.name}")
+        return 0
+    checks = [c for c in CHECKS if not args.only or c.name in args.only]
+    _, failed, _ = run_checks(checks)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
