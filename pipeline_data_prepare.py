@@ -1,0 +1,18 @@
+#!/usr/bin/env python3
+"""pipeline_data_prepare.py - data pipeline entry point (prepare | tokenize | pack); see --help.
+
+Run inside the environment:  source pipeline_env_activate.sh && python pipeline_data_prepare.py --help
+or through Slurm:            isambard_sbatch pipeline_data_submit.sbatch prepare --dataset ... --seq-length 8192
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+os.environ.setdefault("PIPELINE_ROOT", ROOT)
+
+from pipeline.data.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

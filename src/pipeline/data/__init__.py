@@ -1,0 +1,1 @@
+"""Data pipeline: sources, chat templates + loss masks, tokenization, packing, Parquet and indexed writers."""

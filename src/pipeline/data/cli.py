@@ -1,0 +1,144 @@
+"""pipeline_data_prepare.py - the data pipeline's actions.
+
+  prepare   --dataset ORG/NAME|PATH|chatterbot-corpus --seq-length S [--tokenizer T] [...]
+            load, apply the chat template with loss on assistant turns only, tokenise, export, pack:
+            <dataset-root>/packed/<tokenizer>_pad_seq_to_mult<N>/training_<S>.idx.parquet
+  tokenize  DATASET_ROOT TOKENIZER OUTPUT_NAME
+            pretraining corpus (text files, or JSONL/Parquet with a text field) -> Megatron .bin/.idx
+            at DATASET_ROOT/OUTPUT_NAME/, with an exact token count in token_count.json
+  pack      DATASET_ROOT TOKENIZER SEQ_LENGTH [PAD_SEQ_TO_MULT]
+            pack an already tokenised export (the output of prepare's tokenize stage), CPU only
+
+Every stage is resumable: re-running skips finished work with a message; --force redoes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pipeline.common.errors import UserError, cli_main
+from pipeline.common.log import setup_logging
+
+
+def _data_root() -> Path:
+    root = os.environ.get("PIPELINE_ROOT") or str(Path(__file__).resolve().parents[3])
+    return Path(os.environ.get("PIPELINE_DATA_ROOT") or Path(root) / "data")
+
+
+def _print_summary(summary: dict) -> None:
+    ex, pk = summary["export"], summary["pack"]
+    print("== data prepare summary ==")
+    print(f"examples in: {ex['rows_in']}  kept: {ex['kept']}  dropped: {ex['dropped'] or 'none'}")
+    for split in ("train", "validation"):
+        s = pk.get(split, {})
+        extra = {k: v for k, v in s.items() if k.startswith(("dropped_", "truncated"))}
+        print(f"{split:>10}: {s.get('sequences', 0)} sequences, {s.get('tokens', 0)} tokens -> "
+              f"{s.get('packs', 0)} packs, fill {s.get('packing_efficiency', 0)}%"
+              + (f", {extra}" if extra else ""))
+    print(f"seconds per stage: {summary['seconds_per_stage'] or 'all stages skipped (already done)'}")
+    for k, v in pk.get("paths", {}).items():
+        print(f"{k:>10}: {v}")
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pipeline_data_prepare.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True)
+
+    p = sub.add_parser("prepare", help="load + chat template + tokenise + export + pack")
+    p.add_argument("--dataset", required=True, help="HF dataset id ORG/NAME, a local dir/.jsonl/.parquet, or chatterbot-corpus")
+    p.add_argument("--seq-length", type=int, required=True, help="packed sequence length S")
+    p.add_argument("--tokenizer", default="smollm2-135m", help="registry model name, local dir or HF id")
+    p.add_argument("--dataset-root", type=Path, help="output root (default: $PIPELINE_DATA_ROOT/<org>__<name>)")
+    p.add_argument("--pad-seq-to-mult", type=int, default=1, help="pad every sequence to this multiple (CP: >= 2*CP)")
+    p.add_argument("--context-parallel-size", type=int, default=1, help="validate the pad multiple against this CP")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--overlong", choices=["drop", "truncate"], default="drop",
+                   help="what to do with examples longer than the sequence length (counted either way)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, help="use only the first N usable conversations")
+    p.add_argument("--chunk-size", type=int, default=20000, help="conversations per tokenised chunk (resume unit)")
+    p.add_argument("--force", action="store_true", help="redo every stage")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    t = sub.add_parser("tokenize", help="pretraining corpus -> Megatron .bin/.idx")
+    t.add_argument("dataset_root", help="corpus: a folder of text files, or JSONL/Parquet (file or folder)")
+    t.add_argument("tokenizer")
+    t.add_argument("output_name")
+    t.add_argument("--output-dir", type=Path, help="default: DATASET_ROOT/OUTPUT_NAME (or $PIPELINE_DATA_ROOT/OUTPUT_NAME for a file)")
+    t.add_argument("--text-field", default="text")
+    t.add_argument("--docs-per-part", type=int, default=2000)
+    t.add_argument("--limit", type=int)
+    t.add_argument("--force", action="store_true")
+    t.add_argument("--quiet", action="store_true")
+
+    k = sub.add_parser("pack", help="pack an already tokenised export")
+    k.add_argument("dataset_root", type=Path)
+    k.add_argument("tokenizer")
+    k.add_argument("seq_length", type=int)
+    k.add_argument("pad_seq_to_mult", type=int, nargs="?", default=1)
+    k.add_argument("--context-parallel-size", type=int, default=1)
+    k.add_argument("--tensor-parallel-size", type=int, default=1)
+    k.add_argument("--sequence-parallel", action="store_true")
+    k.add_argument("--overlong", choices=["drop", "truncate"], default="drop")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--force", action="store_true")
+    k.add_argument("--quiet", action="store_true")
+
+    args = parser.parse_args(argv)
+    setup_logging(quiet=getattr(args, "quiet", False))
+
+    from pipeline.data import prepare as prep
+
+    if args.action == "prepare":
+        from pipeline.data.sources import dataset_dirname
+
+        root = args.dataset_root or _data_root() / dataset_dirname(args.dataset)
+        opts = prep.PrepareOptions(
+            dataset=args.dataset, dataset_root=root, seq_length=args.seq_length, tokenizer=args.tokenizer,
+            pad_seq_to_mult=args.pad_seq_to_mult, context_parallel_size=args.context_parallel_size,
+            tensor_parallel_size=args.tensor_parallel_size, sequence_parallel=args.sequence_parallel,
+            val_fraction=args.val_fraction, seed=args.seed, overlong=args.overlong, limit=args.limit,
+            chunk_size=args.chunk_size, force=args.force, quiet=args.quiet)
+        summary = prep.prepare(opts)
+        print(json.dumps(summary, indent=2)) if args.json else _print_summary(summary)
+        return 0
+
+    if args.action == "tokenize":
+        from pipeline.data.indexed import tokenize_corpus
+
+        src = Path(args.dataset_root)
+        if not src.exists() and "/" not in args.dataset_root:
+            raise UserError(f"corpus {src} does not exist")
+        out = args.output_dir or ((src if src.is_dir() else _data_root()) / args.output_name)
+        res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name, text_field=args.text_field,
+                              docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet)
+        print(json.dumps(res, indent=2))
+        return 0
+
+    # pack
+    from pipeline.data.chat import tokenizer_model_name
+    from pipeline.data.packing import check_pad_multiple
+
+    if not args.dataset_root.is_dir():
+        raise UserError(f"dataset root {args.dataset_root} does not exist")
+    problem = check_pad_multiple(args.pad_seq_to_mult, args.context_parallel_size, args.tensor_parallel_size,
+                                 args.sequence_parallel)
+    if problem:
+        raise UserError(problem)
+    res = prep.stage_pack(args.dataset_root, tokenizer_model_name(args.tokenizer), args.tokenizer, args.seq_length,
+                          args.pad_seq_to_mult, args.seed, args.overlong, args.force, prep.Timer())
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

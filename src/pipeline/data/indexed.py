@@ -1,0 +1,127 @@
+"""The ``tokenize`` action: a pretraining corpus -> Megatron indexed dataset (``.bin`` + ``.idx``).
+
+Format (``megatron.core.datasets.indexed_dataset``, MMIDIDX version 1): ``.bin`` holds the token ids
+back to back (uint16 when the vocabulary is below 65500, else int32, as Megatron's
+``DType.optimal_dtype`` chooses); ``.idx`` holds the header, the dtype code, sequence and document
+counts, int32 sequence lengths, int64 byte pointers and int64 document indices. Every document is one
+sequence ending in the tokenizer's EOD token, as ``preprocess_data.py --append-eod`` writes.
+
+Resumable: documents are tokenised in parts written atomically under ``.parts/``; a re-run skips
+finished parts, and the final ``.bin``/``.idx``/``token_count.json`` are assembled atomically from the
+parts, so an interrupted run and an uninterrupted run produce byte-identical files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.common.errors import UserError
+from pipeline.common.io import atomic_path, read_json, write_json
+
+log = logging.getLogger(__name__)
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+DTYPE_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}
+
+
+def optimal_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
+
+
+def write_index(path: Path, dtype: np.dtype, lengths: np.ndarray) -> None:
+    lengths = np.asarray(lengths, dtype=np.int32)
+    pointers = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    doc_idx = np.arange(len(lengths) + 1, dtype=np.int64)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(INDEX_HEADER)
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", DTYPE_CODES[dtype]))
+        f.write(struct.pack("<Q", len(lengths)))
+        f.write(struct.pack("<Q", len(doc_idx)))
+        f.write(lengths.tobytes(order="C"))
+        f.write(pointers.tobytes(order="C"))
+        f.write(doc_idx.tobytes(order="C"))
+
+
+def read_index(path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
+    """(dtype, sequence lengths, pointers, document indices) - used by tests and the token counter."""
+    buf = Path(path).read_bytes()
+    if buf[:9] != INDEX_HEADER:
+        raise ValueError(f"{path}: not a Megatron index file")
+    code = buf[17]
+    dtype = {v: k for k, v in DTYPE_CODES.items()}[code]
+    n_seq, n_doc = struct.unpack_from("<QQ", buf, 18)
+    off = 34
+    lengths = np.frombuffer(buf, np.int32, n_seq, off); off += 4 * n_seq
+    pointers = np.frombuffer(buf, np.int64, n_seq, off); off += 8 * n_seq
+    docs = np.frombuffer(buf, np.int64, n_doc, off)
+    return dtype, lengths, pointers, docs
+
+
+def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name: str, *,
+                    text_field: str = "text", docs_per_part: int = 2000, limit: int | None = None,
+                    force: bool = False, quiet: bool = False) -> dict:
+    from tqdm.auto import tqdm
+
+    from pipeline.common.log import progress_disabled
+    from pipeline.data.chat import load_tokenizer
+    from pipeline.data.sources import iter_texts
+
+    prefix = out_dir / f"{output_name}_text_document"
+    count_path = out_dir / "token_count.json"
+    if not force and count_path.exists() and prefix.with_suffix(".bin").exists() and prefix.with_suffix(".idx").exists():
+        log.info("tokenize: already done (%s), skipping", prefix)
+        return read_json(count_path)
+    tok = load_tokenizer(tokenizer_name)
+    eod = tok.eos_token_id
+    if eod is None:
+        raise UserError(f"tokenizer '{tokenizer_name}' has no EOS token to separate documents")
+    dtype = optimal_dtype(len(tok))
+    parts_dir = out_dir / ".parts"
+    texts = iter_texts(source, field=text_field)
+    if limit:
+        texts = itertools.islice(texts, limit)
+    part = 0
+    bar = tqdm(desc="tokenize", unit="doc", disable=progress_disabled(quiet))
+    while True:
+        batch = list(itertools.islice(texts, docs_per_part))
+        if not batch:
+            break
+        part_bin, part_len = parts_dir / f"part_{part:05d}.bin", parts_dir / f"part_{part:05d}.lens.npy"
+        if force or not (part_bin.exists() and part_len.exists()):
+            enc = tok(batch, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+            seqs = [np.asarray(ids + [eod], dtype=dtype) for ids in enc if ids]
+            lens = np.asarray([len(s) for s in seqs], dtype=np.int32)
+            with atomic_path(part_bin) as tmp:
+                np.concatenate(seqs).tofile(tmp) if seqs else open(tmp, "wb").close()
+            with atomic_path(part_len) as tmp, open(tmp, "wb") as f:
+                np.save(f, lens)
+        bar.update(len(batch))
+        part += 1
+    bar.close()
+    if part == 0:
+        raise UserError(f"corpus '{source}' has no documents (field '{text_field}')")
+    lengths = []
+    with atomic_path(prefix.with_suffix(".bin")) as tmp, open(tmp, "wb") as out:
+        for p in range(part):
+            out.write((parts_dir / f"part_{p:05d}.bin").read_bytes())
+            lengths.append(np.load(parts_dir / f"part_{p:05d}.lens.npy"))
+    lengths_arr = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+    write_index(prefix.with_suffix(".idx"), dtype, lengths_arr)
+    result = {"documents": int(len(lengths_arr)), "tokens": int(lengths_arr.sum()),
+              "tokens_without_eod": int(lengths_arr.sum() - len(lengths_arr)), "dtype": dtype.name,
+              "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix)}
+    write_json(count_path, result)
+    for f in parts_dir.glob("part_*"):
+        f.unlink()
+    parts_dir.rmdir()
+    log.info("tokenize: %d documents, %d tokens -> %s.{bin,idx} (count in %s)", result["documents"],
+             result["tokens"], prefix, count_path)
+    return result

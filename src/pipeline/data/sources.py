@@ -1,0 +1,179 @@
+"""Load conversations from any supported source and normalise them to ``{"messages": [...]}``.
+
+Sources: ``chatterbot-corpus`` (the packaged English chat corpus), a Hugging Face dataset name
+(``org/name``; needs the hub or a warm cache), a local directory (saved ``datasets`` dataset, or a
+folder of JSONL/Parquet files), a ``.jsonl`` file or a ``.parquet`` file.
+
+Rows are accepted in the OpenAI ``messages`` shape (``role``/``content``) or ShareGPT's
+``conversations`` shape (``from``/``value``). A row that cannot be used is counted under a reason and
+skipped; the caller decides what to do when nothing is left.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from pipeline.common.errors import UserError
+
+ROLE_ALIASES = {
+    "system": "system", "user": "user", "assistant": "assistant",
+    "human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
+}
+BUILTIN = ("chatterbot-corpus",)
+
+
+def dataset_dirname(dataset: str) -> str:
+    """``allenai/Dolci-Instruct-SFT`` -> ``allenai__Dolci-Instruct-SFT``; a path -> its stem."""
+    p = Path(dataset)
+    if p.exists():
+        return p.name.split(".")[0] if p.is_file() else p.name
+    return dataset.replace("/", "__")
+
+
+def _chatterbot_rows() -> Iterator[dict]:
+    import chatterbot_corpus
+    import yaml
+
+    d = Path(chatterbot_corpus.__file__).parent / "data" / "english"
+    for f in sorted(d.glob("*.yml")):
+        doc = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+        for conv in doc.get("conversations") or []:
+            msgs = []
+            for i, turn in enumerate(conv):
+                msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": turn})
+            yield {"messages": msgs, "source": f"chatterbot/{f.stem}"}
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                yield {"__bad__": "invalid_json", "__where__": f"{path}:{lineno}"}
+
+
+def _parquet_rows(path: Path) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=4096):
+        yield from batch.to_pylist()
+
+
+def _dir_rows(path: Path) -> Iterator[dict]:
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
+        yield from ds
+        return
+    files = sorted([*path.glob("*.jsonl"), *path.glob("*.parquet")])
+    files = [f for f in files if not f.name.startswith(("training.", "validation.", "test."))] or files
+    if not files:
+        raise UserError(f"no .jsonl or .parquet files in {path}")
+    for f in files:
+        yield from (_jsonl_rows(f) if f.suffix == ".jsonl" else _parquet_rows(f))
+
+
+def _hub_rows(name: str, split: str) -> Iterator[dict]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as exc:  # noqa: BLE001 - report any hub failure as a user-facing line
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        raise UserError(
+            f"cannot load dataset '{name}' split '{split}' from the Hugging Face hub"
+            + (" (HF_HUB_OFFLINE=1 and it is not in the cache)" if offline else "")
+            + f": {str(exc).splitlines()[0][:200]}"
+        ) from None
+    yield from ds
+
+
+def iter_raw_rows(dataset: str, split: str = "train") -> Iterator[dict]:
+    if dataset in BUILTIN:
+        return _chatterbot_rows()
+    p = Path(dataset)
+    if p.is_dir():
+        return _dir_rows(p)
+    if p.is_file():
+        if p.suffix == ".jsonl" or p.name.endswith(".json"):
+            return _jsonl_rows(p)
+        if p.suffix == ".parquet":
+            return _parquet_rows(p)
+        raise UserError(f"unsupported dataset file {p} (expected .jsonl or .parquet)")
+    if "/" in dataset and not dataset.startswith((".", "/")) and dataset.count("/") == 1:
+        return _hub_rows(dataset, split)
+    raise UserError(f"dataset '{dataset}' not found: not a file, a directory, an org/name id, or one of {BUILTIN}")
+
+
+def normalise(row: Any) -> tuple[dict | None, str | None]:
+    """Return (``{"messages": [...]}``, None) or (None, reason)."""
+    if not isinstance(row, dict):
+        return None, "not_an_object"
+    if "__bad__" in row:
+        return None, row["__bad__"]
+    msgs = row.get("messages")
+    if msgs is None:
+        msgs = row.get("conversations")
+    if msgs is None:
+        return None, "missing_messages"
+    if not isinstance(msgs, list) or not msgs:
+        return None, "empty_conversation"
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict):
+            return None, "bad_message"
+        role = m.get("role", m.get("from"))
+        content = m.get("content", m.get("value"))
+        role = ROLE_ALIASES.get(str(role).lower()) if role is not None else None
+        if role is None:
+            return None, "bad_role"
+        if not isinstance(content, str):
+            return None, "bad_content"
+        if not content.strip():
+            return None, "empty_content"
+        out.append({"role": role, "content": content})
+    if not any(m["role"] == "assistant" for m in out):
+        return None, "no_assistant_turn"
+    if out[-1]["role"] != "assistant":
+        out = out[: max(i for i, m in enumerate(out) if m["role"] == "assistant") + 1]
+    return {"messages": out}, None
+
+
+def load_conversations(dataset: str, split: str = "train", limit: int | None = None,
+                       ) -> tuple[list[dict], collections.Counter]:
+    """All usable conversations plus a Counter of dropped rows by reason (and 'rows_in')."""
+    stats: collections.Counter = collections.Counter()
+    convs = []
+    for row in iter_raw_rows(dataset, split):
+        stats["rows_in"] += 1
+        conv, reason = normalise(row)
+        if reason:
+            stats[f"dropped_{reason}"] += 1
+            continue
+        convs.append(conv)
+        if limit and len(convs) >= limit:
+            break
+    return convs, stats
+
+
+def iter_texts(dataset: str, field: str = "text", split: str = "train") -> Iterable[str]:
+    """Documents of a pretraining corpus: rows with a ``text`` field, or plain-text files in a folder."""
+    p = Path(dataset)
+    if p.is_dir() and not any(p.glob("*.jsonl")) and not any(p.glob("*.parquet")):
+        for f in sorted(x for x in p.rglob("*") if x.is_file() and x.suffix in (".txt", ".rst", ".md")):
+            yield f.read_text(encoding="utf-8", errors="replace")
+        return
+    for row in iter_raw_rows(dataset, split):
+        if isinstance(row, dict) and isinstance(row.get(field), str):
+            yield row[field]
