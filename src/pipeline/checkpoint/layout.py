@@ -1,0 +1,110 @@
+"""The Megatron checkpoint layout, shared by both engines (the only module that reads or writes it).
+
+    <save>/iter_0000200/                     one directory per saved iteration
+    <save>/latest_checkpointed_iteration.txt the latest *complete* iteration, written last (atomically)
+
+A local-engine iteration directory is a Hugging Face checkpoint plus the Trainer's optimizer/scheduler/RNG
+state and ``pipeline_checkpoint.json`` (engine, model, iteration), written before the directory is moved
+into place. A Megatron (Bridge) iteration directory is a ``torch_dist`` checkpoint (``metadata.json``,
+``common.pt``, shards). An iteration counts as complete when the tracker names it or a later iteration,
+and its directory holds its engine's completion files - never a directory still being written.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.common.errors import UserError
+from pipeline.common.io import read_json, write_text
+
+TRACKER = "latest_checkpointed_iteration.txt"
+MARKER = "pipeline_checkpoint.json"
+_ITER_RE = re.compile(r"^iter_(\d{7})$")
+
+
+def iter_dirname(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def iter_dir(save: Path, iteration: int) -> Path:
+    return Path(save) / iter_dirname(iteration)
+
+
+def read_tracker(save: Path) -> int | None:
+    p = Path(save) / TRACKER
+    if not p.exists():
+        return None
+    text = p.read_text().strip()
+    if text == "release":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def write_tracker(save: Path, iteration: int) -> None:
+    write_text(Path(save) / TRACKER, f"{iteration}\n")
+
+
+def engine_of(d: Path) -> str | None:
+    if (d / MARKER).exists():
+        return read_json(d / MARKER).get("engine", "local")
+    if (d / "metadata.json").exists() and (d / "common.pt").exists():
+        return "megatron"
+    return None
+
+
+def is_complete_dir(d: Path) -> bool:
+    """The engine's own completion files are present (a directory mid-save fails this)."""
+    eng = engine_of(d)
+    if eng == "local":
+        return (d / "config.json").exists() and any(d.glob("*.safetensors"))
+    if eng == "megatron":
+        return True
+    return False
+
+
+def list_iterations(save: Path) -> list[int]:
+    save = Path(save)
+    if not save.is_dir():
+        return []
+    out = []
+    for d in save.iterdir():
+        m = _ITER_RE.match(d.name)
+        if m and d.is_dir():
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def complete_iterations(save: Path) -> list[int]:
+    """Iterations that are safe to read: at or below the tracker, with complete directories."""
+    latest = read_tracker(save)
+    if latest is None:
+        return []
+    return [i for i in list_iterations(save) if i <= latest and is_complete_dir(iter_dir(save, i))]
+
+
+def latest_complete(save: Path) -> int | None:
+    its = complete_iterations(save)
+    return its[-1] if its else None
+
+
+def resolve_iteration(save: Path, iteration: int | None) -> Path:
+    """The directory to export: the requested iteration, or the latest complete one. UserError otherwise."""
+    save = Path(save)
+    if not save.is_dir():
+        raise UserError(f"checkpoint directory {save} does not exist")
+    complete = complete_iterations(save)
+    if iteration is None:
+        if not complete:
+            raise UserError(f"no complete checkpoint in {save} (no {TRACKER}, or it names no complete iteration)")
+        return iter_dir(save, complete[-1])
+    if iteration not in complete:
+        have = ", ".join(str(i) for i in complete) or "none"
+        if iteration in list_iterations(save):
+            raise UserError(f"iteration {iteration} in {save} is incomplete (still being written or interrupted); "
+                            f"complete iterations: {have}")
+        raise UserError(f"iteration {iteration} does not exist in {save}; complete iterations: {have}")
+    return iter_dir(save, iteration)

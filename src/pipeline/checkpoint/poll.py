@@ -1,0 +1,131 @@
+"""``upload-all``: convert every complete iteration of a checkpoint directory exactly once, optionally
+polling while training runs (the AutoExperiment seed's marker/lock scheme).
+
+    <ckpt>/converted_checkpoints/iter_NNNNNNN.done     written (atomically) after a verified export
+    <ckpt>/converted_checkpoints/iter_NNNNNNN.failed   verification failed: not retried automatically
+    <ckpt>/in_progress_checkpoints/iter_NNNNNNN.lock   held while converting (pid, host, time)
+
+Only iterations the tracker names as complete are touched, so a checkpoint still being written is never
+read. A poller killed mid-conversion leaves a lock whose process is gone: the next poller on the same host
+takes it over at once (another host after ``lock_ttl`` seconds); the export itself is idempotent (a
+verified ``hf/`` is not redone), so nothing is converted twice and nothing is skipped. Polling stops once
+training has finished (``TRAINING_DONE`` beside or inside the checkpoint directory) and every complete
+iteration is converted, or after ``idle_timeout`` seconds without a new checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Callable
+
+from pipeline.checkpoint import layout
+from pipeline.common.io import write_json
+
+log = logging.getLogger(__name__)
+DONE_DIR, LOCK_DIR = "converted_checkpoints", "in_progress_checkpoints"
+TRAINING_DONE = "TRAINING_DONE"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lock:
+    def __init__(self, path: Path, ttl: float):
+        self.path, self.ttl = path, ttl
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._stale():
+                    return False
+                log.warning("taking over stale lock %s", self.path)
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return True
+        return False
+
+    def _stale(self) -> bool:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError):
+            return time.time() - self.path.stat().st_mtime > self.ttl
+        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return not _pid_alive(info["pid"])
+        return time.time() - float(info.get("time", 0)) > self.ttl
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def training_finished(ckpt: Path) -> bool:
+    return (ckpt / TRAINING_DONE).exists() or (ckpt.parent / TRAINING_DONE).exists()
+
+
+def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
+    """One pass: convert every complete, unconverted, unlocked iteration. Returns (converted, failed)."""
+    done_dir, lock_dir = ckpt / DONE_DIR, ckpt / LOCK_DIR
+    converted, failed = [], []
+    for it in layout.complete_iterations(ckpt):
+        name = layout.iter_dirname(it)
+        if (done_dir / f"{name}.done").exists() or (done_dir / f"{name}.failed").exists():
+            continue
+        lock = Lock(lock_dir / f"{name}.lock", lock_ttl)
+        if not lock.acquire():
+            log.info("%s is being converted by another process, skipping", name)
+            continue
+        try:
+            try:
+                record = convert(layout.iter_dir(ckpt, it))
+            except Exception as exc:  # noqa: BLE001 - a failed conversion is recorded, the poller goes on
+                log.error("conversion of %s failed: %s", name, exc)
+                write_json(done_dir / f"{name}.failed", {"iteration": it, "error": str(exc),
+                                                        "record": getattr(exc, "record", None)})
+                failed.append(it)
+                continue
+            write_json(done_dir / f"{name}.done", {"iteration": it, "time": time.time(), **record})
+            converted.append(it)
+            log.info("converted %s", name)
+        finally:
+            lock.release()
+    return converted, failed
+
+
+def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, interval: float = 60.0,
+               idle_timeout: float | None = None, lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
+    all_conv, all_failed = [], []
+    last_new = time.time()
+    while True:
+        finished_before = training_finished(ckpt)
+        conv, failed = convert_pending(ckpt, convert, lock_ttl)
+        all_conv += conv
+        all_failed += failed
+        if conv or failed:
+            last_new = time.time()
+        if not poll:
+            break
+        if finished_before:
+            log.info("training has finished and every complete iteration is converted; stopping")
+            break
+        if idle_timeout is not None and time.time() - last_new > idle_timeout:
+            log.info("no new checkpoint for %.0f s; stopping", idle_timeout)
+            break
+        time.sleep(interval)
+    return all_conv, all_failed

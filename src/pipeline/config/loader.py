@@ -1,0 +1,184 @@
+"""Load a training config with one precedence: recipe defaults < YAML < command-line Hydra overrides.
+
+The override grammar is hydra-core's own (``key=value``, ``+key=value``, ``++key=value``, ``~key``,
+lists ``[1,2]``, quoted strings). Unknown keys fail with a hint naming the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.common.errors import UserError
+from pipeline.config.schema import schema_copy
+
+
+def _flat_keys(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.append(key)
+        if isinstance(v, dict):
+            out.extend(_flat_keys(v, key + "."))
+    return out
+
+
+def _hint(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{close[0]}'?)"
+    section = key.split(".")[0]
+    same = [k for k in known if k.startswith(section + ".") and k.count(".") == key.count(".")]
+    return f" (valid keys in '{section}': {', '.join(s.split('.')[-1] for s in same[:12])})" if same else ""
+
+
+def _merge_known(base: dict, update: dict, where: str, known: list[str], path: str = "") -> None:
+    """Merge ``update`` into ``base``; every key must already exist in ``base`` (the schema)."""
+    for k, v in update.items():
+        key = f"{path}{k}"
+        if k not in base:
+            raise UserError(f"{where}: unknown key '{key}'{_hint(key, known)}; use +{key}=... on the command line "
+                            "to pass a key through to Megatron Bridge")
+        if isinstance(base[k], dict) and isinstance(v, dict) and k != "env_vars":
+            _merge_known(base[k], v, where, known, key + ".")
+        elif isinstance(base[k], dict) and v is not None and not isinstance(v, dict) and base[k]:
+            raise UserError(f"{where}: '{key}' is a section, not a value")
+        else:
+            base[k] = v
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections (train, model, dataset, ...)")
+    return data
+
+
+def parse_overrides(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for o in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([o]))
+        except HydraException as exc:
+            msg = " ".join(str(exc).split())
+            raise UserError(f"malformed override '{o}': {msg[:200]}") from None
+    return parsed
+
+
+def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    from hydra.core.override_parser.types import OverrideType
+
+    known = _flat_keys(cfg)
+    for ov in parse_overrides(overrides):
+        key = ov.key_or_group
+        if ov.package:
+            raise UserError(f"override '{ov.input_line}': package syntax (@) is not supported here")
+        parts = key.split(".")
+        node = cfg
+        for i, p in enumerate(parts[:-1]):
+            if p not in node or not isinstance(node[p], dict):
+                if ov.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and p not in node:
+                    node[p] = {}
+                elif p in node and node[p] is None and ov.type in (OverrideType.ADD, OverrideType.FORCE_ADD):
+                    node[p] = {}
+                else:
+                    raise UserError(f"override '{ov.input_line}': unknown key '{key}'{_hint(key, known)}")
+            node = node[p]
+        leaf = parts[-1]
+        if ov.type == OverrideType.DEL:
+            if leaf not in node:
+                raise UserError(f"override '{ov.input_line}': cannot delete '{key}', it is not set")
+            del node[leaf]
+            continue
+        value = ov.value()
+        value = _to_plain(value)
+        if ov.type == OverrideType.CHANGE:
+            if leaf not in node:
+                raise UserError(f"override '{ov.input_line}': unknown key '{key}'{_hint(key, known)}; "
+                                f"use +{key}=... to add a key the schema does not know")
+            if isinstance(node[leaf], dict) and node[leaf] and not isinstance(value, dict):
+                raise UserError(f"override '{ov.input_line}': '{key}' is a section, not a value")
+        elif ov.type == OverrideType.ADD and leaf in node and node[leaf] is not None:
+            raise UserError(f"override '{ov.input_line}': '{key}' already exists; use {key}=... to change it")
+        node[leaf] = value
+    return cfg
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def deep_update(base: dict, update: dict) -> dict:
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                recipe_defaults: dict | None = None) -> dict:
+    """The resolved config: schema < recipe defaults < YAML < overrides. Raises UserError on any bad input."""
+    cfg = schema_copy()
+    known = _flat_keys(cfg)
+    if recipe_defaults:
+        _merge_known(cfg, recipe_defaults, "recipe defaults", known)
+    if path is not None:
+        _merge_known(cfg, read_yaml(path), str(path), known)
+    cfg = apply_overrides(cfg, list(overrides or []))
+    return resolve_interpolations(cfg)
+
+
+def resolve_interpolations(cfg: dict) -> dict:
+    """Resolve OmegaConf interpolations (``${oc.env:VAR,default}``, ``${model.seq_length}``)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        raise UserError(f"cannot resolve the config: {' '.join(str(exc).split())[:300]}") from None
+
+
+def get(cfg: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for p in dotted.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return default
+        node = node[p]
+    return default if node is None else node
+
+
+def strip_suite_only(cfg: dict) -> dict:
+    """A copy for Megatron Bridge: no suite-only keys and no unset (None) values."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.pop("pipeline", None)
+    if isinstance(out.get("dataset"), dict):
+        out["dataset"].pop("dataset_name", None)
+
+    def prune(d):
+        if isinstance(d, dict):
+            return {k: prune(v) for k, v in d.items() if v is not None and not (isinstance(v, dict) and not prune(v))}
+        return d
+
+    return prune(out)

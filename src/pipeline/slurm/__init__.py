@@ -1,0 +1,1 @@
+"""Slurm layer: allocation facts, rendezvous, sbatch rendering, the shared bad-node log."""

@@ -1,0 +1,74 @@
+"""Facts about the current allocation, read from Slurm's environment (one place for them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    job_id: str | None
+    nodes: int
+    node_rank: int
+    node_list: list[str]
+    gpus_on_node: int | None
+    restart_count: int
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.job_id is not None
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand a Slurm hostlist (``node[1-3,5]``) with ``scontrol show hostnames``, or by hand without it."""
+    if not hostlist:
+        return []
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
+                                 check=True, timeout=30).stdout
+            return out.split()
+        except (subprocess.SubprocessError, OSError):
+            pass
+    from pipeline.slurm.hostlist import expand
+
+    return expand(hostlist)
+
+
+def node_address(node: str) -> str:
+    """The address of a node for the rendezvous: its NodeAddr in Slurm (a node's name and its high-speed
+    interface can differ; on the local test cluster every node's NodeAddr is 127.0.0.1)."""
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "show", "node", node, "-o"], capture_output=True, text=True,
+                                 check=True, timeout=30).stdout
+            for tok in out.split():
+                if tok.startswith("NodeAddr="):
+                    return tok.split("=", 1)[1]
+        except (subprocess.SubprocessError, OSError):
+            pass
+    return node
+
+
+def current(env: dict[str, str] | None = None) -> Allocation:
+    env = dict(os.environ if env is None else env)
+    job = env.get("SLURM_JOB_ID")
+    gpus = env.get("SLURM_GPUS_ON_NODE")
+    return Allocation(
+        job_id=job,
+        nodes=int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1),
+        node_rank=int(env.get("SLURM_NODEID") or 0),
+        node_list=expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) if job else [],
+        gpus_on_node=int(gpus) if gpus and gpus.isdigit() else None,
+        restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
+    )
+
+
+def rendezvous(alloc: Allocation, base_port: int) -> tuple[str, int]:
+    """Master address (first node's NodeAddr) and a per-job port (jobs can share a node)."""
+    host = node_address(alloc.node_list[0]) if alloc.node_list else "127.0.0.1"
+    port = base_port + (int(alloc.job_id) % 20000 if alloc.job_id and alloc.job_id.isdigit() else 0)
+    return host, port

@@ -1,0 +1,1 @@
+"""Training pipeline: preflight, launch, engines (local, Megatron Bridge), fault tolerance, run records."""

@@ -1,0 +1,1 @@
+"""Training engines: ``local`` (transformers Trainer, CPU or one GPU) and ``megatron_bridge`` (GPU cluster)."""

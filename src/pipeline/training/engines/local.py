@@ -1,0 +1,377 @@
+"""The local engine: real training with transformers' ``Trainer`` on CPU (or one local GPU).
+
+Runs the same configs, data files and checkpoint layout as the Megatron Bridge engine, at small scale:
+packed SFT Parquet from the data pipeline (block-diagonal attention from per-sequence position ids,
+loss on the rolled assistant mask) or Megatron indexed ``.bin``/``.idx`` pretraining data. Checkpoints
+are written by the Trainer into a staging folder and moved atomically to ``<save>/iter_NNNNNNN/``, then
+``latest_checkpointed_iteration.txt`` is updated: an interrupted save is never the latest. A restarted
+process resumes from the latest complete iteration (weights, optimizer, scheduler, RNG, data position).
+
+Known limit: the Mamba layers of the tiny NemotronH model do not reset their state at pack boundaries in
+transformers' PyTorch fallback (attention layers do); Megatron's THD path resets both.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.common.errors import UserError
+from pipeline.common.io import write_json, write_text
+from pipeline.config.loader import get
+from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
+from pipeline.checkpoint import layout
+from pipeline.training import records
+
+log = logging.getLogger(__name__)
+SAVE_AND_EXIT = "SAVE_AND_EXIT"  # request file: checkpoint at the next step boundary, then exit (requeue)
+
+
+
+# ---- data -----------------------------------------------------------------------------------------
+class PackedSFTDataset:
+    """Packed rows -> input_ids, position_ids reset at each sequence start, labels from the rolled mask."""
+
+    def __init__(self, path: Path):
+        from pipeline.data import packed_parquet
+
+        self.rows = packed_parquet.read(path)
+        if not self.rows:
+            raise UserError(f"packed dataset {path} is empty")
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        r = self.rows[i]
+        ids = np.asarray(r["input_ids"], dtype=np.int64)
+        mask = np.asarray(r["loss_mask"], dtype=np.int64)
+        starts = list(r["seq_start_id"]) + [len(ids)]
+        pos = np.concatenate([np.arange(b - a) for a, b in zip(starts[:-1], starts[1:])])
+        labels = np.full_like(ids, -100)
+        # rolled mask: mask[t] == 1 means token t+1 is a target; HF shifts labels by one internally.
+        tgt = np.nonzero(mask[:-1])[0] + 1
+        labels[tgt] = ids[tgt]
+        return {"input_ids": ids, "position_ids": pos, "labels": labels}
+
+
+class IndexedPretrainDataset:
+    """Contiguous windows of ``seq_length`` tokens from Megatron ``.bin``/``.idx`` files."""
+
+    def __init__(self, prefixes: list[Path], seq_length: int):
+        from pipeline.data.indexed import read_index
+
+        chunks = []
+        for p in prefixes:
+            dtype, _, _, _ = read_index(p.with_suffix(".idx"))
+            chunks.append(np.fromfile(p.with_suffix(".bin"), dtype=dtype).astype(np.int64))
+        self.tokens = np.concatenate(chunks)
+        self.seq = seq_length
+        self.n = len(self.tokens) // seq_length
+        if self.n == 0:
+            raise UserError(f"pretraining data has {len(self.tokens)} tokens, fewer than one sequence of {seq_length}")
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        ids = self.tokens[i * self.seq:(i + 1) * self.seq]
+        return {"input_ids": ids, "position_ids": np.arange(self.seq), "labels": ids.copy()}
+
+
+def collate(pad_id: int):
+    import torch
+
+    def fn(batch):
+        n = max(len(b["input_ids"]) for b in batch)
+        out = {"input_ids": [], "position_ids": [], "labels": []}
+        for b in batch:
+            k = n - len(b["input_ids"])
+            last = int(b["position_ids"][-1]) + 1
+            out["input_ids"].append(np.concatenate([b["input_ids"], np.full(k, pad_id)]))
+            out["position_ids"].append(np.concatenate([b["position_ids"], np.arange(last, last + k)]))
+            out["labels"].append(np.concatenate([b["labels"], np.full(k, -100)]))
+        return {k: torch.as_tensor(np.stack(v), dtype=torch.long) for k, v in out.items()}
+
+    return fn
+
+
+def build_dataset(cfg: dict, spec: ModelSpec, mode: str):
+    from pipeline.data.chat import tokenizer_model_name
+    from pipeline.training.preflight import packed_data_paths
+
+    root = get(cfg, "dataset.dataset_root")
+    if root is None:
+        raise UserError("dataset.dataset_root is not set")
+    tok = get(cfg, "dataset.offline_packing_specs.tokenizer_model_name") or tokenizer_model_name(spec.name)
+    paths = packed_data_paths(cfg, tok)
+    if paths and paths["train"].exists():
+        return PackedSFTDataset(paths["train"]), "packed_sft"
+    prefixes = sorted(p.with_suffix("") for p in Path(root).rglob("*_text_document.idx"))
+    if mode != "sft" and prefixes:
+        return IndexedPretrainDataset(prefixes, int(get(cfg, "model.seq_length"))), "indexed"
+    raise UserError(f"no training data under {root}: expected {paths['train'] if paths else 'packed Parquet'}"
+                    + (" or *_text_document.bin/.idx" if mode != "sft" else ""))
+
+
+# ---- model -----------------------------------------------------------------------------------------
+def build_model_and_tokenizer(cfg: dict, spec: ModelSpec, mode: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, get(cfg, "pipeline.local.dtype", "float32"))
+    base = require_local_model(spec)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    pretrained = get(cfg, "checkpoint.pretrained_checkpoint")
+    if pretrained:
+        src = Path(pretrained)
+        if (src / layout.TRACKER).exists():
+            src = layout.resolve_iteration(src, None)
+        log.info("initialising from %s", src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+    elif spec.tiny_config is not None:
+        torch.manual_seed(int(get(cfg, "rng.seed", 1234)))
+        conf = build_tiny_config(spec, len(tokenizer), tokenizer.pad_token_id or tokenizer.eos_token_id,
+                                 tokenizer.eos_token_id, tokenizer.bos_token_id)
+        model = AutoModelForCausalLM.from_config(conf, dtype=dtype)
+        log.info("random-initialised %s (%.1fM parameters)", spec.name, model.num_parameters() / 1e6)
+    elif mode == "pretrain":
+        torch.manual_seed(int(get(cfg, "rng.seed", 1234)))
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base), dtype=dtype)
+        log.info("pretrain: random-initialised %s architecture", spec.name)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        log.info("initialising from the base model %s", base)
+    model.config.use_cache = False
+    if get(cfg, "pipeline.local.gradient_checkpointing", False):
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+# ---- callbacks ---------------------------------------------------------------------------------------------
+def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: records.ProgressLog, state: dict):
+    from transformers import TrainerCallback
+
+    class CheckpointLayout(TrainerCallback):
+        """Move the Trainer's checkpoint-N into <save>/iter_000000N, then update the tracker (written last)."""
+
+        def on_save(self, args, st, control, **kw):
+            _barrier()
+            if st.is_world_process_zero:
+                staged = Path(args.output_dir) / f"checkpoint-{st.global_step}"
+                if staged.is_dir():
+                    write_json(staged / layout.MARKER, {
+                        "engine": "local", "model": spec.name, "hf_id": spec.hf_id, "mode": mode,
+                        "iteration": st.global_step, "run_dir": str(run_dir), "time": time.time()})
+                    target = layout.iter_dir(save, st.global_step)
+                    if target.exists():
+                        shutil.rmtree(target)
+                    os.replace(staged, target)
+                    layout.write_tracker(save, st.global_step)
+                    log.info("saved checkpoint %s", target)
+            _barrier()
+            return control
+
+    class Records(TrainerCallback):
+        def on_log(self, args, st, control, logs=None, **kw):
+            logs = dict(logs or {})
+            loss, gn = logs.get("loss"), logs.get("grad_norm")
+            bad = [k for k, v in (("loss", loss), ("grad_norm", gn)) if isinstance(v, float) and not math.isfinite(v)]
+            if st.is_world_process_zero and "loss" in logs:
+                progress.log(st.global_step, {k: v for k, v in logs.items() if isinstance(v, (int, float))})
+            if bad:
+                msg = f"{' and '.join(bad)} became {loss if 'loss' in bad else gn} at step {st.global_step}"
+                if st.is_world_process_zero:
+                    write_text(run_dir / records.NAN_MARKER, msg + "\n")
+                    progress.summarize("failed_nan", st.global_step)
+                raise FloatingPointError(f"stopping: {msg}; lower optimizer.lr or check the data "
+                                         f"(the run will not restart: {run_dir / records.NAN_MARKER})")
+            return control
+
+    class SaveAndExit(TrainerCallback):
+        """A time-limit warning (SIGUSR1/SIGTERM, or the request file) -> checkpoint at this step, exit."""
+
+        def on_step_end(self, args, st, control, **kw):
+            if state.get("signal") or (run_dir / SAVE_AND_EXIT).exists():
+                if not state.get("stopping"):
+                    log.warning("save-and-exit requested: checkpointing at step %d and stopping", st.global_step)
+                state["stopping"] = True
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return [CheckpointLayout(), Records(), SaveAndExit()]
+
+
+def _barrier():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _scheduler(cfg: dict) -> tuple[str, dict]:
+    style = get(cfg, "scheduler.lr_decay_style", "cosine")
+    min_lr = float(get(cfg, "optimizer.min_lr", 0.0) or 0.0)
+    if style == "cosine":
+        return "cosine_with_min_lr", {"min_lr": min_lr}
+    if style == "linear":
+        return "linear", {}
+    if style == "constant":
+        return "constant_with_warmup", {}
+    if style == "WSD":
+        return "warmup_stable_decay", {"num_decay_steps": int(get(cfg, "scheduler.lr_decay_iters", 0) or 0)}
+    raise UserError(f"scheduler.lr_decay_style={style!r} is not supported by the local engine "
+                    "(cosine, linear, constant, WSD)")
+
+
+def train(run_dir: Path, cfg: dict, launch: dict) -> int:
+    import torch
+    import transformers
+    from transformers import Trainer, TrainingArguments
+
+    spec = get_model(launch["model"])
+    mode = launch["mode"]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    save = Path(get(cfg, "checkpoint.save"))
+    iters = int(get(cfg, "train.train_iters"))
+    gbs, mbs = int(get(cfg, "train.global_batch_size")), int(get(cfg, "train.micro_batch_size"))
+    accum = gbs // (mbs * world)
+    seq = int(get(cfg, "model.seq_length"))
+    transformers.set_seed(int(get(cfg, "rng.seed", 1234)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+
+    latest = layout.latest_complete(save)
+    if (run_dir / records.DONE_MARKER).exists() or (latest is not None and latest >= iters):
+        if rank == 0:
+            print(f"training already finished: {iters} iterations, checkpoint {layout.iter_dir(save, latest or iters)}")
+            print(records.COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+        return 0
+
+    ignored = [f"+{k}" for k in _unknown_keys(cfg)]
+    if ignored and rank == 0:
+        log.warning("the local engine ignores keys added for Megatron Bridge: %s", ", ".join(ignored))
+
+    model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
+    dataset, kind = build_dataset(cfg, spec, mode)
+    log.info("data: %d %s samples; world %d, mbs %d, grad accum %d, %d iterations", len(dataset), kind, world, mbs,
+             accum, iters)
+
+    state: dict = {}
+
+    def _on_signal(signum, frame):  # noqa: ARG001
+        state["signal"] = signum
+
+    signal.signal(signal.SIGUSR1, _on_signal)
+    if world == 1:
+        signal.signal(signal.SIGTERM, _on_signal)
+
+    sched, sched_kwargs = _scheduler(cfg)
+    wandb_on = bool(get(cfg, "logger.wandb_project")) and os.environ.get("WANDB_MODE") != "disabled"
+    if wandb_on:
+        os.environ["WANDB_PROJECT"] = str(get(cfg, "logger.wandb_project"))
+        os.environ["WANDB_DIR"] = str(get(cfg, "logger.wandb_save_dir") or run_dir)
+        Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
+        if get(cfg, "logger.wandb_entity"):
+            os.environ["WANDB_ENTITY"] = str(get(cfg, "logger.wandb_entity"))
+    save_interval = int(get(cfg, "checkpoint.save_interval") or iters)
+    eval_interval = int(get(cfg, "validation.eval_interval") or 0)
+    args = TrainingArguments(
+        output_dir=str(save / ".staging"),
+        run_name=str(get(cfg, "logger.wandb_exp_name", run_dir.name)),
+        max_steps=iters,
+        per_device_train_batch_size=mbs,
+        gradient_accumulation_steps=accum,
+        learning_rate=float(get(cfg, "optimizer.lr")),
+        weight_decay=float(get(cfg, "optimizer.weight_decay", 0.0) or 0.0),
+        adam_beta1=float(get(cfg, "optimizer.adam_beta1", 0.9)),
+        adam_beta2=float(get(cfg, "optimizer.adam_beta2", 0.999)),
+        adam_epsilon=float(get(cfg, "optimizer.adam_eps", 1e-8)),
+        max_grad_norm=float(get(cfg, "optimizer.clip_grad", 1.0) or 0.0),
+        lr_scheduler_type=sched,
+        lr_scheduler_kwargs=sched_kwargs,
+        warmup_steps=int(get(cfg, "scheduler.lr_warmup_iters", 0) or 0),
+        logging_steps=int(get(cfg, "logger.log_interval", 1) or 1),
+        save_strategy="steps",
+        save_steps=save_interval,
+        save_only_model=not get(cfg, "checkpoint.save_optim", True),
+        eval_strategy="steps" if eval_interval else "no",
+        eval_steps=eval_interval or None,
+        seed=int(get(cfg, "rng.seed", 1234)),
+        data_seed=int(get(cfg, "dataset.seed", get(cfg, "rng.seed", 1234)) or 1234),
+        dataloader_num_workers=int(get(cfg, "dataset.num_workers", 0) or 0),
+        remove_unused_columns=False,
+        report_to=["wandb"] if wandb_on and rank == 0 else [],
+        use_cpu=not torch.cuda.is_available(),
+        ddp_backend="gloo" if not torch.cuda.is_available() else None,
+        disable_tqdm=not os.isatty(2),
+    )
+    progress = records.ProgressLog(run_dir, tokens_per_step=gbs * seq)
+
+    class _Trainer(Trainer):
+        nan_step = get(cfg, "pipeline.local.fault_inject_nan_step")
+
+        def compute_loss(self, model, inputs, return_outputs=False, **kw):
+            out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
+            if self.nan_step is not None and self.state.global_step + 1 >= int(self.nan_step):
+                # Fault injection for the NaN guard's tests (pipeline.local.fault_inject_nan_step).
+                out = (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
+            return out
+
+    eval_ds = None
+    if eval_interval:
+        from pipeline.training.preflight import packed_data_paths
+        from pipeline.data.chat import tokenizer_model_name
+
+        vp = packed_data_paths(cfg, tokenizer_model_name(spec.name))
+        eval_ds = PackedSFTDataset(vp["validation"]) if vp and vp["validation"].exists() else None
+    trainer = _Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_ds,
+                       data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                             else tokenizer.eos_token_id),
+                       processing_class=tokenizer,
+                       callbacks=_callbacks(run_dir, save, spec, mode, progress, state))
+    resume = str(layout.iter_dir(save, latest)) if latest is not None else None
+    if resume and rank == 0:
+        log.info("resuming from %s", resume)
+    t0 = time.time()
+    trainer.train(resume_from_checkpoint=resume)
+    step = trainer.state.global_step
+    if rank == 0:
+        shutil.rmtree(save / ".staging", ignore_errors=True)
+    if state.get("stopping") and step < iters:
+        if rank == 0:
+            (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)
+            progress.summarize("preempted", step, time.time() - t0)
+            print(f"saved checkpoint at iteration {step} of {iters} and exited for requeue", flush=True)
+        return 0
+    if rank == 0:
+        summary = progress.summarize("completed", step, time.time() - t0)
+        write_text(run_dir / records.DONE_MARKER, f"{step}\n")
+        print(f"training finished: {step} iterations; loss {summary['first_loss']} -> {summary['final_loss']}; "
+              f"checkpoints in {save}; records in {run_dir}", flush=True)
+        print(records.COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+    return 0
+
+
+def _unknown_keys(cfg: dict, prefix: str = "", schema: dict | None = None) -> list[str]:
+    from pipeline.config.schema import SCHEMA
+
+    schema = SCHEMA if schema is None else schema
+    out = []
+    for k, v in cfg.items():
+        if k not in schema:
+            out.append(prefix + k)
+        elif isinstance(v, dict) and isinstance(schema[k], dict) and schema[k] and k != "env_vars":
+            out.extend(_unknown_keys(v, prefix + k + ".", schema[k]))
+    return out
+
+
+__all__ = ["train", "PackedSFTDataset", "IndexedPretrainDataset"]

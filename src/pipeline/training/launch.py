@@ -1,0 +1,210 @@
+"""pipeline_training_launch.sh CONFIG --model M --mode MODE [flags] [hydra overrides...]
+
+Resolves the config (recipe defaults < YAML < overrides), runs the preflight, writes the run records
+and replaces itself with the distributed launcher (torchrun, or ft_launcher for fault tolerance).
+Launcher flags start with ``--``; every other argument after the config is a Hydra override.
+
+  --model M            registry name (nano, super, smollm2-135m, tiny-nemotronh-moe, tiny-qwen3-moe)
+  --mode MODE          pretrain | cpt | sft
+  --peft lora          parameter-efficient fine-tuning (LoRA)
+  --disable-ft         plain torchrun instead of ft_launcher
+  --dry-run            print the plan, the resolved config, the launch command and the sbatch line; exit
+  --nodes N            plan for N nodes (default: the allocation's SLURM_JOB_NUM_NODES, else 1)
+  --cluster NAME       cluster profile (configs/cluster/NAME.yaml); default: the config's pipeline.cluster
+  --no-path-checks     skip dataset/checkpoint existence checks (planning away from the cluster)
+  --max-restarts K     launcher restarts after a failure (default: the cluster profile's)
+  --run-dir DIR        run records + checkpoints (default: $PIPELINE_RUNS_DIR/<logger.wandb_exp_name>)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from pipeline.common.errors import UserError, cli_main
+from pipeline.config.cluster import ClusterProfile, load_cluster
+from pipeline.config.loader import get, load_config
+from pipeline.config.models import ModelSpec, get_model
+from pipeline.slurm.allocation import Allocation, current, rendezvous
+
+MODES = ("pretrain", "cpt", "sft")
+ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise UserError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="pipeline_training_launch.sh", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
+    p.add_argument("config")
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", required=True, choices=MODES)
+    p.add_argument("--peft", choices=["lora"])
+    p.add_argument("--disable-ft", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--cluster")
+    p.add_argument("--no-path-checks", action="store_true")
+    p.add_argument("--max-restarts", type=int)
+    p.add_argument("--run-dir", type=Path)
+    return p
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Launcher flags (and their values) vs Hydra overrides (everything else after the config)."""
+    parser = build_parser()
+    takes_value = {a for act in parser._actions for a in act.option_strings if act.nargs is None
+                   and not isinstance(act, (argparse._StoreTrueAction, argparse._HelpAction))}
+    flags, overrides = [], []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") or a == "-h":
+            flags.append(a)
+            if a in takes_value and "=" not in a and i + 1 < len(argv):
+                flags.append(argv[i + 1])
+                i += 1
+        elif not flags and not overrides and not a.startswith(("+", "~")) and "=" not in a:
+            flags.append(a)  # the config path
+        else:
+            overrides.append(a)
+        i += 1
+    return flags, overrides
+
+
+def resolve_cluster(args, cfg: dict, spec: ModelSpec) -> ClusterProfile:
+    name = args.cluster or os.environ.get("PIPELINE_CLUSTER") or get(cfg, "pipeline.cluster") \
+        or ("local_cpu" if spec.is_local else None)
+    if name is None:
+        raise UserError(f"no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
+    return load_cluster(name)
+
+
+def default_run_dir(cfg: dict, config_path: str) -> Path:
+    name = get(cfg, "logger.wandb_exp_name") or Path(config_path).stem
+    return Path(os.environ.get("PIPELINE_RUNS_DIR") or ROOT / "runs") / name
+
+
+def finalize_config(cfg: dict, spec: ModelSpec, run_dir: Path, config_path: str) -> dict:
+    """Fill what the local engine needs and the config left unset (recorded in the resolved config)."""
+    if spec.is_local:
+        if get(cfg, "checkpoint.save") is None:
+            cfg["checkpoint"]["save"] = str(run_dir / "checkpoints")
+        if get(cfg, "logger.wandb_exp_name") is None:
+            cfg["logger"]["wandb_exp_name"] = Path(config_path).stem
+        if get(cfg, "logger.wandb_project") is None:
+            cfg["logger"]["wandb_project"] = os.environ.get("WANDB_PROJECT", "pipeline-local")
+        if get(cfg, "logger.wandb_save_dir") is None:
+            cfg["logger"]["wandb_save_dir"] = os.environ.get("WANDB_DIR") or str(ROOT)
+    return cfg
+
+
+def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, nodes: int, run_dir: Path,
+                   disable_ft: bool, max_restarts: int) -> list[str]:
+    """torchrun / ft_launcher command line (pure function of its inputs)."""
+    use_ft = (not disable_ft) and cluster.launcher == "ft_launcher"
+    cmd = ["ft_launcher" if use_ft else "torchrun"]
+    if alloc.in_slurm or nodes > 1:
+        host, port = rendezvous(alloc, cluster.rdzv_port)
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={alloc.job_id or 'local'}",
+                f"--nnodes={nodes}", f"--node-rank={alloc.node_rank}"]
+    else:
+        cmd += ["--standalone", "--nnodes=1"]
+    cmd += [f"--nproc-per-node={cluster.ranks_per_node}", f"--max-restarts={max_restarts}"]
+    if use_ft:
+        cmd += [f"--ft-rank_section_timeouts={cluster.ft_section_timeouts}",
+                f"--ft-rank_out_of_section_timeout={cluster.ft_out_of_section_timeout}"]
+    cmd += ["-m", "pipeline.training.run", "--run-dir", str(run_dir)]
+    return cmd
+
+
+def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str], overrides: list[str]) -> str:
+    parts = ["isambard_sbatch", f"--nodes={nodes}", "pipeline_training_submit.sbatch", config, model, mode, *flags,
+             *overrides]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def plan_from_args(argv: list[str]):
+    flags, overrides = split_args(argv)
+    args = build_parser().parse_args(flags)
+    spec = get_model(args.model)
+    if args.peft and spec.is_local:
+        raise UserError("--peft lora runs on the Megatron Bridge engine; the local engine trains full weights")
+    alloc = current()
+    nodes = args.nodes or alloc.nodes or 1
+    cfg = load_config(args.config, overrides, spec.recipe_defaults(args.mode, args.peft))
+    cluster = resolve_cluster(args, cfg, spec)
+    if alloc.gpus_on_node is not None and cluster.has_gpus and alloc.gpus_on_node != cluster.gpus_per_node:
+        raise UserError(f"the allocation has {alloc.gpus_on_node} GPUs per node but cluster profile "
+                        f"'{cluster.name}' says {cluster.gpus_per_node}: use --cluster or --gpus-per-node")
+    run_dir = (args.run_dir or default_run_dir(cfg, args.config)).resolve()
+    cfg = finalize_config(cfg, spec, run_dir, args.config)
+    from pipeline.training.preflight import run_preflight
+
+    plan = run_preflight(cfg, spec, args.mode, cluster, nodes, path_checks=not args.no_path_checks, peft=args.peft)
+    return args, spec, cluster, alloc, nodes, cfg, run_dir, plan, overrides
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    from pipeline.common.log import setup_logging
+    from pipeline.training import records
+    from pipeline.training.preflight import format_plan
+
+    setup_logging()
+    args, spec, cluster, alloc, nodes, cfg, run_dir, plan, overrides = plan_from_args(argv)
+    if not plan.ok:
+        for p in plan.problems:
+            print(f"error: {p}", file=sys.stderr)
+        print(f"preflight: {len(plan.problems)} problem(s); nothing was launched", file=sys.stderr)
+        return 2
+    restarts = cluster.max_restarts if args.max_restarts is None else args.max_restarts
+    cmd = launch_command(spec, cluster, alloc, nodes, run_dir, args.disable_ft, restarts)
+    launcher_flags = ["--disable-ft"] if args.disable_ft else []
+    if args.peft:
+        launcher_flags += ["--peft", args.peft]
+    print("== preflight: PASS ==")
+    print(format_plan(plan))
+    if args.dry_run:
+        import yaml
+
+        print("== resolved config ==")
+        print(yaml.safe_dump(cfg, sort_keys=False).rstrip())
+        print("== launch command (per node) ==")
+        print(" ".join(shlex.quote(c) for c in cmd))
+        print("== sbatch line ==")
+        print(sbatch_line(args.config, args.model, args.mode, nodes, launcher_flags, overrides))
+        return 0
+    if alloc.node_rank == 0:
+        records.write_launch_records(run_dir, cfg=cfg, spec=spec, mode=args.mode, peft=args.peft, cluster=cluster,
+                                     alloc=alloc, nodes=nodes, plan=plan, command=["pipeline_training_launch.sh", *argv],
+                                     launch_cmd=cmd)
+    else:
+        records.wait_for_records(run_dir)
+    env = dict(os.environ)
+    env.update(cluster.env)
+    env.update({str(k): str(v) for k, v in (get(cfg, "env_vars") or {}).items()})
+    env["PIPELINE_RUN_DIR"] = str(run_dir)
+    print(f"run directory: {run_dir}", flush=True)
+    print("launching: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except FileNotFoundError:
+        raise UserError(f"{cmd[0]} not found on PATH: is the environment active? "
+                        f"(bash pipeline_env_setup.sh; on the cluster the container provides ft_launcher)") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Login-node preflight: everything that can be checked without a GPU, before anything is queued.
+
+Each problem is one line naming every factor and the fix; ``run_preflight`` collects them all and the
+launcher exits 2 when there is any. The checks: parallel layout (world size divisibility by TP*PP*CP,
+expert groups by EP*ETP), the node-local rules of the cluster profile (TP*EP and TP*CP within a node),
+batch divisibility, sequence length vs packing and the context-parallel padding rule, dataset and
+checkpoint paths, tokens vs iterations, and a per-GPU memory estimate against the profile's memory.
+
+Memory estimate (Megatron engine, BF16 weights, FP32 grads and Adam with the distributed optimizer):
+  weights   = 2 B x (dense/(TP*PP) + experts/(EP*ETP*PP))
+  grads     = 4 B x the same parameter count (FP32 main-grad buffer, grad_reduce_in_fp32)
+  optimizer = 12 B x (dense/(TP*PP*DP*CP) + experts/(EP*ETP*PP*expert_DP)) (FP32 master, exp_avg, exp_avg_sq)
+  activations: full recompute keeps one BF16 layer input per layer (s/CP/TP_sp x h x layers/PP x mbs)
+               plus one layer's working set (~24 x s/CP x h bytes); without recompute ~34 x s/CP x h
+               bytes per layer (Korthikanti et al., per-layer activations of a transformer block)
+  logits    = 2 x 4 B x s/CP x vocab/TP (FP32 logits and their gradient in the cross-entropy)
+  overhead  = 5 GB (CUDA context, NCCL buffers, allocator fragmentation)
+The reference system measured 91.5 GB of 95 GB for its Nano 32K quickstart; ``docs/benchmarks.md``
+compares this estimate with that measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.cluster import ClusterProfile
+from pipeline.config.loader import get
+from pipeline.config.models import ModelSpec
+from pipeline.data.packing import check_pad_multiple
+
+GB = 1e9
+OVERHEAD_GB = 5.0
+
+
+@dataclasses.dataclass
+class Plan:
+    model: str
+    mode: str
+    engine: str
+    cluster: str
+    nodes: int
+    ranks_per_node: int
+    world: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    dp: int = 1
+    gbs: int = 0
+    mbs: int = 0
+    grad_accum: int = 0
+    seq_length: int = 0
+    train_iters: int = 0
+    tokens_per_iter: int = 0
+    total_tokens: int = 0
+    memory_gb: dict[str, float] = dataclasses.field(default_factory=dict)
+    memory_budget_gb: float = 0.0
+    problems: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _int(cfg: dict, key: str, plan: Plan, required: bool = True) -> int:
+    v = get(cfg, key)
+    if v is None:
+        if required:
+            plan.problems.append(f"{key} is not set (no recipe default for model '{plan.model}' mode '{plan.mode}'); "
+                                 f"set it in the YAML or with {key}=...")
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        plan.problems.append(f"{key}={v!r} must be an integer")
+        return 0
+    if v < 1 and not key.endswith("train_iters"):
+        plan.problems.append(f"{key}={v} must be >= 1")
+        return 0
+    return v
+
+
+def packed_data_paths(cfg: dict, tokenizer_name: str) -> dict[str, Path] | None:
+    from pipeline.data.packed_parquet import packed_paths
+
+    root = get(cfg, "dataset.dataset_root")
+    seq = get(cfg, "dataset.offline_packing_specs.packed_sequence_size") or get(cfg, "dataset.seq_length") \
+        or get(cfg, "model.seq_length")
+    if root is None or seq is None:
+        return None
+    pad = get(cfg, "dataset.offline_packing_specs.pad_seq_to_mult") or 1
+    paths = packed_paths(Path(root), tokenizer_name, int(pad), int(seq))
+    explicit = {"train": "packed_train_data_path", "validation": "packed_val_data_path", "metadata": "packed_metadata_path"}
+    for k, key in explicit.items():
+        v = get(cfg, f"dataset.offline_packing_specs.{key}")
+        if v:
+            paths[k] = Path(v)
+    return paths
+
+
+def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, sequence_parallel: bool,
+                       local_engine: bool) -> dict[str, float]:
+    s, h, L, V = plan.seq_length, spec.hidden_size, spec.num_layers, spec.vocab_size
+    if local_engine:
+        # transformers Trainer, FP32 everything, AdamW: weights 4 + grads 4 + Adam 8 bytes per parameter.
+        p = (spec.dense_params_b + spec.expert_params_b) * 1e9
+        act = 34 * s * h * L * plan.mbs * 2  # FP32 activations are 2x the BF16 per-layer figure
+        logits = 2 * 4 * s * V * plan.mbs
+        return {"weights": 4 * p / GB, "grads": 4 * p / GB, "optimizer": 8 * p / GB,
+                "activations": act / GB, "logits": logits / GB, "overhead": 0.5,
+                "total": (16 * p + act + logits) / GB + 0.5}
+    tp, pp, cp, ep, etp, dp = plan.tp, plan.pp, plan.cp, plan.ep, plan.etp, plan.dp
+    dense = spec.dense_params_b * 1e9 / (tp * pp)
+    expert = spec.expert_params_b * 1e9 / (ep * etp * pp)
+    expert_dp = max(1, plan.world // (ep * etp * pp))
+    weights = 2 * (dense + expert)
+    grads = 4 * (dense + expert)
+    optim = 12 * (dense / (dp * cp) + expert / expert_dp)
+    s_local = s / cp
+    sp_div = tp if sequence_parallel else 1
+    layers_local = L / pp
+    if recompute == "full":
+        act = 2 * (s_local / sp_div) * h * layers_local * plan.mbs + 24 * s_local * h * plan.mbs
+    else:
+        act = 34 * s_local * h * layers_local * plan.mbs / sp_div
+    logits = 2 * 4 * s_local * V / tp * plan.mbs
+    parts = {"weights": weights / GB, "grads": grads / GB, "optimizer": optim / GB, "activations": act / GB,
+             "logits": logits / GB, "overhead": OVERHEAD_GB}
+    parts["total"] = sum(parts.values())
+    return {k: round(v, 1) for k, v in parts.items()}
+
+
+def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile, nodes: int,
+                  path_checks: bool = True, peft: str | None = None) -> Plan:
+    local = spec.is_local
+    plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
+                ranks_per_node=cluster.ranks_per_node, world=nodes * cluster.ranks_per_node)
+    if nodes < 1:
+        plan.problems.append(f"--nodes({nodes}) must be >= 1")
+        return plan
+    if not local and not cluster.has_gpus:
+        plan.problems.append(f"model '{spec.name}' runs on the Megatron Bridge engine, which needs GPUs; cluster "
+                             f"profile '{cluster.name}' has gpus_per_node=0: use --cluster with a GPU profile")
+    if plan.world < 1:
+        plan.problems.append(f"cluster '{cluster.name}' gives {plan.ranks_per_node} ranks per node")
+        return plan
+    tp = plan.tp = _int(cfg, "model.tensor_model_parallel_size", plan)
+    pp = plan.pp = _int(cfg, "model.pipeline_model_parallel_size", plan)
+    cp = plan.cp = _int(cfg, "model.context_parallel_size", plan)
+    ep = plan.ep = _int(cfg, "model.expert_model_parallel_size", plan)
+    etp = plan.etp = _int(cfg, "model.expert_tensor_parallel_size", plan)
+    gbs = plan.gbs = _int(cfg, "train.global_batch_size", plan)
+    mbs = plan.mbs = _int(cfg, "train.micro_batch_size", plan)
+    iters = plan.train_iters = _int(cfg, "train.train_iters", plan)
+    seq = plan.seq_length = _int(cfg, "model.seq_length", plan)
+    if plan.problems:
+        return plan
+    gpn = cluster.ranks_per_node
+    sp = bool(get(cfg, "model.sequence_parallel", False))
+
+    if local and (tp, pp, cp, ep, etp) != (1, 1, 1, 1, 1):
+        plan.problems.append(f"the local engine has no model parallelism: tp({tp}) pp({pp}) cp({cp}) ep({ep}) "
+                             f"etp({etp}) must all be 1; it scales by data parallelism only")
+    mp = tp * pp * cp
+    if plan.world % mp:
+        plan.problems.append(f"world size {plan.world} = nodes({nodes}) * {'gpus' if cluster.has_gpus else 'procs'}"
+                             f"_per_node({gpn}) is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {mp}: "
+                             f"use a node count whose GPU total is a multiple of {mp}, or change the parallelism")
+    else:
+        plan.dp = plan.world // mp
+    if (plan.world // max(pp, 1)) % (ep * etp):
+        plan.problems.append(f"world size / pp = {plan.world}/{pp} = {plan.world // pp} is not divisible by "
+                             f"ep({ep}) * etp({etp}) = {ep * etp}: expert groups cannot be formed; change ep or --nodes")
+    if cluster.has_gpus:
+        if tp * ep > gpn:
+            plan.problems.append(f"tp({tp}) * ep({ep}) = {tp * ep} > gpus_per_node({gpn}) on '{cluster.name}': the "
+                                 f"expert all-to-all would cross nodes (~14x slower, fabric hangs); keep "
+                                 f"tp * ep <= {gpn} (e.g. ep={max(1, gpn // tp)})")
+        if tp * cp > gpn:
+            plan.problems.append(f"tp({tp}) * cp({cp}) = {tp * cp} > gpus_per_node({gpn}) on '{cluster.name}': "
+                                 f"context-parallel traffic would cross nodes; keep tp * cp <= {gpn}")
+    if plan.dp and gbs % (mbs * plan.dp):
+        unit = mbs * plan.dp
+        plan.problems.append(f"train.global_batch_size({gbs}) is not divisible by micro_batch_size({mbs}) * "
+                             f"data_parallel({plan.dp}) = {unit}: use a multiple of {unit} "
+                             f"(e.g. {max(unit, round(gbs / unit) * unit)})")
+    elif plan.dp:
+        plan.grad_accum = gbs // (mbs * plan.dp)
+    if iters < 1:
+        plan.problems.append(f"train.train_iters({iters}) must be >= 1")
+
+    ds_seq = get(cfg, "dataset.seq_length")
+    if ds_seq is not None and ds_seq != seq:
+        plan.problems.append(f"dataset.seq_length({ds_seq}) != model.seq_length({seq}): set both to the same value")
+    packed_size = get(cfg, "dataset.offline_packing_specs.packed_sequence_size")
+    if packed_size not in (None, -1) and packed_size != seq:
+        plan.problems.append(f"dataset.offline_packing_specs.packed_sequence_size({packed_size}) != "
+                             f"model.seq_length({seq}): packs must be exactly one sequence long")
+    pad = get(cfg, "dataset.offline_packing_specs.pad_seq_to_mult") or 1
+    if cp > 1 or pad > 1:
+        problem = check_pad_multiple(int(pad), cp, tp, sp)
+        if problem:
+            plan.problems.append("dataset.offline_packing_specs." + problem)
+    if seq % max(1, 2 * cp if cp > 1 else 1):
+        plan.problems.append(f"model.seq_length({seq}) is not divisible by 2*cp = {2 * cp}")
+
+    plan.tokens_per_iter = gbs * seq
+    plan.total_tokens = gbs * seq * iters
+    if path_checks:
+        _check_paths(cfg, spec, mode, plan, peft)
+    else:
+        plan.notes.append("path checks skipped (--no-path-checks)")
+
+    recompute = get(cfg, "model.recompute_granularity")
+    plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local)
+    plan.memory_budget_gb = cluster.memory_budget_gb
+    if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
+        hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
+            if not local else "lower train.micro_batch_size or model.seq_length"
+        plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {'GPU' if cluster.has_gpus else 'host'}"
+                             f" > {plan.memory_budget_gb:g} GB on '{cluster.name}' "
+                             f"(weights {plan.memory_gb['weights']}, grads {plan.memory_gb['grads']}, optimizer "
+                             f"{plan.memory_gb['optimizer']}, activations {plan.memory_gb['activations']}, logits "
+                             f"{plan.memory_gb['logits']}): {hint}")
+    if not local and get(cfg, "checkpoint.save") is None and get(cfg, "logger.wandb_save_dir") is None:
+        plan.problems.append("checkpoint.save is null, so logger.wandb_save_dir must be set (W&B needs a writable "
+                             "directory when no checkpoint directory exists)")
+    return plan
+
+
+def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | None) -> None:
+    from pipeline.data.chat import tokenizer_model_name
+
+    root = get(cfg, "dataset.dataset_root")
+    if root is None:
+        plan.problems.append("dataset.dataset_root is not set: point it at a prepared dataset "
+                             "(pipeline_data_prepare.py prepare ...)")
+    elif not Path(root).is_dir():
+        plan.problems.append(f"dataset.dataset_root {root} does not exist: prepare it with "
+                             f"python pipeline_data_prepare.py prepare --dataset ... --dataset-root {root}, "
+                             "or fix the path (--no-path-checks to plan away from the cluster)")
+    else:
+        tok = get(cfg, "dataset.offline_packing_specs.tokenizer_model_name") or tokenizer_model_name(spec.name)
+        paths = packed_data_paths(cfg, tok)
+        if paths and not paths["train"].exists():
+            plan.problems.append(f"packed training data {paths['train']} does not exist: run python "
+                                 f"pipeline_data_prepare.py pack {root} <tokenizer> {plan.seq_length} "
+                                 f"{get(cfg, 'dataset.offline_packing_specs.pad_seq_to_mult') or 1}")
+        elif paths:
+            _note_epochs(paths["train"], plan)
+    if not spec.is_local and mode in ("sft", "cpt") or (not spec.is_local and peft):
+        ckpt = get(cfg, "checkpoint.pretrained_checkpoint") or get(cfg, "checkpoint.load")
+        if ckpt is None:
+            plan.problems.append(f"mode {mode} starts from a checkpoint: set checkpoint.pretrained_checkpoint "
+                                 f"(import one with: pipeline_checkpoint_convert.sh import {spec.hf_id})")
+        elif not Path(ckpt).exists():
+            plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
+                                 f"import {spec.hf_id}, or fix checkpoint.pretrained_checkpoint")
+
+
+def _note_epochs(train_path: Path, plan: Plan) -> None:
+    try:
+        import pyarrow.parquet as pq
+
+        packs = pq.read_metadata(str(train_path)).num_rows
+    except Exception:  # noqa: BLE001 - an unreadable file is reported as a note, training will fail loudly
+        plan.notes.append(f"could not read {train_path}")
+        return
+    seen = plan.gbs * plan.train_iters
+    plan.notes.append(f"data: {packs} packs of {plan.seq_length} tokens; {plan.train_iters} iters x gbs {plan.gbs} = "
+                      f"{seen} packs = {seen / max(packs, 1):.2f} epochs")
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [
+        f"model {plan.model} ({plan.engine} engine), mode {plan.mode}, cluster {plan.cluster}",
+        f"layout: nodes {plan.nodes} x {plan.ranks_per_node} ranks = world {plan.world}; tp {plan.tp} pp {plan.pp} "
+        f"cp {plan.cp} ep {plan.ep} etp {plan.etp} -> dp {plan.dp}",
+        f"batch: gbs {plan.gbs} = mbs {plan.mbs} x dp {plan.dp} x grad_accum {plan.grad_accum}; seq {plan.seq_length}",
+        f"tokens: {plan.tokens_per_iter:,} per iteration x {plan.train_iters} iterations = {plan.total_tokens:,}",
+    ]
+    if plan.memory_gb:
+        parts = ", ".join(f"{k} {v}" for k, v in plan.memory_gb.items() if k != "total")
+        lines.append(f"memory estimate: {plan.memory_gb['total']:.1f} GB per {'GPU' if plan.engine != 'local' else 'process'}"
+                     f" of {plan.memory_budget_gb:g} GB ({parts})")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    d = dataclasses.asdict(plan)
+    d["ok"] = plan.ok
+    return d
+

@@ -1,0 +1,42 @@
+"""Per-rank training entry point: ``python -m pipeline.training.run --run-dir DIR`` (started by torchrun or
+ft_launcher from ``pipeline_training_launch.sh``). Reads the run records and hands over to the engine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pipeline.common.errors import cli_main
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    from pipeline.common.log import setup_logging
+    from pipeline.training import records
+
+    log = setup_logging("pipeline.training")
+    run_dir = args.run_dir.resolve()
+    if (run_dir / records.NAN_MARKER).exists():
+        print(f"error: this run stopped on a NaN ({(run_dir / records.NAN_MARKER).read_text().strip()}); "
+              f"not restarting. Fix the config and start a new run (or delete {run_dir / records.NAN_MARKER}).",
+              file=sys.stderr)
+        return 3
+    cfg, launch = records.load_run(run_dir)
+    if launch["engine"] == "local":
+        from pipeline.training.engines.local import train
+
+        return train(run_dir, cfg, launch)
+    from pipeline.training.engines.megatron_bridge import train as bridge_train
+
+    log.info("Megatron Bridge engine on rank %s", os.environ.get("RANK", "0"))
+    return bridge_train(run_dir, cfg, launch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
