@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     env.update(cluster.env)
     env.update({str(k): str(v) for k, v in (get(cfg, "env_vars") or {}).items()})
     env["PIPELINE_RUN_DIR"] = str(run_dir)
+    env["PIPELINE_LAUNCHER"] = cmd[0]
     print(f"run directory: {run_dir}", flush=True)
     print("launching: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     try:

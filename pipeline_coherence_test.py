@@ -1,0 +1,18 @@
+#!/usr/bin/env python3
+"""pipeline_coherence_test.py - coherence pipeline entry point (generation tests); see --help.
+
+Run inside the environment:  source pipeline_env_activate.sh && python pipeline_coherence_test.py MODEL
+or through Slurm:            isambard_sbatch --gpus-per-node=1 pipeline_coherence_submit.sbatch MODEL
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+os.environ.setdefault("PIPELINE_ROOT", ROOT)
+
+from pipeline.coherence.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Coherence pipeline: prompts, generation backends (hf, megatron, endpoint), metrics, reports."""
