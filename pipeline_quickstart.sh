@@ -37,7 +37,7 @@ step() {  # step NAME CMD...: run one pipeline command, time it
 step "env setup" bash pipeline_env_setup.sh
 source pipeline_env_activate.sh
 
-step "data prepare" python pipeline_data_prepare.py prepare --dataset chatterbot-corpus --seq-length "$SEQ" --quiet
+step "data prepare" python pipeline_data_prepare.py prepare --dataset chatterbot-corpus --seq-length "$SEQ"
 step "training" bash pipeline_training_launch.sh "$CONFIG" --model "$MODEL" --mode sft --disable-ft
 
 EXP="$(python -c "import sys; from pipeline.config.loader import load_config, get; print(get(load_config(sys.argv[1]), 'logger.wandb_exp_name'))" "$CONFIG")"
@@ -62,5 +62,5 @@ checkpoints        $CKPT  (latest: iter $ITER)
 Hugging Face model $HF_DIR  (verification.json)
 coherence report   $HF_DIR/coherence/coherence_hf.md  (and .json)
 W&B (offline)      $WANDB_DIR/wandb/  (upload later: wandb sync $WANDB_DIR/wandb/offline-run-*)
-step times         $(IFS=';'; echo "${TIMES[*]:-all skipped}")
+step times         $(printf '%s; ' "${TIMES[@]}")
 EOT

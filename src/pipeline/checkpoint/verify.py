@@ -34,6 +34,8 @@ def weight_problems(model) -> list[str]:
     for name, p in model.state_dict().items():
         if not torch.is_floating_point(p) or p.numel() == 0:
             continue
+        if p.ndim < 2 and torch.isfinite(p).all():
+            continue  # biases, norms and router corrections may legitimately be zero
         if not torch.isfinite(p).all():
             problems.append(f"{name} has non-finite values")
         elif p.numel() > 1 and not p.abs().sum():

@@ -46,6 +46,8 @@ def tokenizer_model_name(name_or_path: str | Path) -> str:
 
     spec = REGISTRY.get(str(name_or_path))
     if spec is not None:
+        if spec.tokenizer_from:  # tiny models borrow another model's tokenizer
+            spec = REGISTRY[spec.tokenizer_from]
         return spec.hf_id.replace("/", "--")
     p = Path(name_or_path)
     if p.exists():

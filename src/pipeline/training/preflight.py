@@ -244,7 +244,10 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
     else:
         tok = get(cfg, "dataset.offline_packing_specs.tokenizer_model_name") or tokenizer_model_name(spec.name)
         paths = packed_data_paths(cfg, tok)
-        if paths and not paths["train"].exists():
+        indexed = mode != "sft" and any(Path(root).rglob("*_text_document.idx"))
+        if indexed:
+            plan.notes.append(f"data: Megatron indexed corpus under {root}")
+        elif paths and not paths["train"].exists():
             plan.problems.append(f"packed training data {paths['train']} does not exist: run python "
                                  f"pipeline_data_prepare.py pack {root} <tokenizer> {plan.seq_length} "
                                  f"{get(cfg, 'dataset.offline_packing_specs.pad_seq_to_mult') or 1}")

@@ -312,6 +312,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         report_to=["wandb"] if wandb_on and rank == 0 else [],
         use_cpu=not torch.cuda.is_available(),
         ddp_backend="gloo" if not torch.cuda.is_available() else None,
+        # MoE layers leave unselected experts without gradients in a step; dense models never do.
+        ddp_find_unused_parameters=bool(spec.tiny_config) and world > 1,
         disable_tqdm=not os.isatty(2),
     )
     progress = records.ProgressLog(run_dir, tokens_per_step=gbs * seq)

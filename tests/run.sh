@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# tests/run.sh - the README's test command (CI runs it through .ci/run on a fresh clone).
+#
+# Usage: bash tests/run.sh [pytest args...]
+#
+# Installs everything the tests need (the pinned venv + test requirements, via pipeline_env_setup.sh),
+# then runs pytest. pytest's "no tests collected" (exit 5) is a failure here, never a silent pass.
+set -euo pipefail
+PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$PIPELINE_ROOT"
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+
+bash pipeline_env_setup.sh --with-tests
+# shellcheck source=../pipeline_env_activate.sh
+source pipeline_env_activate.sh
+export HF_HUB_OFFLINE=1 WANDB_MODE=offline
+
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then
+  echo "error: pytest collected no tests" >&2
+  exit 1
+fi
+exit $rc

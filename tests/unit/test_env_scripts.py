@@ -1,0 +1,54 @@
+"""The shell entry points: --help, bad arguments exit 2, a missing environment prints the fix."""
+
+import pytest
+
+from conftest import ROOT, run
+
+LAUNCHERS = [
+    ["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft"],
+    ["bash", "pipeline_checkpoint_convert.sh", "export", "/tmp/x", "--hf-model", "a/b", "--no-reasoning"],
+    ["bash", "pipeline_env_exec.sh", "true"],
+]
+
+
+@pytest.mark.parametrize("cmd", LAUNCHERS)
+def test_missing_environment_prints_fix(cmd, tmp_path, pipeline_env):
+    env = {**pipeline_env, "PIPELINE_VENV": str(tmp_path / "no-venv")}
+    res = run(cmd, env=env)
+    assert res.returncode != 0
+    assert f"create it with: bash {ROOT}/pipeline_env_setup.sh" in res.stderr
+
+
+@pytest.mark.parametrize("script", ["pipeline_env_setup.sh", "pipeline_training_launch.sh", "pipeline_env_exec.sh",
+                                    "pipeline_quickstart.sh"])
+def test_help(script):
+    res = run(["bash", script, "--help"])
+    assert res.returncode == 0 and "Usage" in res.stdout
+
+
+@pytest.mark.parametrize("cmd,needle", [
+    (["bash", "pipeline_env_setup.sh", "--only", "nope"], "unknown step 'nope'"),
+    (["bash", "pipeline_env_setup.sh", "--bogus"], "unknown argument '--bogus'"),
+    (["bash", "pipeline_quickstart.sh", "--bogus"], "unknown argument"),
+])
+def test_bad_arguments_exit_2(cmd, needle):
+    res = run(cmd)
+    assert res.returncode == 2 and needle in res.stderr
+
+
+def test_validate_lists_named_checks():
+    res = run([str(ROOT / ".venv/bin/python"), "-m", "pipeline.env.validate", "--list"],
+              env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0
+    assert "package-pins" in res.stdout and "gpu-visible" in res.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["export", "/nonexistent", "--hf-model", "a/b", "--no-reasoning"], "checkpoint directory /nonexistent does not exist"),
+    (["export", "/tmp", "--no-reasoning"], "the following arguments are required: --hf-model"),
+    (["export", "/tmp", "--hf-model", "a/b"], "one of the arguments --reasoning --no-reasoning is required"),
+])
+def test_convert_bad_input(args, needle, pipeline_env):
+    res = run(["bash", "pipeline_checkpoint_convert.sh", *args], env=pipeline_env)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and res.stderr.count("\n") == 1

@@ -1,0 +1,98 @@
+"""Login-node preflight: the reference quickstart plans on a CPU machine; broken variants exit 2 with one
+line per problem naming the factors."""
+
+import pytest
+
+from pipeline.training.launch import main
+
+NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
+BASE = [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16", "--no-path-checks"]
+
+
+def errors(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+
+
+def test_nano_quickstart_plans_without_gpus(capsys):
+    assert main(BASE) == 0
+    out = capsys.readouterr().out
+    assert "preflight: PASS" in out
+    assert "tp 1 pp 1 cp 2 ep 4 etp 1 -> dp 32" in out
+    assert "gbs 128 = mbs 1 x dp 32 x grad_accum 4" in out
+    assert "memory estimate" in out and "of 95 GB" in out
+    assert "isambard_sbatch --nodes=16 pipeline_training_submit.sbatch" in out
+
+
+def test_ft_launcher_unless_disabled(capsys):
+    assert main(BASE) == 0
+    assert "ft_launcher" in capsys.readouterr().out
+    assert main(BASE + ["--disable-ft"]) == 0
+    out = capsys.readouterr().out
+    assert "\ntorchrun " in out and "ft_launcher --" not in out
+
+
+def test_path_checks_name_the_missing_dataset(capsys):
+    assert main(BASE[:-1]) == 2
+    errs = errors(capsys)
+    assert any("dataset.dataset_root /projects/a5k/public/data/geodesic-research__pa-warm-start-1B-sft-mix "
+               "does not exist" in e for e in errs)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["model.expert_model_parallel_size=8"], "tp(1) * ep(8) = 8 > gpus_per_node(4)"),
+    (["model.tensor_model_parallel_size=4", "model.expert_model_parallel_size=2"], "tp(4) * ep(2) = 8 > gpus_per_node(4)"),
+    (["model.context_parallel_size=3"], "is not divisible by tp(1) * pp(1) * cp(3) = 3"),
+    (["train.global_batch_size=100"], "train.global_batch_size(100) is not divisible by micro_batch_size(1) * data_parallel(32) = 32"),
+    (["dataset.offline_packing_specs.pad_seq_to_mult=2"], "pad_seq_to_mult(2) is not a multiple of 2*cp = 4"),
+    (["model.context_parallel_size=4", "model.tensor_model_parallel_size=2", "model.sequence_parallel=true",
+      "model.expert_model_parallel_size=2", "dataset.offline_packing_specs.pad_seq_to_mult=4"],
+     "lcm(2*cp, tp*cp) = lcm(8, 8) = 8"),
+    (["dataset.seq_length=8192"], "dataset.seq_length(8192) != model.seq_length(32768)"),
+    (["model.recompute_granularity=null"], "estimated memory"),
+])
+def test_broken_variants_exit_2(capsys, overrides, needle):
+    assert main(BASE + overrides) == 2
+    errs = errors(capsys)
+    assert any(needle in e for e in errs), errs
+
+
+def test_world_size_not_dividing(capsys):
+    assert main([*BASE[:-3], "--nodes", "3", "--no-path-checks", "model.context_parallel_size=2",
+                 "model.tensor_model_parallel_size=4", "model.expert_model_parallel_size=1"]) == 2
+    errs = errors(capsys)
+    assert any("tp(4) * cp(2) = 8 > gpus_per_node(4)" in e for e in errs)
+
+
+def test_unknown_key_and_malformed_override(capsys):
+    assert main(BASE + ["train.train_iterz=5"]) == 2
+    assert "did you mean 'train.train_iters'" in capsys.readouterr().err
+    assert main(BASE + ["model.seq_length=[1"]) == 2
+    assert "malformed override" in capsys.readouterr().err
+
+
+def test_one_line_per_problem(capsys):
+    assert main(BASE + ["model.expert_model_parallel_size=8", "train.global_batch_size=100"]) == 2
+    errs = errors(capsys)
+    assert len(errs) == 2, errs
+
+
+def test_bad_flags_and_models(capsys):
+    assert main([NANO, "--model", "nanoo", "--mode", "sft", "--dry-run"]) == 2
+    assert "did you mean 'nano'" in capsys.readouterr().err
+    assert main([NANO, "--model", "nano", "--mode", "finetune", "--dry-run"]) == 2
+    assert main([NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--cluster", "nope"]) == 2
+    assert "unknown cluster profile 'nope'" in capsys.readouterr().err
+    assert main(["configs/none.yaml", "--model", "nano", "--mode", "sft", "--dry-run"]) == 2
+
+
+def test_cluster_override_changes_node_rule(capsys, tmp_path):
+    prof = tmp_path / "eight.yaml"
+    prof.write_text("name: eight\ngpus_per_node: 8\ngpu_memory_gb: 141\n")
+    assert main(BASE + ["--cluster", str(prof), "model.expert_model_parallel_size=8", "--nodes", "8"]) == 0
+    assert "nodes 8 x 8 ranks = world 64" in capsys.readouterr().out
+
+
+def test_local_engine_rejects_model_parallelism(capsys):
+    assert main(["configs/local/smollm2_quickstart_sft.yaml", "--model", "smollm2-135m", "--mode", "sft",
+                 "--dry-run", "--no-path-checks", "model.tensor_model_parallel_size=2"]) == 2
+    assert "the local engine has no model parallelism" in capsys.readouterr().err
