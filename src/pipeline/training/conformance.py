@@ -1,0 +1,145 @@
+"""Check every Megatron Bridge name the suite uses against the source of the pinned wheel - parsed, not
+imported (Bridge cannot be imported without Transformer Engine and CUDA).
+
+    python -m pipeline.training.conformance                 # download (cached) the pinned wheel and check
+    python -m pipeline.training.conformance --source DIR    # check an unpacked source tree instead
+
+The names come from ``engines/megatron_bridge.BRIDGE_API``: (module, qualified name, keyword arguments).
+A name is found when the module defines it (def, class, assignment) or re-exports it with an import,
+which is followed to the defining module; keyword arguments must be parameters of the function (or the
+keyword arguments must be named parameters of the function (a ``**kwargs`` catch-all does not count:
+passing a renamed parameter through it fails at run time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from pipeline.common.errors import UserError, cli_main
+
+ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+
+
+def pinned_version(package: str = "megatron-bridge") -> str:
+    text = (ROOT / "3rdparty" / "requirements-container.txt").read_text()
+    m = re.search(rf"^{re.escape(package)}==(\S+)", text, re.M)
+    if not m:
+        raise UserError(f"{package} is not pinned in 3rdparty/requirements-container.txt")
+    return m.group(1)
+
+
+def fetch_wheel_source(version: str, cache: Path) -> Path:
+    """Download the pure-Python wheel (any interpreter) once and unpack it; returns the source root."""
+    dest = cache / f"megatron_bridge-{version}"
+    if (dest / "megatron" / "bridge").is_dir():
+        return dest
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = list(cache.glob(f"megatron_bridge-{version}-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--python-version", "3.12",
+                        "--only-binary=:all:", f"megatron-bridge=={version}", "-d", str(cache)], check=True,
+                       capture_output=True, text=True)
+        wheels = list(cache.glob(f"megatron_bridge-{version}-*.whl"))
+    tmp = dest.with_suffix(".tmp")
+    with zipfile.ZipFile(wheels[0]) as z:
+        z.extractall(tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+class Source:
+    def __init__(self, root: Path):
+        self.root = root
+        self._cache: dict[str, ast.Module | None] = {}
+
+    def module(self, name: str) -> ast.Module | None:
+        if name not in self._cache:
+            base = self.root / Path(*name.split("."))
+            path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+            self._cache[name] = ast.parse(path.read_text()) if path.exists() else None
+        return self._cache[name]
+
+    def find(self, module: str, name: str, depth: int = 0):
+        """The AST node defining ``name`` in ``module`` (following re-exports), or None."""
+        tree = self.module(module)
+        if tree is None or depth > 6:
+            return None
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                return node
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                if isinstance(node.value, ast.Name):  # alias = other_name
+                    return self.find(module, node.value.id, depth + 1)
+                return node
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        src = node.module or ""
+                        if node.level:
+                            parts = module.split(".")
+                            is_pkg = (self.root / Path(*parts) / "__init__.py").exists()
+                            base = parts if is_pkg else parts[:-1]
+                            base = base[: len(base) - (node.level - 1)]
+                            src = ".".join(base + ([src] if src else []))
+                        return self.find(src, alias.name, depth + 1)
+        return None
+
+
+def _params(fn: ast.FunctionDef) -> set[str]:
+    a = fn.args
+    return {x.arg for x in a.args + a.kwonlyargs}
+
+
+def check(source_root: Path, api) -> list[str]:
+    src = Source(source_root)
+    problems = []
+    for module, qualname, kwargs in api:
+        first, *rest = qualname.split(".")
+        node = src.find(module, first)
+        if node is None:
+            problems.append(f"{module}.{qualname}: '{first}' not found")
+            continue
+        for attr in rest:
+            if not isinstance(node, ast.ClassDef):
+                problems.append(f"{module}.{qualname}: '{first}' is not a class")
+                node = None
+                break
+            node = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and n.name == attr), None)
+            if node is None:
+                problems.append(f"{module}.{qualname}: method '{attr}' not found")
+                break
+        if node is None or not kwargs:
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = _params(node)
+            missing = [k for k in kwargs if k not in names]
+            if missing:
+                problems.append(f"{module}.{qualname}: no keyword argument(s) {missing}")
+    return problems
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", type=Path, help="an unpacked megatron-bridge source tree (default: the pinned wheel)")
+    args = p.parse_args(argv)
+    from pipeline.training.engines.megatron_bridge import BRIDGE_API
+
+    root = args.source or fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
+    problems = check(root, BRIDGE_API)
+    for prob in problems:
+        print(f"MISSING {prob}")
+    print(f"conformance: {len(BRIDGE_API) - len(problems)} of {len(BRIDGE_API)} names found in {root}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
