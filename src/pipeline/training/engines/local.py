@@ -195,11 +195,17 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
                                          f"(the run will not restart: {run_dir / records.NAN_MARKER})")
             return control
 
+    request_files = [run_dir / SAVE_AND_EXIT]
+    if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
+        request_files.append(Path(os.environ["PIPELINE_SAVE_REQUEST_FILE"]))
+
     class SaveAndExit(TrainerCallback):
-        """A time-limit warning (SIGUSR1/SIGTERM, or the request file) -> checkpoint at this step, exit."""
+        """A time-limit warning (SIGUSR1/SIGTERM, or a request file) -> checkpoint at this step, exit.
+        The ranks agree on the decision (all-reduce), so every rank stops at the same step."""
 
         def on_step_end(self, args, st, control, **kw):
-            if state.get("signal") or (run_dir / SAVE_AND_EXIT).exists():
+            wanted = bool(state.get("signal")) or any(f.exists() for f in request_files)
+            if _all_ranks_any(wanted):
                 if not state.get("stopping"):
                     log.warning("save-and-exit requested: checkpointing at step %d and stopping", st.global_step)
                 state["stopping"] = True
@@ -208,6 +214,17 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
             return control
 
     return [CheckpointLayout(), Records(), SaveAndExit()]
+
+
+def _all_ranks_any(flag: bool) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([1 if flag else 0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+    return flag
 
 
 def _barrier():
@@ -351,6 +368,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     if state.get("stopping") and step < iters:
         if rank == 0:
             (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)
+            if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
+                write_text(os.environ["PIPELINE_SAVE_REQUEST_FILE"] + ".saved", f"{step}\n")
             progress.summarize("preempted", step, time.time() - t0)
             print(f"saved checkpoint at iteration {step} of {iters} and exited for requeue", flush=True)
         return 0
