@@ -15,6 +15,14 @@ bash pipeline_env_setup.sh --with-tests
 source pipeline_env_activate.sh
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline
 
+# A real multi-node Slurm on this machine for the tests marked `slurm` (they skip, saying why, without it).
+if bash tests/slurm/local_slurm.sh start; then
+  eval "$(bash tests/slurm/local_slurm.sh env)"
+  trap 'bash tests/slurm/local_slurm.sh stop || true' EXIT
+else
+  echo "warning: the local Slurm cluster could not be started; tests marked slurm will be skipped" >&2
+fi
+
 set +e
 python -m pytest "$@"
 rc=$?

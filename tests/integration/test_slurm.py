@@ -1,0 +1,177 @@
+"""The Slurm layer on a real local Slurm cluster (tests/slurm/local_slurm.sh): four virtual nodes, fake GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+CONF = Path(os.environ.get("PIPELINE_SLURM_BASE", "/tmp/pslurm")) / "etc" / "slurm.conf"
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    env = {**os.environ, "SLURM_CONF": str(CONF)}
+    ok = CONF.exists() and shutil.which("sinfo") and subprocess.run(["sinfo"], env=env, capture_output=True).returncode == 0
+    started = False
+    if not ok:
+        if os.geteuid() != 0 and not shutil.which("slurmctld"):
+            pytest.skip("no local Slurm: not root and Slurm is not installed (tests/slurm/local_slurm.sh start)")
+        res = subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "start"], capture_output=True, text=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot start the local Slurm cluster: {res.stderr.strip()[-300:]}")
+        started = True
+    yield env
+    if started:
+        subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "stop"], capture_output=True)
+
+
+@pytest.fixture
+def senv(slurm, pipeline_env, tmp_path):
+    return {**pipeline_env, "SLURM_CONF": slurm["SLURM_CONF"], "PIPELINE_CLUSTER": "local_cpu",
+            "BAD_NODES_LOG": str(tmp_path / "bad.log"), "PIPELINE_LOG_DIR": str(ROOT / "logs")}
+
+
+def submit(env, *args) -> str:
+    res = run([str(ROOT / "isambard_sbatch"), "--parsable", *args], env=env, check=True)
+    return res.stdout.strip().split(";")[0]
+
+
+def job_state(env, job: str) -> str:
+    out = run(["scontrol", "show", "job", job, "-o"], env=env).stdout
+    m = re.search(r"JobState=(\S+)", out)
+    return m.group(1) if m else "UNKNOWN"
+
+
+def wait_job(env, job: str, timeout: float = 600, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = job_state(env, job)
+        if st in states:
+            return st
+        time.sleep(1)
+    raise AssertionError(f"job {job} still {job_state(env, job)} after {timeout}s")
+
+
+def job_log(pipeline: str, job: str) -> str:
+    return (ROOT / "logs" / "slurm" / f"{pipeline}-{job}.out").read_text()
+
+
+def test_submissions_never_land_on_bad_nodes(senv):
+    run([str(ROOT / "isambard_sbatch"), "--mark-bad", "node1", "test: bad GPU"], env=senv, check=True)
+    run([str(ROOT / "isambard_sbatch"), "--mark-bad", "node2", "test: NCCL"], env=senv, check=True)
+    jobs = [submit(senv, "-N1", "-o", "logs/slurm/wrap-%j.out", "--wrap", "echo NODE=$SLURMD_NODENAME")
+            for _ in range(4)]
+    jobs.append(submit(senv, "-N2", "-o", "logs/slurm/wrap-%j.out", "--wrap", "srun bash -c 'echo NODE=$SLURMD_NODENAME'"))
+    nodes = set()
+    for j in jobs:
+        assert wait_job(senv, j) == "COMPLETED"
+        nodes |= set(re.findall(r"NODE=(\S+)", job_log("wrap", j)))
+    assert nodes and nodes <= {"node3", "node4"}
+    res = run([str(ROOT / "isambard_sbatch"), "--exclude=node1;touch /tmp/pwned", "--wrap", "true"], env=senv)
+    assert res.returncode == 2 and not Path("/tmp/pwned").exists()
+
+
+def test_five_submit_scripts_on_the_tiny_model(senv, tmp_path):
+    data = submit(senv, "pipeline_data_submit.sbatch", "prepare", "--dataset", "chatterbot-corpus", "--seq-length",
+                  "256", "--limit", "600")
+    assert wait_job(senv, data) == "COMPLETED", job_log("data", data)
+    assert "== data prepare summary ==" in job_log("data", data)
+
+    train = submit(senv, "--nodes=2", "pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml",
+                   "tiny-qwen3-moe", "sft", "--disable-ft", "train.train_iters=10", "checkpoint.save_interval=5")
+    assert wait_job(senv, train) == "COMPLETED", job_log("training", train)
+    log = job_log("training", train)
+    assert "world 2" in log and "--nnodes=2" in log and "[after training is done]" in log
+    run_dir = tmp_path / "runs" / "tiny_moe_sft"
+    assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["launches"][-1]["node_list"] == ["node1", "node2"] or len(manifest["launches"][-1]["node_list"]) == 2
+
+    ckpt = submit(senv, "pipeline_checkpoint_submit.sbatch", "export", str(run_dir / "checkpoints"), "--hf-model",
+                  "pipeline/tiny-qwen3-moe", "--no-reasoning", "--atol", "1e-3")
+    st = wait_job(senv, ckpt)
+    # a 10-step tiny model may be too untrained for the reference-loss check: either verdict is a real outcome
+    log = job_log("checkpoint", ckpt)
+    assert ("exported:" in log and st == "COMPLETED") or ("FAILED verification" in log and st == "FAILED"), log
+    hf = run_dir / "checkpoints" / "iter_0000010" / "hf"
+    if st == "FAILED":
+        assert not hf.exists()
+        hf = run_dir / "checkpoints" / "iter_0000010"  # the trainer checkpoint is itself an HF directory
+    coh = submit(senv, "--gpus-per-node=1", "pipeline_coherence_submit.sbatch", str(hf), "--max-tokens", "8",
+                 "--allow-empty", "--output-dir", str(tmp_path / "coh"))
+    assert wait_job(senv, coh) == "COMPLETED", job_log("coherence", coh)
+    assert len(json.loads((tmp_path / "coh" / "coherence_hf.json").read_text())["results"][0]["rows"]) == 8
+
+    env_job = submit(senv, "pipeline_env_submit.sbatch", "validate")
+    assert wait_job(senv, env_job) == "COMPLETED", job_log("env", env_job)
+    assert re.search(r"validate: \d+ passed, 0 failed", job_log("env", env_job))
+
+
+def _wait_for_step(run_dir: Path, step: int, timeout: float = 300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        p = run_dir / "progress.ndjson"
+        if p.exists():
+            lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+            if lines and lines[-1]["step"] >= step:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"training never reached step {step}")
+
+
+def test_prelimit_signal_checkpoints_requeues_and_finishes(senv, tmp_path):
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    job = submit(senv, "--nodes=1", "--time=10", "pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml",
+                 "tiny-qwen3-moe", "sft", "--disable-ft", "train.train_iters=150", "checkpoint.save_interval=1000")
+    run_dir = tmp_path / "runs" / "tiny_moe_sft"
+    _wait_for_step(run_dir, 20)
+    # exactly what --signal=B:USR1@S delivers before the time limit: USR1 to the batch shell
+    run(["scancel", "--batch", "--signal=USR1", job], env=senv, check=True)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if (run_dir / "TRAINING_DONE").exists() and job_state(senv, job) == "COMPLETED":
+            break
+        time.sleep(2)
+    log = job_log("training", job)
+    assert "requeueing job" in log
+    assert re.search(r"saved checkpoint at iteration \d+ of 150 and exited for requeue", log)
+    assert "resuming from" in log
+    summary = json.loads((run_dir / "metrics_summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_step"] == 150
+    steps = [json.loads(x)["step"] for x in (run_dir / "progress.ndjson").read_text().splitlines()]
+    assert steps[-1] == 150 and len(set(steps)) == 150  # every step logged once: resumed, not restarted
+
+
+def test_auto_requeue_chain_stops_after_completion(senv, tmp_path):
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    env = {**senv, "PIPELINE_AUTO_REQUEUE": "1"}
+    name = f"chain-{os.getpid()}"
+    first = submit(env, "--nodes=1", "--time=10", f"--job-name={name}", "pipeline_training_submit.sbatch",
+                   "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft",
+                   "train.train_iters=120", "checkpoint.save_interval=1000")
+    run_dir = tmp_path / "runs" / "tiny_moe_sft"
+    _wait_for_step(run_dir, 10)
+    run(["scancel", "--batch", "--signal=USR1", first], env=env, check=True)  # preempt the first link
+    assert wait_job(env, first) == "COMPLETED"
+    second = re.search(r"successor job (\d+)", job_log("training", first)).group(1)
+    assert wait_job(env, second) == "COMPLETED", job_log("training", second)
+    log2 = job_log("training", second)
+    assert "resuming from" in log2 and "[after training is done]" in log2
+    third = re.search(r"successor job (\d+)", log2).group(1)
+    assert "cancelling successor" in log2
+    assert wait_job(env, third) == "CANCELLED"
+    time.sleep(3)
+    assert run(["squeue", "-h", "-n", name], env=env).stdout.strip() == ""
+    assert json.loads((run_dir / "metrics_summary.json").read_text())["final_step"] == 120
