@@ -332,6 +332,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         # MoE layers leave unselected experts without gradients in a step; dense models never do.
         ddp_find_unused_parameters=bool(spec.tiny_config) and world > 1,
         disable_tqdm=not os.isatty(2),
+        logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
     )
     progress = records.ProgressLog(run_dir, tokens_per_step=gbs * seq)
 

@@ -1,0 +1,169 @@
+"""Checkpoint and coherence pipelines: verified export (and a corrupted checkpoint failing it), the
+convert-every-checkpoint poller across a kill, and the endpoint backend against a real local server."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run
+
+pytestmark = pytest.mark.slow
+PY = str(ROOT / ".venv/bin/python")
+TRAIN = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--disable-ft"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trained")
+    env = {**os.environ, "PIPELINE_DATA_ROOT": str(tmp / "data"), "PIPELINE_RUNS_DIR": str(tmp / "runs"),
+           "WANDB_DIR": str(tmp / "wandb"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    run([PY, "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "800", "--quiet"], env=env, check=True)
+    run(["bash", "pipeline_training_launch.sh", *TRAIN, "--run-dir", str(tmp / "run")], env=env, check=True)
+    return env, tmp / "run" / "checkpoints"
+
+
+def convert(env, *args):
+    return run(["bash", "pipeline_checkpoint_convert.sh", *args], env=env)
+
+
+def test_export_loads_and_records_verification(trained):
+    env, ckpt = trained
+    res = convert(env, "export", str(ckpt), "--hf-model", "pipeline/tiny-qwen3-moe", "--no-reasoning")
+    assert res.returncode == 0, res.stderr[-2000:]
+    hf = ckpt / "iter_0000040" / "hf"
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf)
+    assert model.config.model_type == "qwen3_moe"
+    ver = json.loads((hf / "verification.json").read_text())
+    assert ver["verdict"] == "PASS" and ver["max_abs_logit_diff"] <= ver["logit_tolerance"]
+    assert ver["reference_loss"] < 0.8 * ver["uniform_loss"]
+    assert all(g["generation"].strip() for g in ver["generations"])
+    again = convert(env, "export", str(ckpt), "--hf-model", "pipeline/tiny-qwen3-moe", "--no-reasoning")
+    assert "already exported and verified" in again.stderr
+
+
+@pytest.mark.parametrize("corruption", ["zero_embeddings", "drop_embeddings"])
+def test_corrupted_checkpoint_fails_verification(trained, tmp_path, corruption):
+    from safetensors.torch import load_file, save_file
+
+    env, ckpt = trained
+    bad = tmp_path / "ckpt"
+    shutil.copytree(ckpt / "iter_0000020", bad / "iter_0000020")
+    (bad / "latest_checkpointed_iteration.txt").write_text("20\n")
+    st = bad / "iter_0000020" / "model.safetensors"
+    tensors = load_file(st)
+    emb = next(k for k in tensors if "embed_tokens" in k)
+    if corruption == "zero_embeddings":
+        tensors[emb] = tensors[emb] * 0
+    else:
+        del tensors[emb]
+    save_file(tensors, st, metadata={"format": "pt"})
+    res = convert(env, "export", str(bad), "--hf-model", "pipeline/tiny-qwen3-moe", "--no-reasoning")
+    assert res.returncode == 1
+    assert "FAILED verification" in res.stderr
+    assert not (bad / "iter_0000020" / "hf").exists()
+    rec = json.loads((bad / "iter_0000020" / "hf_verification_FAILED.json").read_text())
+    assert rec["verdict"] == "FAIL" and rec["failures"]
+    assert not list((bad / "iter_0000020").glob(".hf.*"))  # no half-written export left behind
+
+
+def test_missing_iteration_and_flags_are_one_line_errors(trained):
+    env, ckpt = trained
+    res = convert(env, "export", str(ckpt), "--hf-model", "x/y", "--no-reasoning", "--iteration", "999")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"error: iteration 999 does not exist in {ckpt}; complete iterations: 20, 40")
+
+
+def test_upload_all_poll_converts_each_iteration_once_across_a_kill(trained, tmp_path):
+    env, base = trained
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints"
+    # Continue from the trained tiny model at a low rate, so every checkpoint is a healthy model that passes
+    # verification (a 10-step random-init model rightly fails it).
+    trainer = subprocess.Popen(["bash", "pipeline_training_launch.sh", *TRAIN, "--run-dir", str(run_dir),
+                                f"checkpoint.pretrained_checkpoint={base}", "optimizer.lr=1e-4",
+                                "optimizer.min_lr=1e-5", "train.train_iters=50", "checkpoint.save_interval=10"],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not ckpt.is_dir():
+        time.sleep(0.2)
+    poll = ["bash", "pipeline_checkpoint_convert.sh", "upload-all", str(ckpt), "--hf-model", "pipeline/tiny-qwen3-moe",
+            "--no-reasoning", "--poll", "--interval", "1"]
+    log1 = open(tmp_path / "poll1.log", "w")
+    p1 = subprocess.Popen(poll, cwd=ROOT, env=env, stdout=log1, stderr=subprocess.STDOUT, start_new_session=True)
+    done_dir = ckpt / "converted_checkpoints"
+    deadline = time.time() + 300
+    while not (done_dir.exists() and list(done_dir.glob("*.done"))):
+        assert time.time() < deadline and not (done_dir.exists() and list(done_dir.glob("*.failed")))
+        time.sleep(0.2)
+    os.killpg(p1.pid, signal.SIGKILL)  # mid-run: it may be holding a lock on the next iteration
+    p1.wait()
+    p2 = run(poll, env=env, timeout=600)
+    assert trainer.wait(timeout=600) == 0
+    assert p2.returncode == 0, p2.stderr[-2000:]
+    done = sorted(p.name for p in done_dir.glob("*.done"))
+    assert done == [f"iter_{i:07d}.done" for i in (10, 20, 30, 40, 50)]
+    logs = (tmp_path / "poll1.log").read_text() + p2.stdout + p2.stderr
+    for i in (10, 20, 30, 40, 50):
+        assert logs.count(f"converted iter_{i:07d}") == 1, i
+    assert not list((ckpt / "in_progress_checkpoints").glob("*.lock"))
+    assert "training has finished" in p2.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_endpoint_backend_matches_hf_backend(smollm2_dir, tmp_path, pipeline_env):
+    if shutil.which("transformers", path=str(ROOT / ".venv/bin")) is None:
+        pytest.skip("transformers CLI missing")
+    port = _free_port()
+    server = subprocess.Popen([str(ROOT / ".venv/bin/transformers"), "serve", str(smollm2_dir), "--port", str(port),
+                               "--host", "127.0.0.1"], env=pipeline_env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        import urllib.request
+
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, "server did not come up"
+                time.sleep(1)
+        disc = tmp_path / "serve.endpoint"
+        disc.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+        common = ["--max-tokens", "32", "--no-wandb"]
+        e = run([PY, "pipeline_coherence_test.py", str(smollm2_dir), "--backend", "endpoint", "--discovery-file",
+                 str(disc), "--output-dir", str(tmp_path / "e"), *common], env=pipeline_env)
+        h = run([PY, "pipeline_coherence_test.py", str(smollm2_dir), "--output-dir", str(tmp_path / "h"), *common],
+                env=pipeline_env)
+        assert e.returncode == 0 and h.returncode == 0, e.stderr[-2000:] + h.stderr[-2000:]
+        er = json.loads((tmp_path / "e" / "coherence_endpoint.json").read_text())["results"][0]["rows"]
+        hr = json.loads((tmp_path / "h" / "coherence_hf.json").read_text())["results"][0]["rows"]
+        assert [r["prompt"] for r in er] == [r["prompt"] for r in hr] and len(er) == 8
+        assert not any(r["empty"] for r in er)
+        same = sum(a["response"][:40] == b["response"][:40] for a, b in zip(er, hr))
+        assert same >= 6, [(a["response"][:60], b["response"][:60]) for a, b in zip(er, hr)]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_unreachable_endpoint_is_one_line(pipeline_env):
+    res = run([PY, "pipeline_coherence_test.py", "m", "--backend", "endpoint", "--endpoint-url",
+               "http://127.0.0.1:9", "--no-wandb"], env=pipeline_env)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: endpoint http://127.0.0.1:9 is unreachable")
+    assert res.stderr.count("\n") == 1
