@@ -35,18 +35,19 @@ def pinned_version(package: str = "megatron-bridge") -> str:
     return m.group(1)
 
 
-def fetch_wheel_source(version: str, cache: Path) -> Path:
-    """Download the pure-Python wheel (any interpreter) once and unpack it; returns the source root."""
-    dest = cache / f"megatron_bridge-{version}"
-    if (dest / "megatron" / "bridge").is_dir():
+def fetch_wheel_source(version: str, cache: Path, package: str = "megatron-bridge") -> Path:
+    """Download a wheel for Python 3.12 (from any interpreter) once and unpack it; returns the source root."""
+    stem = package.replace("-", "_")
+    dest = cache / f"{stem}-{version}"
+    if (dest / "megatron").is_dir():
         return dest
     cache.mkdir(parents=True, exist_ok=True)
-    wheels = list(cache.glob(f"megatron_bridge-{version}-*.whl"))
+    wheels = list(cache.glob(f"{stem}-{version}-*.whl"))
     if not wheels:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--python-version", "3.12",
-                        "--only-binary=:all:", f"megatron-bridge=={version}", "-d", str(cache)], check=True,
+                        "--only-binary=:all:", f"{package}=={version}", "-d", str(cache)], check=True,
                        capture_output=True, text=True)
-        wheels = list(cache.glob(f"megatron_bridge-{version}-*.whl"))
+        wheels = list(cache.glob(f"{stem}-{version}-*.whl"))
     tmp = dest.with_suffix(".tmp")
     with zipfile.ZipFile(wheels[0]) as z:
         z.extractall(tmp)

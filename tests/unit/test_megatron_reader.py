@@ -1,0 +1,56 @@
+"""Our indexed .bin/.idx are read correctly by Megatron-Core's own IndexedDataset (the pinned wheel's source).
+
+megatron-core's package __init__ pulls in the GPU stack (triton); the reader module itself needs only numpy
+and torch. The test loads ``megatron/core/datasets/indexed_dataset.py`` from the pinned wheel with the
+package __init__ files bypassed and ``megatron.core.utils.log_single_rank`` (a logging helper) provided.
+"""
+
+import importlib
+import logging
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from pipeline.data.indexed import tokenize_corpus
+from pipeline.training.conformance import fetch_wheel_source, pinned_version
+
+
+@pytest.fixture(scope="module")
+def megatron_indexed_dataset():
+    try:
+        src = fetch_wheel_source(pinned_version("megatron-core"), ROOT / ".cache" / "wheels", "megatron-core")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"cannot download megatron-core from PyPI: {exc}")
+    saved = {k: v for k, v in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
+    for name, sub in [("megatron", ""), ("megatron.core", "core"), ("megatron.core.datasets", "core/datasets")]:
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(src / "megatron" / sub)]
+        sys.modules[name] = mod
+    utils = types.ModuleType("megatron.core.utils")
+    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg, *a)
+    sys.modules["megatron.core.utils"] = utils
+    try:
+        yield importlib.import_module("megatron.core.datasets.indexed_dataset")
+    finally:
+        for k in [k for k in sys.modules if k == "megatron" or k.startswith("megatron.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def test_megatron_core_reads_our_indexed_dataset(megatron_indexed_dataset, tmp_path, tokenizer):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = [f"Document number {i}. " + "word " * (i % 17 + 1) for i in range(50)]
+    for i, d in enumerate(docs):
+        (corpus / f"d{i:03d}.txt").write_text(d)
+    res = tokenize_corpus(str(corpus), "smollm2-135m", tmp_path / "out", "c", docs_per_part=7, quiet=True)
+    ds = megatron_indexed_dataset.IndexedDataset(str(tmp_path / "out" / "c_text_document"))
+    assert len(ds) == 50
+    expected = [tokenizer(d, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for d in docs]
+    assert [ds[i].tolist() for i in range(50)] == expected
+    assert ds.document_indices.tolist() == list(range(51))
+    assert int(np.sum(ds.sequence_lengths)) == res["tokens"]
+    assert ds.index.dtype == np.uint16
