@@ -8,12 +8,16 @@ tokenizer with offset mapping, and a token gets loss when it starts inside an as
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.common.errors import UserError
+
+ENCODE_SUB_BATCH = 2048
 
 
 def load_tokenizer(name_or_path: str | Path):
@@ -55,9 +59,32 @@ def tokenizer_model_name(name_or_path: str | Path) -> str:
     return str(name_or_path).replace("/", "--")
 
 
-def render(tokenizer, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
+def _template(tokenizer):
+    """The tokenizer's chat template compiled once (as transformers compiles it), or None to fall back."""
+    cached = getattr(tokenizer, "_pipeline_compiled_template", None)
+    if cached is None:
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            cached = _compile_jinja_template(tokenizer.chat_template)
+        except Exception:  # noqa: BLE001 - any problem: use apply_chat_template per conversation
+            cached = False
+        tokenizer._pipeline_compiled_template = cached
+    return cached or None
+
+
+def render_text(tokenizer, messages: list[dict[str, Any]]) -> str:
+    tpl = _template(tokenizer)
+    if tpl is not None:
+        return tpl.render(messages=messages, add_generation_prompt=False, **tokenizer.special_tokens_map)
+    return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def render(tokenizer, messages: list[dict[str, Any]], text: str | None = None
+           ) -> tuple[str, list[tuple[int, int]]] | None:
     """Rendered text and assistant character spans; None when a turn cannot be located."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    if text is None:
+        text = render_text(tokenizer, messages)
     eot = tokenizer.eos_token or ""
     spans = []
     cursor = 0
@@ -75,26 +102,59 @@ def render(tokenizer, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[i
 
 
 def tokenize_conversations(tokenizer, conversations: list[dict]) -> tuple[list[np.ndarray], list[np.ndarray], int]:
-    """Token ids and (unrolled) loss masks for each conversation; returns also the template-mismatch count."""
-    texts, all_spans = [], []
+    """Token ids and (unrolled) loss masks for each conversation; returns also the template-mismatch count.
+
+    The batch is encoded in one call of the Rust tokenizer (parallel across cores); assistant spans are
+    mapped to token positions with ``char_to_token`` instead of materialising every token's offsets.
+    """
     mismatched = 0
-    for conv in conversations:
-        r = render(tokenizer, conv["messages"])
-        if r is None:
-            mismatched += 1
-            continue
-        texts.append(r[0])
-        all_spans.append(r[1])
-    if not texts:
+    if conversations and _template(tokenizer) is not None:
+        first = conversations[0]["messages"]
+        if render_text(tokenizer, first) != tokenizer.apply_chat_template(first, tokenize=False):
+            tokenizer._pipeline_compiled_template = False  # the direct render differs: use transformers'
+    # Render sub-batch k+1 (Python) while the Rust tokenizer encodes sub-batch k (it releases the GIL).
+    all_spans: list[list[tuple[int, int]]] = []
+    futures = []
+    backend = tokenizer.backend_tokenizer
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for start in range(0, len(conversations), ENCODE_SUB_BATCH):
+            texts = []
+            for conv in conversations[start:start + ENCODE_SUB_BATCH]:
+                r = render(tokenizer, conv["messages"])
+                if r is None:
+                    mismatched += 1
+                    continue
+                texts.append(r[0])
+                all_spans.append(r[1])
+            if texts:
+                futures.append(pool.submit(backend.encode_batch, texts, add_special_tokens=False))
+        encs = [e for f in futures for e in f.result()]
+    if not encs:
         return [], [], mismatched
-    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
-    ids_out, mask_out = [], []
-    for ids, offsets, spans in zip(enc["input_ids"], enc["offset_mapping"], all_spans):
-        starts = np.fromiter((o[0] for o in offsets), dtype=np.int64, count=len(offsets))
-        mask = np.zeros(len(ids), dtype=np.int8)
+    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+    offsets = np.zeros(len(encs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    flat_ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=total)
+    flat_mask = np.zeros(total, dtype=np.int8)
+    for e, spans, off in zip(encs, all_spans, offsets.tolist()):
         for a, b in spans:
-            lo, hi = np.searchsorted(starts, [a, b])
-            mask[lo:hi] = 1
-        ids_out.append(np.asarray(ids, dtype=np.int64))
-        mask_out.append(mask)
+            lo = _char_to_token(e, a, +1)
+            hi = _char_to_token(e, b - 1, -1)
+            if lo is not None and hi is not None and hi >= lo:
+                flat_mask[off + lo: off + hi + 1] = 1
+    ids_out = [flat_ids[offsets[i]:offsets[i + 1]] for i in range(len(encs))]
+    mask_out = [flat_mask[offsets[i]:offsets[i + 1]] for i in range(len(encs))]
     return ids_out, mask_out, mismatched
+
+
+def _char_to_token(enc, pos: int, step: int) -> int | None:
+    """Token index covering character ``pos``; if none does (e.g. a normalised-away space), walk ``step``."""
+    for _ in range(8):
+        t = enc.char_to_token(pos)
+        if t is not None:
+            return t
+        pos += step
+        if pos < 0:
+            return None
+    return None

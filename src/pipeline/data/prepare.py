@@ -135,13 +135,12 @@ def tokenized_dir(root: Path, tok_name: str, split: str) -> Path:
     return root / "tokenized" / tok_name / split
 
 
-def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer) -> dict:
+def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipeline.data.chat import load_tokenizer, tokenize_conversations
 
-    tokenizer = None
     result = {}
     for split in SPLITS:
         out_dir = tokenized_dir(opts.dataset_root, tok_name, split)
@@ -166,9 +165,13 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer) -> dict:
                 ids, masks, mismatched = tokenize_conversations(tokenizer, part)
                 counts = {"examples": len(ids), "tokens": int(sum(len(x) for x in ids)),
                           "loss_tokens": int(sum(int(m.sum()) for m in masks)), "dropped_template_mismatch": mismatched}
+                offsets = np.zeros(len(ids) + 1, dtype=np.int32)
+                np.cumsum([len(x) for x in ids], out=offsets[1:])
+                flat_ids = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
+                flat_mask = np.concatenate(masks).astype(np.int8) if masks else np.zeros(0, np.int8)
                 table = pa.table({
-                    "input_ids": pa.array([x.astype(np.int32) for x in ids], type=pa.list_(pa.int32())),
-                    "loss_mask": pa.array([m for m in masks], type=pa.list_(pa.int8())),
+                    "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
+                    "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_mask)),
                 })
                 table = table.replace_schema_metadata({"pipeline_counts": json.dumps(counts)})
                 with atomic_path(chunk_path) as tmp:
