@@ -13,51 +13,10 @@ pure Python with a recursive segment tree (see ``bench/bench_packing.py`` for th
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from typing import Sequence
 
 import numpy as np
-
-
-class _Fenwick:
-    """Counts of bins per remaining capacity 0..C, with 'first non-empty index >= x' queries."""
-
-    def __init__(self, size: int):
-        self.n = size
-        self.tree = [0] * (size + 1)
-        self.log = 1 << (size.bit_length())
-
-    def add(self, i: int, delta: int) -> None:
-        i += 1
-        while i <= self.n:
-            self.tree[i] += delta
-            i += i & -i
-
-    def prefix(self, i: int) -> int:  # sum of counts[0..i-1]
-        s = 0
-        while i > 0:
-            s += self.tree[i]
-            i -= i & -i
-        return s
-
-    def kth(self, k: int) -> int:
-        """Smallest index whose prefix count reaches k (1-based k)."""
-        pos = 0
-        step = self.log
-        while step:
-            nxt = pos + step
-            if nxt <= self.n and self.tree[nxt] < k:
-                pos = nxt
-                k -= self.tree[nxt]
-            step >>= 1
-        return pos  # 0-based index
-
-    def first_at_least(self, x: int) -> int:
-        """First index >= x with a non-zero count, or -1."""
-        before = self.prefix(x)
-        total = self.prefix(self.n)
-        if total == before:
-            return -1
-        return self.kth(before + 1)
 
 
 def pack_sequences(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: int = 0) -> list[list[int]]:
@@ -85,64 +44,59 @@ def pack_sequences(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: 
         raise ValueError(f"length {int(lens[bad])} at index {bad} exceeds capacity {capacity}")
 
     rng = np.random.default_rng(seed)
-    # Items grouped by length, longest first; within a length, a seeded random order.
+    # Items grouped by length, longest first; within a length, a seeded random order. A stable sort of a
+    # 16-bit key is a radix sort in numpy: O(n).
     perm = rng.permutation(n)
-    order = perm[np.argsort(-lens[perm], kind="stable")]
-    sorted_lens = lens[order]
-    uniq, starts, counts = np.unique(-sorted_lens, return_index=True, return_counts=True)
-    class_lens = (-uniq).tolist()
-    class_starts = starts.tolist()
-    class_counts = counts.tolist()
+    key = (capacity - lens[perm]).astype(np.uint16 if capacity < 65536 else np.int64)
+    order = perm[np.argsort(key, kind="stable")]
+    counts = np.bincount(lens, minlength=capacity + 1)
+    class_lens = np.flatnonzero(counts)[::-1].tolist()  # distinct lengths, longest first
+    class_counts = counts[class_lens].tolist()
 
     buckets: list[list[int]] = [[] for _ in range(capacity + 1)]  # remaining capacity -> bin ids
-    fen = _Fenwick(capacity + 1)
+    nonempty: list[int] = []  # sorted remaining capacities whose bucket holds bins
     n_bins = 0
-    # Events: (first position in `order`, number of items, bin ids array, items per bin)
-    ev_bins: list[np.ndarray] = []
+    # Items are consumed in `order`; each bin listed in ev_bins takes ev_take consecutive items.
+    ev_bins: list[int] = []
     ev_take: list[int] = []
-    ev_pos: list[int] = []
 
-    for L, start, count in zip(class_lens, class_starts, class_counts):
-        pos = start
+    bisect, ins = bisect_left, insort  # local aliases: this loop is the hot path
+
+    for L, count in zip(class_lens, class_counts):
         left = count
-        if L == 0:
-            # Zero-length items fit anywhere: put them in the first bin (or a new one).
+        if L == 0:  # zero-length items fit anywhere: put them all in bin 0 (opening it if needed)
             if n_bins == 0:
                 n_bins = 1
+                ins(nonempty, capacity)
                 buckets[capacity].append(0)
-                fen.add(capacity, 1)
-            ev_bins.append(np.zeros(1, dtype=np.int64))
+            ev_bins.append(0)
             ev_take.append(left)
-            ev_pos.append(pos)
             continue
         while left > 0:
-            r = fen.first_at_least(L)
-            if r == -1:
-                # Open new bins: each takes k = capacity // L items.
+            j = bisect(nonempty, L)
+            if j == len(nonempty):
+                # Open new bins: each takes k = capacity // L items (the last one what is left).
                 k = capacity // L
-                nb = -(-left // k)
-                full = left // k
-                ids = np.arange(n_bins, n_bins + nb, dtype=np.int64)
-                n_bins += nb
+                full, rest = divmod(left, k)
                 if full:
-                    ev_bins.append(ids[:full])
-                    ev_take.append(k)
-                    ev_pos.append(pos)
+                    ids = list(range(n_bins, n_bins + full))
+                    n_bins += full
+                    ev_bins.extend(ids)
+                    ev_take.extend([k] * full)
                     rem = capacity - k * L
-                    buckets[rem].extend(ids[:full].tolist())
-                    fen.add(rem, full)
-                    pos += full * k
-                    left -= full * k
-                if left:
-                    ev_bins.append(ids[full:])
-                    ev_take.append(left)
-                    ev_pos.append(pos)
-                    rem = capacity - left * L
-                    buckets[rem].append(int(ids[-1]))
-                    fen.add(rem, 1)
-                    pos += left
-                    left = 0
-                continue
+                    if not buckets[rem]:
+                        ins(nonempty, rem)
+                    buckets[rem].extend(ids)
+                if rest:
+                    ev_bins.append(n_bins)
+                    ev_take.append(rest)
+                    rem = capacity - rest * L
+                    if not buckets[rem]:
+                        ins(nonempty, rem)
+                    buckets[rem].append(n_bins)
+                    n_bins += 1
+                break
+            r = nonempty[j]  # best fit: the smallest remaining capacity >= L
             k = r // L
             bins = buckets[r]
             m = len(bins)
@@ -150,42 +104,29 @@ def pack_sequences(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: 
             if full:
                 moved = bins[m - full:]
                 del bins[m - full:]
-                fen.add(r, -full)
-                ev_bins.append(np.asarray(moved, dtype=np.int64))
-                ev_take.append(k)
-                ev_pos.append(pos)
-                rem = r - k * L
-                buckets[rem].extend(moved)
-                fen.add(rem, full)
-                pos += full * k
+                ev_bins.extend(moved)
+                ev_take.extend([k] * full)
                 left -= full * k
-            if left and left < k and bins:
-                # One more bin takes the remaining (< k) items.
-                b = bins.pop()
-                fen.add(r, -1)
-                ev_bins.append(np.asarray([b], dtype=np.int64))
+            elif left:
+                # Fewer than k items left: one bin takes them all.
+                moved = [bins.pop()]
+                ev_bins.append(moved[0])
                 ev_take.append(left)
-                ev_pos.append(pos)
-                rem = r - left * L
-                buckets[rem].append(b)
-                fen.add(rem, 1)
-                pos += left
-                left = 0
+                k, left = left, 0
+            if not bins:
+                del nonempty[j]
+            rem = r - k * L
+            target = buckets[rem]
+            if not target:
+                ins(nonempty, rem)
+            target.extend(moved)
 
-    # Materialise item -> bin: event e assigns ev_take[e] consecutive items to each of its bins.
-    bin_of = np.empty(n, dtype=np.int64)
-    for bins_e, take, pos in zip(ev_bins, ev_take, ev_pos):
-        span = bins_e.size * take
-        bin_of[order[pos:pos + span]] = np.repeat(bins_e, take)[:span]
-
-    # Group item indices by bin (stable: within a bin, longest first as assigned), shuffle bin order.
-    by_bin = np.argsort(bin_of[order], kind="stable")
-    items_sorted = order[by_bin]
-    bounds = np.searchsorted(bin_of[items_sorted], np.arange(n_bins + 1))
-    bin_order = rng.permutation(n_bins)
-    flat = items_sorted.tolist()
-    b = bounds.tolist()
-    return [flat[b[i]:b[i + 1]] for i in bin_order.tolist()]
+    # Item -> bin: event e gives ev_take[e] consecutive items (in `order`) to bin ev_bins[e].
+    bin_sorted = np.repeat(np.asarray(ev_bins, dtype=np.int64), np.asarray(ev_take, dtype=np.int64))
+    by_bin = np.argsort(bin_sorted, kind="stable")
+    items = order[by_bin].tolist()
+    bounds = np.searchsorted(bin_sorted[by_bin], np.arange(n_bins + 1)).tolist()
+    return [items[bounds[i]:bounds[i + 1]] for i in rng.permutation(n_bins).tolist()]
 
 
 def lower_bound_bins(lengths: Sequence[int] | np.ndarray, capacity: int) -> int:
