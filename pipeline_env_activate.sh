@@ -8,6 +8,12 @@ PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PIPELINE_ROOT
 # shellcheck source=pipeline_env_config.env
 source "$PIPELINE_ROOT/pipeline_env_config.env"
+if [[ "${PIPELINE_IN_CONTAINER:-}" == apptainer ]]; then
+  # Inside the NGC image: its Python, plus the overlay (pinned Megatron Bridge) and this checkout.
+  export PYTHONPATH="$PIPELINE_ROOT/src:$PIPELINE_OVERLAY${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONUNBUFFERED=1
+  return 0 2>/dev/null || exit 0
+fi
 if [[ ! -x "$PIPELINE_VENV/bin/python" || ! -f "$PIPELINE_VENV/.pipeline_steps/packages.done" ]]; then
   echo "error: the environment is missing or incomplete ($PIPELINE_VENV); create it with: bash $PIPELINE_ROOT/pipeline_env_setup.sh" >&2
   return 1 2>/dev/null || exit 1

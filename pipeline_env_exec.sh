@@ -6,8 +6,8 @@
 #   ./pipeline_env_exec.sh "cd $PWD; source pipeline_env_activate.sh || exit 1; python -c 'import torch'"
 #   ./pipeline_env_exec.sh "source pipeline_env_activate.sh && exec bash -i"
 #
-# The command string runs under `bash -c` with every knob of pipeline_env_config.env exported;
-# with PIPELINE_RUNTIME=venv it runs on the host (activate the venv inside the command, as above).
+# The command string runs under `bash -c` inside the configured runtime (PIPELINE_RUNTIME: venv on the host,
+# apptainer or charliecloud in the container, with the binds and environment of pipeline_env_config.env).
 set -euo pipefail
 PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PIPELINE_ROOT
@@ -19,4 +19,7 @@ if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
 fi
 require_env
 cd "$PIPELINE_ROOT"
-exec bash -c "$*"
+if [[ -n "${PIPELINE_IN_CONTAINER:-}" ]]; then exec bash -c "$*"; fi
+_runtimes prepare
+mapfile -d '' ARGV < <(_runtimes render -- "$*")
+exec "${ARGV[@]}"

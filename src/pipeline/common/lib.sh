@@ -18,23 +18,29 @@ die() { local code="${2:-1}"; echo "error: $1" >&2; exit "$code"; }
 # Marker directory of completed env setup steps.
 env_steps_dir() { echo "$PIPELINE_VENV/.pipeline_steps"; }
 
-# Refuse to start without a complete environment, and say how to make one.
+# The runtime helper (standard library only, so the host's python3 runs it before any environment exists).
+_runtimes() { PYTHONPATH="$PIPELINE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m pipeline.env.runtimes "$@"; }
+
+# Refuse to start without a complete environment (venv, or container image + plugin + overlay), and say
+# how to make it. No silent fallback to another runtime.
 require_env() {
-  case "$PIPELINE_RUNTIME" in
-    venv)
-      if [[ ! -x "$PIPELINE_VENV/bin/python" || ! -f "$(env_steps_dir)/packages.done" ]]; then
-        die "the environment is missing or incomplete ($PIPELINE_VENV); create it with: bash $PIPELINE_ROOT/pipeline_env_setup.sh" 1
-      fi ;;
-    *) die "unknown PIPELINE_RUNTIME '$PIPELINE_RUNTIME' (expected: venv); fix pipeline_env_config.env" 2 ;;
-  esac
+  [[ -n "${PIPELINE_IN_CONTAINER:-}" ]] && return 0
+  _runtimes check || exit 1
 }
 
 # Run a command inside the configured environment (replaces the current process).
 run_in_env() {
   require_env
-  # shellcheck source=../../../pipeline_env_activate.sh
-  source "$PIPELINE_ROOT/pipeline_env_activate.sh"
-  exec "$@"
+  if [[ "$PIPELINE_RUNTIME" == venv || -n "${PIPELINE_IN_CONTAINER:-}" ]]; then
+    # shellcheck source=../../../pipeline_env_activate.sh
+    source "$PIPELINE_ROOT/pipeline_env_activate.sh"
+    exec "$@"
+  fi
+  local cmd argv=()
+  _runtimes prepare
+  printf -v cmd '%q ' "$@"
+  mapfile -d '' argv < <(_runtimes render -- "source $(printf '%q' "$PIPELINE_ROOT/pipeline_env_activate.sh") && exec $cmd")
+  exec "${argv[@]}"
 }
 
 with_retries() {

@@ -53,13 +53,112 @@ def check_python() -> str:
 
 
 def check_venv() -> str:
+    if _in_container() == "apptainer":
+        raise Skip("apptainer: the image's Python with the overlay, no venv")
     venv = Path(os.environ.get("PIPELINE_VENV", ROOT / ".venv"))
     assert Path(sys.prefix).resolve() == venv.resolve(), f"running in {sys.prefix}, not the venv {venv}"
     return str(venv)
 
 
+def _in_container() -> str | None:
+    return os.environ.get("PIPELINE_IN_CONTAINER") or None
+
+
+def check_runtime() -> str:
+    rt = os.environ.get("PIPELINE_RUNTIME", "venv")
+    inside = _in_container()
+    if rt != "venv" and not inside:
+        raise AssertionError(f"PIPELINE_RUNTIME={rt} but this check runs outside the container")
+    return f"{rt}" + (f" (inside the {inside} container)" if inside else " (host)")
+
+
+def check_image() -> str:
+    rt = _in_container()
+    if not rt:
+        raise Skip("venv runtime: no container image")
+    path = os.environ.get("PIPELINE_CH_IMAGE" if rt == "charliecloud" else "PIPELINE_SIF", "")
+    digest = Path(path + ".digest")
+    assert digest.is_file(), f"no recorded digest {digest}"
+    return f"{path} sha256:{digest.read_text().strip()[:16]}..."
+
+
+def check_binds() -> str:
+    needed = [ROOT] + [Path(os.environ[k]) for k in ("PIPELINE_DATA_ROOT", "PIPELINE_RUNS_DIR", "HF_HOME", "WANDB_DIR")
+                       if os.environ.get(k)]
+    missing = []
+    for p in needed:
+        q = p
+        while not q.exists() and q != q.parent:
+            q = q.parent  # not created yet: its nearest existing parent must be writable
+        if not os.access(q, os.W_OK):
+            missing.append(str(p))
+    assert not missing, f"not writable/resolvable: {', '.join(missing)}"
+    return f"{len(needed)} paths resolvable and writable"
+
+
+def check_nccl_plugin() -> str:
+    import ctypes
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skip("no GPU: the NCCL network plugin is only loaded by NCCL on GPU nodes")
+    lib = Path(os.environ.get("PIPELINE_NCCL_PLUGIN_DIR", "")) / "lib" / "libnccl-net.so"
+    assert lib.exists(), f"{lib} missing"
+    ctypes.CDLL(str(lib))
+    return str(lib)
+
+
+def _allreduce_worker(rank: int, world: int, backend: str, port: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dev = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    t = torch.ones(4, device=dev) * (rank + 1)
+    dist.all_reduce(t)
+    out.put((rank, float(t[0])))
+    dist.destroy_process_group()
+
+
+def _allreduce(backend: str, world: int) -> str:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_allreduce_worker, args=(r, world, backend, port, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    results = [q.get(timeout=5) for _ in range(world)]
+    want = float(world * (world + 1) // 2)
+    assert all(v == want for _, v in results), f"all-reduce gave {results}, want {want}"
+    return f"{backend} all-reduce over {world} ranks = {want:g}"
+
+
+def check_gloo_allreduce() -> str:
+    return _allreduce("gloo", 2)
+
+
+def check_gpu_allreduce() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skip("no GPU on this machine")
+    return _allreduce("nccl", torch.cuda.device_count())
+
+
 def check_pins() -> str:
-    req = Path(os.environ.get("PIPELINE_REQUIREMENTS", ROOT / "requirements" / "local.txt"))
+    if _in_container() == "apptainer":
+        req = ROOT / "3rdparty" / "requirements-container.txt"
+    else:
+        req = Path(os.environ.get("PIPELINE_REQUIREMENTS", ROOT / "requirements" / "local.txt"))
     bad = []
     pins = _pins(req)
     for name, want in pins.items():
@@ -143,7 +242,11 @@ def check_wandb_offline() -> str:
     return f"wandb {wandb.__version__} offline run written"
 
 
+IMAGE_FIX = (f"{SETUP} --only image --force (charliecloud) / {SETUP} --only pull --force (apptainer)")
 CHECKS: list[Check] = [
+    Check("runtime", check_runtime, f"{ROOT}/pipeline_env_exec.sh 'python -m pipeline.env.validate'"),
+    Check("container-image", check_image, IMAGE_FIX),
+    Check("binds-resolvable", check_binds, "fix PIPELINE_BINDS / the paths in pipeline_env_config.env"),
     Check("python-version", check_python, f"PIPELINE_PYTHON=python3.11 {SETUP} --force"),
     Check("venv-active", check_venv, f"source {ROOT}/pipeline_env_activate.sh"),
     Check("package-pins", check_pins, f"{SETUP} --only packages --force"),
@@ -159,7 +262,10 @@ CHECKS: list[Check] = [
     Check("hf-cache-writable", check_hf_cache, "export HF_HOME=<a writable dir> (pipeline_env_config.env)"),
     Check("wandb-dir-writable", check_wandb_dir, "export WANDB_DIR=<a writable dir> (pipeline_env_config.env)"),
     Check("wandb-offline-run", check_wandb_offline, f"{SETUP} --only packages --force"),
+    Check("gloo-allreduce", check_gloo_allreduce, f"{SETUP} --only packages --force"),
     Check("gpu-visible", check_gpu, "run on a GPU node (isambard_sbatch pipeline_env_submit.sbatch validate)"),
+    Check("nccl-plugin", check_nccl_plugin, f"{SETUP} --only nccl-plugin --force"),
+    Check("gpu-allreduce", check_gpu_allreduce, "check the node (nvidia-smi); if it is broken: isambard_sbatch --mark-bad"),
 ]
 
 

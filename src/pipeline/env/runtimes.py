@@ -1,0 +1,188 @@
+"""Runtimes behind one interface: ``venv`` (local), ``apptainer`` (cluster default), ``charliecloud``.
+
+Pure functions render the exact command line that runs a shell command inside the configured runtime, with
+the bind list and environment from ``pipeline_env_config.env``; ``check`` lists what is missing, each with
+the command that fixes it. Standard library only: launchers call it with the host's python3 before any
+environment exists.
+
+    python3 -m pipeline.env.runtimes render -- "python -c 'import torch'"   # NUL-separated argv on stdout
+    python3 -m pipeline.env.runtimes check                                  # problems + fixes, exit 1 if any
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+RUNTIMES = ("venv", "apptainer", "charliecloud")
+# Environment passed into a container explicitly (apptainer runs with --cleanenv).
+PASS_ENV_PREFIXES = ("PIPELINE_", "HF_", "WANDB_", "NCCL_", "FI_", "SLURM_", "TORCH_", "CUDA_", "BAD_NODES_")
+PASS_ENV_NAMES = ("TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TRANSFORMERS_OFFLINE")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    runtime: str
+    root: Path
+    venv: Path
+    sif: Path
+    image: str
+    ch_image: Path
+    overlay: Path
+    nccl_plugin_dir: Path
+    extra_binds: tuple[str, ...] = ()
+    data_paths: tuple[Path, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "RuntimeConfig":
+        e = dict(os.environ if env is None else env)
+        root = Path(e.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+        cache = Path(e.get("PIPELINE_CACHE_DIR") or root / ".cache")
+        data = tuple(Path(e[k]) for k in ("PIPELINE_DATA_ROOT", "PIPELINE_RUNS_DIR", "PIPELINE_LOG_DIR",
+                                          "PIPELINE_MODELS_DIR", "HF_HOME", "WANDB_DIR") if e.get(k))
+        return cls(
+            runtime=e.get("PIPELINE_RUNTIME", "venv"),
+            root=root,
+            venv=Path(e.get("PIPELINE_VENV") or root / ".venv"),
+            sif=Path(e.get("PIPELINE_SIF") or cache / "containers" / "nemo.sif"),
+            image=e.get("PIPELINE_IMAGE", "nvcr.io/nvidia/nemo:26.06"),
+            ch_image=Path(e.get("PIPELINE_CH_IMAGE") or cache / "containers" / "debian-bookworm"),
+            overlay=Path(e.get("PIPELINE_OVERLAY") or cache / "overlay"),
+            nccl_plugin_dir=Path(e.get("PIPELINE_NCCL_PLUGIN_DIR") or cache / "aws-ofi-nccl"),
+            extra_binds=tuple(b for b in (e.get("PIPELINE_BINDS") or "").split(",") if b),
+            data_paths=data,
+        )
+
+
+def venv_home(venv: Path) -> Path | None:
+    """The interpreter installation a venv links to (``home`` in pyvenv.cfg), so it can be bound too."""
+    cfg = venv / "pyvenv.cfg"
+    if not cfg.exists():
+        return None
+    for line in cfg.read_text().splitlines():
+        k, _, v = line.partition("=")
+        if k.strip() == "home":
+            return Path(v.strip()).parent
+    return None
+
+
+def binds(cfg: RuntimeConfig) -> list[tuple[str, str]]:
+    """(host, guest) pairs: the checkout, the Python overlay, data/run/cache dirs, extra binds. A path
+    inside an already bound directory is not bound again."""
+    paths: list[Path] = [cfg.root]
+    if cfg.runtime == "charliecloud":
+        paths += [cfg.venv] + ([venv_home(cfg.venv)] if venv_home(cfg.venv) else [])
+    else:
+        paths += [cfg.overlay, cfg.nccl_plugin_dir]
+    paths += list(cfg.data_paths)
+    out: list[tuple[str, str]] = []
+    seen: list[Path] = []
+    for p in paths:
+        p = Path(os.path.abspath(p))
+        if any(p == s or s in p.parents for s in seen):
+            continue
+        seen.append(p)
+        out.append((str(p), str(p)))
+    for b in cfg.extra_binds:
+        src, _, dst = b.partition(":")
+        out.append((src, dst or src))
+    return out
+
+
+def container_env(cfg: RuntimeConfig, env: dict[str, str] | None = None) -> dict[str, str]:
+    e = dict(os.environ if env is None else env)
+    out = {k: v for k, v in e.items() if k.startswith(PASS_ENV_PREFIXES) or k in PASS_ENV_NAMES}
+    out["PIPELINE_ROOT"] = str(cfg.root)
+    out["PIPELINE_IN_CONTAINER"] = cfg.runtime
+    out["USER"] = e.get("USER") or "pipeline"
+    out["HOME"] = e.get("HOME", "/root")
+    # caches must be writable inside a read-only image: keep them under the bound checkout
+    out["XDG_CACHE_HOME"] = e.get("PIPELINE_CACHE_DIR") or str(cfg.root / ".cache")
+    if cfg.runtime == "apptainer":
+        out["PYTHONPATH"] = f"{cfg.root}/src:{cfg.overlay}"
+        # the aws-ofi-nccl plugin built by the nccl-plugin step, ahead of the image's libraries
+        out["LD_LIBRARY_PATH"] = f"{cfg.nccl_plugin_dir}/lib:/usr/local/cuda/lib64:/usr/local/lib"
+    return dict(sorted(out.items()))
+
+
+def render(cfg: RuntimeConfig, command: str, env: dict[str, str] | None = None) -> list[str]:
+    """The argv that runs ``bash -c command`` inside the runtime (a pure function of its inputs)."""
+    if cfg.runtime == "venv":
+        return ["bash", "-c", command]
+    envs = container_env(cfg, env)
+    if cfg.runtime == "apptainer":
+        argv = ["apptainer", "exec", "--nv", "--cleanenv", "--bind", ",".join(f"{s}:{d}" for s, d in binds(cfg))]
+        for k, v in envs.items():
+            argv += ["--env", f"{k}={v}"]
+        return argv + [str(cfg.sif), "bash", "-c", command]
+    if cfg.runtime == "charliecloud":
+        argv = ["ch-run"]
+        for s, d in binds(cfg):
+            argv += ["-b", f"{s}:{d}"]
+        argv += [f"--set-env={k}={v}" for k, v in envs.items()]
+        argv += ["--env-no-expand", "-c", str(cfg.root), str(cfg.ch_image), "--", "bash", "-c", command]
+        return argv
+    raise ValueError(f"unknown runtime {cfg.runtime!r} (expected one of {', '.join(RUNTIMES)})")
+
+
+def check(cfg: RuntimeConfig) -> list[str]:
+    """What is missing for the runtime to start, each problem with the command that fixes it."""
+    setup = f"bash {cfg.root}/pipeline_env_setup.sh"
+    problems = []
+    if cfg.runtime not in RUNTIMES:
+        return [f"unknown PIPELINE_RUNTIME '{cfg.runtime}' (expected one of {', '.join(RUNTIMES)}); "
+                "fix pipeline_env_config.env"]
+    if cfg.runtime in ("venv", "charliecloud"):
+        if not (cfg.venv / "bin" / "python").exists() or not (cfg.venv / ".pipeline_steps" / "packages.done").exists():
+            problems.append(f"the environment is missing or incomplete ({cfg.venv}); create it with: {setup}")
+    if cfg.runtime == "apptainer":
+        if not cfg.sif.is_file():
+            problems.append(f"container image {cfg.sif} is missing; pull it with: {setup} --only pull")
+        if not (cfg.nccl_plugin_dir / "lib" / "libnccl-net.so").exists():
+            problems.append(f"NCCL network plugin missing in {cfg.nccl_plugin_dir}; build it with: "
+                            f"{setup} --only nccl-plugin")
+        if not (cfg.overlay / ".pipeline_overlay.done").exists():
+            problems.append(f"Python overlay missing in {cfg.overlay}; install it with: {setup} --only overlay")
+    if cfg.runtime == "charliecloud" and not (cfg.ch_image / "bin" / "bash").exists():
+        problems.append(f"container image {cfg.ch_image} is missing; build it with: {setup} --only image")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = RuntimeConfig.from_env()
+    if argv[:1] == ["render"]:
+        cmd = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+        if not cmd:
+            print("error: render needs a command", file=sys.stderr)
+            return 2
+        try:
+            out = render(cfg, " ".join(cmd))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.write("\0".join(out) + "\0")
+        return 0
+    if argv[:1] == ["check"]:
+        problems = check(cfg)
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 1 if problems else 0
+    if argv[:1] == ["prepare"]:
+        # A Charliecloud directory image is read-only at run time: create the bind mount points first.
+        if cfg.runtime == "charliecloud" and cfg.ch_image.is_dir():
+            for _, dst in binds(cfg):
+                (cfg.ch_image / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        return 0
+    if argv[:1] == ["binds"]:
+        for s, d in binds(cfg):
+            print(f"{s}:{d}")
+        return 0
+    print(__doc__)
+    return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Runtimes behind one interface: rendered command lines (Apptainer cannot be installed here, so its command
+lines are covered by rendering), and missing images hard-fail every launcher with the fixing command."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run
+from pipeline.env.runtimes import RuntimeConfig, binds, check, render
+
+
+def cfg(tmp_path, runtime, **env):
+    base = {"PIPELINE_ROOT": str(ROOT), "PIPELINE_RUNTIME": runtime, "PIPELINE_VENV": str(ROOT / ".venv"),
+            "PIPELINE_SIF": str(tmp_path / "nemo.sif"), "PIPELINE_OVERLAY": "/projects/x/overlay",
+            "PIPELINE_NCCL_PLUGIN_DIR": "/projects/x/aws-ofi-nccl", "PIPELINE_CH_IMAGE": str(tmp_path / "img"),
+            "PIPELINE_DATA_ROOT": "/projects/a5k/public/data", "HF_HOME": str(ROOT / ".cache/huggingface"),
+            "PIPELINE_BINDS": "/projects/a5k/public,/scratch/u:/scratch", "NCCL_NET": "AWS Libfabric",
+            "WANDB_MODE": "offline", "USER": "alice", "HOME": "/home/alice", "SECRET_TOKEN": "x", **env}
+    return RuntimeConfig.from_env(base), base
+
+
+def test_apptainer_command_line(tmp_path):
+    c, env = cfg(tmp_path, "apptainer")
+    argv = render(c, "python -c 'print(1)'", env)
+    assert argv[:4] == ["apptainer", "exec", "--nv", "--cleanenv"]
+    bind = argv[argv.index("--bind") + 1].split(",")
+    assert f"{ROOT}:{ROOT}" in bind
+    assert "/projects/x/overlay:/projects/x/overlay" in bind and "/projects/x/aws-ofi-nccl:/projects/x/aws-ofi-nccl" in bind
+    assert "/projects/a5k/public:/projects/a5k/public" in bind and "/scratch/u:/scratch" in bind
+    assert not any(b.startswith(str(ROOT / ".cache")) for b in bind)  # inside the bound checkout already
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
+    assert "NCCL_NET=AWS Libfabric" in envs and "WANDB_MODE=offline" in envs
+    assert f"PYTHONPATH={ROOT}/src:/projects/x/overlay" in envs and "PIPELINE_IN_CONTAINER=apptainer" in envs
+    assert any(e.startswith("LD_LIBRARY_PATH=/projects/x/aws-ofi-nccl/lib:") for e in envs)
+    assert not any(e.startswith("SECRET_TOKEN") for e in envs)  # --cleanenv + an explicit list
+    assert argv[-4:] == [str(tmp_path / "nemo.sif"), "bash", "-c", "python -c 'print(1)'"]
+
+
+def test_charliecloud_and_venv_command_lines(tmp_path):
+    c, env = cfg(tmp_path, "charliecloud")
+    argv = render(c, "true", env)
+    assert argv[0] == "ch-run" and argv[-5:] == [str(tmp_path / "img"), "--", "bash", "-c", "true"]
+    pairs = [argv[i + 1] for i, a in enumerate(argv) if a == "-b"]
+    assert f"{ROOT}:{ROOT}" in pairs
+    assert "--set-env=PIPELINE_IN_CONTAINER=charliecloud" in argv and "--set-env=USER=alice" in argv
+    v, env = cfg(tmp_path, "venv")
+    assert render(v, "echo hi", env) == ["bash", "-c", "echo hi"]
+    b, _ = cfg(tmp_path, "bogus")
+    with pytest.raises(ValueError, match="unknown runtime"):
+        render(b, "true")
+
+
+def test_missing_pieces_name_the_fix(tmp_path):
+    c, _ = cfg(tmp_path, "apptainer")
+    problems = check(c)
+    assert any("container image" in p and "--only pull" in p for p in problems)
+    assert any("NCCL network plugin" in p and "--only nccl-plugin" in p for p in problems)
+    assert any("Python overlay" in p and "--only overlay" in p for p in problems)
+
+
+@pytest.mark.parametrize("runtime,fix", [("apptainer", "--only pull"), ("charliecloud", "--only image")])
+def test_missing_image_fails_the_training_launcher_at_once(tmp_path, pipeline_env, runtime, fix):
+    env = {**pipeline_env, "PIPELINE_RUNTIME": runtime, "PIPELINE_SIF": str(tmp_path / "none.sif"),
+           "PIPELINE_CH_IMAGE": str(tmp_path / "none")}
+    res = run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
+               "--mode", "sft"], env=env, timeout=60)
+    assert res.returncode == 1
+    assert f"bash {ROOT}/pipeline_env_setup.sh {fix}" in res.stderr
