@@ -1,0 +1,60 @@
+"""Launch command and environment (pure functions): single node, multi-node under Slurm, ft_launcher flags,
+the Bridge override YAML, and the coherence side-by-side report."""
+
+import yaml
+
+from pipeline.coherence.cli import markdown
+from pipeline.config.cluster import load_cluster
+from pipeline.config.loader import load_config
+from pipeline.config.models import get_model
+from pipeline.slurm.allocation import Allocation
+from pipeline.training.engines.megatron_bridge import bridge_overrides_yaml
+from pipeline.training.launch import launch_command, split_args
+
+
+def test_single_node_torchrun():
+    cmd = launch_command(get_model("smollm2-135m"), load_cluster("local_cpu"),
+                         Allocation(None, 1, 0, [], None, 0), 1, "/r", disable_ft=True, max_restarts=2)
+    assert cmd == ["torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=1", "--max-restarts=2",
+                   "-m", "pipeline.training.run", "--run-dir", "/r"]
+
+
+def test_multi_node_ft_launcher_from_the_allocation(monkeypatch):
+    monkeypatch.setattr("pipeline.slurm.allocation.node_address", lambda n: {"nid001": "10.1.0.1"}.get(n, n))
+    alloc = Allocation("12345", 16, 3, [f"nid{i:03d}" for i in range(1, 17)], 4, 0)
+    gh = load_cluster("isambard_gh200")
+    cmd = launch_command(get_model("nano"), gh, alloc, 16, "/r", disable_ft=False, max_restarts=3)
+    assert cmd[0] == "ft_launcher"
+    assert "--rdzv-endpoint=10.1.0.1:41845" in cmd  # first node's address, per-job port 29500 + 12345 % 20000
+    assert "--nnodes=16" in cmd and "--node-rank=3" in cmd and "--nproc-per-node=4" in cmd
+    assert "--ft-rank_section_timeouts=setup:600,step:180,checkpointing:420" in cmd
+    assert "--ft-rank_out_of_section_timeout=300" in cmd
+    assert launch_command(get_model("nano"), gh, alloc, 16, "/r", disable_ft=True, max_restarts=3)[0] == "torchrun"
+    assert gh.env["NCCL_NET"] == "AWS Libfabric" and gh.env["FI_PROVIDER"] == "cxi"
+
+
+def test_flags_and_overrides_are_split():
+    flags, ov = split_args(["c.yaml", "--model", "nano", "--mode", "sft", "--disable-ft", "train.train_iters=5",
+                            "+model.x=1", "~rng", "--nodes", "2", "checkpoint.save=null"])
+    assert flags == ["c.yaml", "--model", "nano", "--mode", "sft", "--disable-ft", "--nodes", "2"]
+    assert ov == ["train.train_iters=5", "+model.x=1", "~rng", "checkpoint.save=null"]
+
+
+def test_bridge_override_yaml_keeps_only_bridge_keys():
+    cfg = load_config("configs/quickstart/nemotron_nano_quickstart_sft.yaml", ["+model.moe_router_dtype=fp32"],
+                      get_model("nano").recipe_defaults("sft"))
+    out = yaml.safe_load(bridge_overrides_yaml(cfg))
+    assert "pipeline" not in out and "dataset_name" not in out["dataset"]
+    assert out["model"]["context_parallel_size"] == 2 and out["model"]["moe_router_dtype"] == "fp32"
+    assert out["dataset"]["offline_packing_specs"]["pad_seq_to_mult"] == 16
+    assert "ft" not in out  # unset sections are left to the recipe
+
+
+def test_side_by_side_report():
+    rows = lambda t: [{"prompt": "p1", "response": t, "response_length": len(t), "empty": not t, "truncated": False,
+                       "repetitive": False, "template_leak": ""}]
+    rep = {"time": "t", "prompts": ["p1"], "results": [
+        {"model": "a", "backend": "hf", "rows": rows("one | two"), "summary": {"empty_pct": 0.0}},
+        {"model": "b", "backend": "hf", "rows": rows(""), "summary": {"empty_pct": 100.0}}]}
+    md = markdown(rep)
+    assert "## Side by side" in md and "| p1 | one \\| two | *(empty)* |" in md
