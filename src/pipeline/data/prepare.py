@@ -93,7 +93,9 @@ def _tqdm(it, quiet: bool, **kw):
 
 
 # ---- stage 1: export ----------------------------------------------------------------------------
-def stage_export(opts: PrepareOptions, timer: Timer) -> dict:
+def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -> dict:
+    """Export the normalised splits; when ``keep`` is given and the stage runs, the splits are also left in it
+    (so the tokenize stage need not read back the JSONL it was just given)."""
     from pipeline.data.sources import load_conversations
 
     root = opts.dataset_root
@@ -117,6 +119,8 @@ def stage_export(opts: PrepareOptions, timer: Timer) -> dict:
                   "validation": [c for i, c in enumerate(convs) if i in val_idx]}
         for split, name in SPLIT_FILES.items():
             write_text(root / name, "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in splits[split]))
+        if keep is not None:
+            keep.update(splits)
         out = {"dataset": opts.dataset, "rows_in": stats["rows_in"], "kept": len(convs), "dropped": dropped,
                "train": len(splits["train"]), "validation": len(splits["validation"])}
         write_json(stats_path, out)
@@ -135,7 +139,8 @@ def tokenized_dir(root: Path, tok_name: str, split: str) -> Path:
     return root / "tokenized" / tok_name / split
 
 
-def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None) -> dict:
+def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None,
+                   splits: dict | None = None) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -150,7 +155,9 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
             result[split] = read_json(done)
             continue
         with timer.stage("tokenize"):
-            convs = _read_jsonl(opts.dataset_root / SPLIT_FILES[split])
+            convs = (splits or {}).get(split)
+            if convs is None:
+                convs = _read_jsonl(opts.dataset_root / SPLIT_FILES[split])
             n_chunks = max(1, -(-len(convs) // opts.chunk_size))
             totals = collections.Counter()
             for c in _tqdm(range(n_chunks), opts.quiet, desc=f"tokenize {split}", unit="chunk"):
@@ -295,8 +302,9 @@ def prepare(opts: PrepareOptions) -> dict:
     opts.validate()
     timer = Timer()
     tok_name = tokenizer_model_name(opts.tokenizer)
-    export = stage_export(opts, timer)
-    tokenized = stage_tokenize(opts, tok_name, timer)
+    splits: dict = {}
+    export = stage_export(opts, timer, keep=splits)
+    tokenized = stage_tokenize(opts, tok_name, timer, splits=splits)
     packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
                         opts.seed, opts.overlong, opts.force, timer)
     summary = {"dataset": opts.dataset, "dataset_root": str(opts.dataset_root), "tokenizer": tok_name,
