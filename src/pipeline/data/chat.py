@@ -73,18 +73,18 @@ def _template(tokenizer):
     return cached or None
 
 
-def render_text(tokenizer, messages: list[dict[str, Any]]) -> str:
+def render_text(tokenizer, messages: list[dict[str, Any]], special: dict | None = None) -> str:
     tpl = _template(tokenizer)
     if tpl is not None:
-        return tpl.render(messages=messages, add_generation_prompt=False, **tokenizer.special_tokens_map)
+        return tpl.render(messages=messages, add_generation_prompt=False,
+                          **(tokenizer.special_tokens_map if special is None else special))
     return tokenizer.apply_chat_template(messages, tokenize=False)
 
 
-def render(tokenizer, messages: list[dict[str, Any]], text: str | None = None
+def render(tokenizer, messages: list[dict[str, Any]], special: dict | None = None
            ) -> tuple[str, list[tuple[int, int]]] | None:
     """Rendered text and assistant character spans; None when a turn cannot be located."""
-    if text is None:
-        text = render_text(tokenizer, messages)
+    text = render_text(tokenizer, messages, special)
     eot = tokenizer.eos_token or ""
     spans = []
     cursor = 0
@@ -116,11 +116,12 @@ def tokenize_conversations(tokenizer, conversations: list[dict]) -> tuple[list[n
     all_spans: list[list[tuple[int, int]]] = []
     futures = []
     backend = tokenizer.backend_tokenizer
+    special = tokenizer.special_tokens_map  # computed per access in transformers: once per batch here
     with ThreadPoolExecutor(max_workers=1) as pool:
         for start in range(0, len(conversations), ENCODE_SUB_BATCH):
             texts = []
             for conv in conversations[start:start + ENCODE_SUB_BATCH]:
-                r = render(tokenizer, conv["messages"])
+                r = render(tokenizer, conv["messages"], special)
                 if r is None:
                     mismatched += 1
                     continue
