@@ -167,3 +167,18 @@ def test_unreachable_endpoint_is_one_line(pipeline_env):
     assert res.returncode == 2
     assert res.stderr.startswith("error: endpoint http://127.0.0.1:9 is unreachable")
     assert res.stderr.count("\n") == 1
+
+
+def test_upload_all_with_coherence_reports_each_export(trained, tmp_path):
+    env, ckpt = trained
+    copy = tmp_path / "ckpts"
+    shutil.copytree(ckpt, copy, ignore=shutil.ignore_patterns("hf", "converted_checkpoints", "in_progress_checkpoints",
+                                                              "hf_verification_FAILED.json"))
+    res = convert(env, "upload-all", str(copy), "--hf-model", "pipeline/tiny-qwen3-moe", "--no-reasoning",
+                  "--coherence")
+    assert res.returncode == 0, res.stderr[-2000:]
+    for it in (20, 40):
+        rep = json.loads((copy / f"iter_{it:07d}" / "hf" / "coherence" / "coherence_hf.json").read_text())
+        assert len(rep["results"][0]["rows"]) == 8
+        done = json.loads((copy / "converted_checkpoints" / f"iter_{it:07d}.done").read_text())
+        assert done["verdict"] == "PASS" and "coherence_exit_code" in done
