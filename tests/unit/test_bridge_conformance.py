@@ -41,3 +41,18 @@ def test_recipe_alias_rename_is_reported(wheel_source, tmp_path):
     f = doctored / "megatron/bridge/recipes/nemotronh/nemotron_3_nano.py"
     f.write_text(f.read_text().replace("as nemotron_3_nano_sft_config", "as nemotron_3_nano_sft_cfg"))
     assert any("nemotron_3_nano_sft_config" in p for p in check(doctored, BRIDGE_API))
+
+
+def test_restated_recipe_values_match_the_wheel(wheel_source, tmp_path):
+    from pipeline.config.models import REGISTRY
+    from pipeline.training.conformance import check_recipe_facts
+
+    assert check_recipe_facts(wheel_source, REGISTRY) == []
+    doctored = tmp_path / "src"
+    shutil.copytree(wheel_source / "megatron", doctored / "megatron")
+    f = doctored / "megatron/bridge/recipes/nemotronh/h100/nemotron_3_nano.py"
+    text = f.read_text()
+    assert "    model.expert_model_parallel_size = 8\n" in text
+    f.write_text(text.replace("    model.expert_model_parallel_size = 8\n", "    model.expert_model_parallel_size = 16\n", 1))
+    problems = check_recipe_facts(doctored, REGISTRY)
+    assert any("nano/sft: model.expert_model_parallel_size = 16" in p for p in problems), problems

@@ -43,8 +43,9 @@ class ModelSpec:
     num_layers: int = 0
     vocab_size: int = 0
     # Recipe defaults per recipe mode (sft | pretrain | peft), in the config schema's shape. For the
-    # Megatron Bridge models these restate what the pinned recipe sets (checked against the wheel's
-    # source by tests/unit/test_bridge_conformance.py) so the login-node preflight sees them.
+    # Megatron Bridge models these restate what the pinned recipe sets unconditionally (every value is
+    # checked against the wheel's source by tests/unit/test_bridge_conformance.py) so the login-node
+    # preflight sees them.
     recipes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -161,7 +162,7 @@ REGISTRY: dict[str, ModelSpec] = {
                     "model": {"seq_length": 8192, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                               "context_parallel_size": 1, "expert_model_parallel_size": 8,
                               "expert_tensor_parallel_size": 1, "sequence_parallel": False},
-                    "train": {"train_iters": 39735},
+                    "train": {"train_iters": 39735, "global_batch_size": 1024, "micro_batch_size": 1},
                     "dataset": {"seq_length": 8192},
                 },
                 "peft": {

@@ -132,14 +132,129 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", type=Path, help="an unpacked megatron-bridge source tree (default: the pinned wheel)")
     args = p.parse_args(argv)
+    from pipeline.config.models import REGISTRY
     from pipeline.training.engines.megatron_bridge import BRIDGE_API
 
     root = args.source or fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
-    problems = check(root, BRIDGE_API)
+    problems = check(root, BRIDGE_API) + check_recipe_facts(root, REGISTRY)
     for prob in problems:
         print(f"MISSING {prob}")
     print(f"conformance: {len(BRIDGE_API) - len(problems)} of {len(BRIDGE_API)} names found in {root}")
     return 1 if problems else 0
+
+
+
+# ---- recipe values ------------------------------------------------------------------------------------------
+_SECTIONS = {"train", "model", "dataset", "optimizer", "scheduler", "checkpoint", "logger", "validation", "rng"}
+
+
+def _const(node, local: dict):
+    if isinstance(node, ast.Constant):
+        return True, node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return True, -node.operand.value
+    if isinstance(node, ast.Name) and node.id in local:
+        return True, local[node.id]
+    return False, None
+
+
+def _attr_chain(node) -> list[str] | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id] + parts[::-1]
+    return None
+
+
+def recipe_values(src: "Source", module: str, func: str, depth: int = 0) -> dict[str, object]:
+    """``section.field -> value`` that a recipe function sets unconditionally: top-level assignments of
+    constants (``cfg.model.x = 1``), keyword arguments of the section constructors it calls, and the same
+    inside the helper functions whose result it assigns (``cfg = _sft_common()``, ``cfg.model = _helper()``).
+    Statements under ``if`` are conditional and not defaults, so they are not followed."""
+    node = src.find(module, func)
+    if not isinstance(node, ast.FunctionDef) or depth > 4:
+        return {}
+    home = _defining_module(src, module, func)
+    out: dict[str, object] = {}
+    local: dict[str, object] = {}
+
+    def from_call(call: ast.Call, section: str | None) -> None:
+        callee = call.func.id if isinstance(call.func, ast.Name) else None
+        if section is None and callee == "ConfigContainer":
+            for kw in call.keywords:
+                if kw.arg in _SECTIONS and isinstance(kw.value, ast.Call):
+                    from_call(kw.value, kw.arg)
+            return
+        if section is not None:
+            for kw in call.keywords:
+                ok, v = _const(kw.value, local)
+                if ok and kw.arg:
+                    out[f"{section}.{kw.arg}"] = v
+        if callee and src.find(home, callee) is not None and isinstance(src.find(home, callee), ast.FunctionDef):
+            sub = recipe_values(src, home, callee, depth + 1)
+            for k, v in sub.items():
+                if section is None:
+                    out[k] = v
+                elif k.startswith("model."):  # a provider helper: its `model.x = ...` lines
+                    out[f"{section}.{k[6:]}"] = v
+
+    for stmt in node.body:
+        if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Call):
+            from_call(stmt.value, None)
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+            continue
+        chain = _attr_chain(stmt.targets[0])
+        if chain is None:
+            continue
+        ok, v = _const(stmt.value, local)
+        if len(chain) == 1:  # a local variable or `cfg = helper()`
+            if ok:
+                local[chain[0]] = v
+            elif isinstance(stmt.value, ast.Call):
+                from_call(stmt.value, None)
+        elif len(chain) == 2 and chain[1] in _SECTIONS and isinstance(stmt.value, ast.Call):
+            from_call(stmt.value, chain[1])  # cfg.model = Provider(...) / helper()
+        elif len(chain) == 2 and ok and chain[0] == "model":
+            out[f"model.{chain[1]}"] = v  # inside a provider helper
+        elif len(chain) == 3 and chain[1] in _SECTIONS and ok:
+            out[f"{chain[1]}.{chain[2]}"] = v
+    return out
+
+
+def _defining_module(src: "Source", module: str, name: str, depth: int = 0) -> str:
+    tree = src.module(module)
+    if tree is None or depth > 6:
+        return module
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return module
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name and node.module:
+                    return _defining_module(src, node.module, alias.name, depth + 1)
+    return module
+
+
+def check_recipe_facts(source_root: Path, registry) -> list[str]:
+    """Every recipe value restated in the model registry equals what the pinned recipe sets."""
+    src = Source(source_root)
+    problems = []
+    for spec in registry.values():
+        if spec.is_local:
+            continue
+        for mode, facts in spec.recipes.items():
+            fn = spec.recipe_function.format(mode=mode)
+            values = recipe_values(src, spec.recipe_module, fn)
+            for section, fields in facts.items():
+                for field, want in fields.items():
+                    key = f"{section}.{field}"
+                    if key not in values:
+                        problems.append(f"{spec.name}/{mode}: {key} is not set unconditionally by {fn}")
+                    elif values[key] != want:
+                        problems.append(f"{spec.name}/{mode}: {key} = {values[key]!r} in {fn}, registry says {want!r}")
+    return problems
 
 
 if __name__ == "__main__":
