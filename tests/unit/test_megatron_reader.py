@@ -6,7 +6,6 @@ package __init__ files bypassed and ``megatron.core.utils.log_single_rank`` (a l
 """
 
 import importlib
-import logging
 import sys
 import types
 

@@ -1,12 +1,11 @@
 """Runtimes behind one interface: rendered command lines (Apptainer cannot be installed here, so its command
 lines are covered by rendering), and missing images hard-fail every launcher with the fixing command."""
 
-from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, run
-from pipeline.env.runtimes import RuntimeConfig, binds, check, render
+from pipeline.env.runtimes import RuntimeConfig, check, render
 
 
 def cfg(tmp_path, runtime, **env):

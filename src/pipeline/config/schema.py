@@ -118,7 +118,6 @@ SCHEMA: dict[str, Any] = {
         "local": {
             "dtype": "float32",     # local engine compute dtype (CPU: float32)
             "gradient_checkpointing": False,
-            "max_grad_norm_nan_check": True,
         },
     },
 }

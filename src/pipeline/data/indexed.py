@@ -14,7 +14,6 @@ parts, so an interrupted run and an uninterrupted run produce byte-identical fil
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import struct
 from pathlib import Path

@@ -19,7 +19,6 @@ Launcher flags start with ``--``; every other argument after the config is a Hyd
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -83,7 +82,7 @@ def resolve_cluster(args, cfg: dict, spec: ModelSpec) -> ClusterProfile:
     name = args.cluster or os.environ.get("PIPELINE_CLUSTER") or get(cfg, "pipeline.cluster") \
         or ("local_cpu" if spec.is_local else None)
     if name is None:
-        raise UserError(f"no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
+        raise UserError("no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
     return load_cluster(name)
 
 
