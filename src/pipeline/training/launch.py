@@ -124,6 +124,16 @@ def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, 
     return cmd
 
 
+def _set_values(d: dict) -> dict:
+    """The config without unset (None) values and empty sections, for display."""
+    out = {}
+    for k, v in d.items():
+        v = _set_values(v) if isinstance(v, dict) else v
+        if v is not None and v != {}:
+            out[k] = v
+    return out
+
+
 def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str], overrides: list[str]) -> str:
     parts = ["isambard_sbatch", f"--nodes={nodes}", "pipeline_training_submit.sbatch", config, model, mode, *flags,
              *overrides]
@@ -178,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         import yaml
 
-        print("== resolved config ==")
-        print(yaml.safe_dump(cfg, sort_keys=False).rstrip())
+        print("== resolved config (set values; the full one is written to <run_dir>/config.yaml) ==")
+        print(yaml.safe_dump(_set_values(cfg), sort_keys=False).rstrip())
         print("== launch command (per node) ==")
         print(" ".join(shlex.quote(c) for c in cmd))
         print("== sbatch line ==")
