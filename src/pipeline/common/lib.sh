@@ -8,6 +8,8 @@
 : "${PIPELINE_ROOT:?PIPELINE_ROOT must be set before sourcing lib.sh}"
 # shellcheck source=../../../pipeline_env_config.env
 source "$PIPELINE_ROOT/pipeline_env_config.env"
+# Batch and CI environments may not set USER; ch-run refuses to start without it.
+export USER="${USER:-$(id -un)}"
 
 _log_tag() { printf '%s [%s:r%s]' "$(date +%H:%M:%S)" "${SLURMD_NODENAME:-$(hostname -s 2>/dev/null || echo localhost)}" "${SLURM_NODEID:-${NODE_RANK:-0}}"; }
 log_info()  { echo "$(_log_tag) INFO $*" >&2; }
