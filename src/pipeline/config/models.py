@@ -132,6 +132,15 @@ _TINY_RECIPE: dict[str, Any] = {
     "dataset": {**_LOCAL_RECIPE["dataset"], "seq_length": 256},
 }
 
+# Nano's SFT and PEFT recipes set the same layout, batch and sequence defaults (recipe_defaults deep-copies).
+_NANO_SFT_RECIPE: dict[str, Any] = {
+    "model": {"seq_length": 2048, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+              "context_parallel_size": 1, "expert_model_parallel_size": 8,
+              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
+    "train": {"train_iters": 1000, "global_batch_size": 128, "micro_batch_size": 1},
+    "dataset": {"seq_length": 2048, "enable_offline_packing": True},
+}
+
 REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -151,13 +160,7 @@ REGISTRY: dict[str, ModelSpec] = {
             num_layers=52,
             vocab_size=131072,
             recipes={
-                "sft": {
-                    "model": {"seq_length": 2048, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                              "context_parallel_size": 1, "expert_model_parallel_size": 8,
-                              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
-                    "train": {"train_iters": 1000, "global_batch_size": 128, "micro_batch_size": 1},
-                    "dataset": {"seq_length": 2048, "enable_offline_packing": True},
-                },
+                "sft": _NANO_SFT_RECIPE,
                 "pretrain": {
                     "model": {"seq_length": 8192, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                               "context_parallel_size": 1, "expert_model_parallel_size": 8,
@@ -165,13 +168,7 @@ REGISTRY: dict[str, ModelSpec] = {
                     "train": {"train_iters": 39735, "global_batch_size": 1024, "micro_batch_size": 1},
                     "dataset": {"seq_length": 8192},
                 },
-                "peft": {
-                    "model": {"seq_length": 2048, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                              "context_parallel_size": 1, "expert_model_parallel_size": 8,
-                              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
-                    "train": {"train_iters": 1000, "global_batch_size": 128, "micro_batch_size": 1},
-                    "dataset": {"seq_length": 2048, "enable_offline_packing": True},
-                },
+                "peft": _NANO_SFT_RECIPE,  # the PEFT recipe builds on the same SFT defaults
             },
         ),
         ModelSpec(

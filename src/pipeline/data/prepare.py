@@ -263,15 +263,16 @@ def pack_split(ids, masks, seq_length: int, seed: int):
 
 
 def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_mult: int, seed: int,
-               overlong: str, force: bool, timer: Timer) -> dict:
+               overlong: str, force: bool, timer: Timer, pad_id: int | None = None) -> dict:
     paths = packed_parquet.packed_paths(root, tok_name, pad_mult, seq_length)
     summary_path = paths["train"].parent / f"{seq_length}_summary.json"
     if not force and all(paths[k].exists() for k in ("train", "validation", "metadata")) and summary_path.exists():
         log.info("stage pack: already done (%s), skipping", paths["train"].parent)
         return read_json(summary_path)
-    from pipeline.data.chat import load_tokenizer
+    if pad_id is None:
+        from pipeline.data.chat import load_tokenizer
 
-    pad_id = load_tokenizer(tokenizer).eos_token_id
+        pad_id = load_tokenizer(tokenizer).eos_token_id
     metas, out = [], {}
     with timer.stage("pack"):
         for split in SPLITS:
@@ -302,11 +303,18 @@ def prepare(opts: PrepareOptions) -> dict:
     opts.validate()
     timer = Timer()
     tok_name = tokenizer_model_name(opts.tokenizer)
+    from pipeline.data.chat import load_tokenizer
+
     splits: dict = {}
     export = stage_export(opts, timer, keep=splits)
-    tokenized = stage_tokenize(opts, tok_name, timer, splits=splits)
+    tokenizer = None
+    done = all((tokenized_dir(opts.dataset_root, tok_name, sp) / "_DONE.json").exists() for sp in SPLITS)
+    if opts.force or not done:
+        tokenizer = load_tokenizer(opts.tokenizer)  # loaded once for the tokenize and pack stages
+    tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=tokenizer, splits=splits)
     packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
-                        opts.seed, opts.overlong, opts.force, timer)
+                        opts.seed, opts.overlong, opts.force, timer,
+                        pad_id=tokenizer.eos_token_id if tokenizer is not None else None)
     summary = {"dataset": opts.dataset, "dataset_root": str(opts.dataset_root), "tokenizer": tok_name,
                "seq_length": opts.seq_length, "pad_seq_to_mult": opts.pad_seq_to_mult,
                "export": export, "tokenize": tokenized, "pack": packed, "seconds_per_stage": timer.stages}
