@@ -28,3 +28,16 @@ def test_indexed_dataset_round_trip(tmp_path, tokenizer):
     assert res["tokens"] == len(tokens) == sum(len(e) for e in expected)
     assert res["documents"] == 3
     assert not (out / ".parts").exists()
+
+
+def test_temporaries_left_by_a_killed_run_do_not_break_the_resume(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(5):
+        (corpus / f"d{i}.txt").write_text(f"document {i}")
+    out = tmp_path / "out"
+    stale = out / ".parts" / ".part_00001.bin.abc123.tmp"  # what a SIGKILL inside atomic_path leaves
+    (stale / "part_00001.bin").parent.mkdir(parents=True)
+    (stale / "part_00001.bin").write_bytes(b"half")
+    res = tokenize_corpus(str(corpus), "smollm2-135m", out, "c", docs_per_part=2, quiet=True)
+    assert res["documents"] == 5 and not (out / ".parts").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -16,6 +17,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling path; on success it is renamed onto ``path`` (file or directory)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Temporaries of this same output left by a killed run (one writer per output path by design).
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     target = tmp / path.name
     try:

@@ -14,6 +14,7 @@ parts, so an interrupted run and an uninterrupted run produce byte-identical fil
 from __future__ import annotations
 
 import itertools
+import shutil
 import logging
 import struct
 from pathlib import Path
@@ -118,9 +119,7 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
               "tokens_without_eod": int(lengths_arr.sum() - len(lengths_arr)), "dtype": dtype.name,
               "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix)}
     write_json(count_path, result)
-    for f in parts_dir.glob("part_*"):
-        f.unlink()
-    parts_dir.rmdir()
+    shutil.rmtree(parts_dir)  # also removes temporaries a killed run left behind
     log.info("tokenize: %d documents, %d tokens -> %s.{bin,idx} (count in %s)", result["documents"],
              result["tokens"], prefix, count_path)
     return result
