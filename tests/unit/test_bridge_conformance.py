@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 from pipeline.training.conformance import check, fetch_wheel_source, pinned_version
-from pipeline.training.engines.megatron_bridge import BRIDGE_API
+from pipeline.bridge import BRIDGE_API
 
 
 @pytest.fixture(scope="module")

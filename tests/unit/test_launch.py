@@ -8,7 +8,7 @@ from pipeline.config.cluster import load_cluster
 from pipeline.config.loader import load_config
 from pipeline.config.models import get_model
 from pipeline.slurm.allocation import Allocation
-from pipeline.training.engines.megatron_bridge import bridge_overrides_yaml
+from pipeline.bridge import bridge_overrides_yaml
 from pipeline.training.launch import launch_command, split_args
 
 

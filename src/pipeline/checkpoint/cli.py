@@ -1,9 +1,12 @@
 """pipeline_checkpoint_convert.sh - the checkpoint pipeline's actions.
 
   export CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--iteration N] [--not-strict] [--push-to-hub]
-         export one iteration (default: the latest complete one) to CKPT_DIR/iter_NNNNNNN/hf/, verified
+         [--tp T --pp P --ep E]
+         export one iteration (default: the latest complete one) to CKPT_DIR/iter_NNNNNNN/hf/, verified;
+         Megatron checkpoints with T*P*E > 1 run one torchrun rank per GPU of this node
   import HF_ID [--output DIR]
-         Hugging Face -> a checkpoint in our layout (Megatron via AutoBridge on GPUs; local engine: HF weights)
+         Hugging Face -> a checkpoint in our layout (Megatron via AutoBridge on GPUs; local engine: HF weights);
+         in a multi-node allocation it runs once, on the first node
   upload-all CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--poll] [--interval S] [--coherence]
          convert every complete iteration exactly once; with --poll keep watching until training ends
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="export one iteration to HF, verified")
     _add_common(e)
     e.add_argument("--iteration", type=int)
+    for flag in ("--tp", "--pp", "--ep"):
+        e.add_argument(flag, type=int, default=1, help="model-parallel layout for a Megatron export (ranks = tp*pp*ep)")
     e.add_argument("--push-to-hub", action="store_true")
     e.add_argument("--hub-repo", help="repo id for --push-to-hub (default: <user>/<ckpt-dir-name>-iter<N>)")
     i = sub.add_parser("import", help="HF -> checkpoint")
@@ -72,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "import":
         from pipeline.config.models import REGISTRY, models_dir
 
+        node = int(os.environ.get("SLURM_NODEID") or 0)
+        if node > 0:
+            print(f"import runs once per allocation: node {node} leaves it to the first node")
+            return 0
+
         spec = REGISTRY.get(args.hf_id)
         megatron = spec is None or not spec.is_local
         out = args.output or models_dir() / ("megatron" if megatron else "local") / args.hf_id.replace("/", "__")
@@ -82,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def convert(iter_path: Path) -> dict:
         rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
-                                  strict=not args.not_strict, atol=args.atol, force=args.force)
+                                  strict=not args.not_strict, atol=args.atol, force=args.force,
+                                  tp=getattr(args, "tp", 1), pp=getattr(args, "pp", 1), ep=getattr(args, "ep", 1))
+        if rec.get("verdict") == "rank":  # a non-zero rank of a model-parallel export: rank 0 reports
+            return rec
         if getattr(args, "coherence", False):
             from pipeline.coherence.cli import main as coherence_main
 
@@ -95,8 +109,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.action == "export":
         iter_path = layout.resolve_iteration(args.ckpt_dir, args.iteration)
+        ranks = args.tp * args.pp * args.ep
+        if min(args.tp, args.pp, args.ep) < 1:
+            raise UserError(f"--tp/--pp/--ep must be >= 1 (got {args.tp}/{args.pp}/{args.ep})")
+        if ranks > 1 and "LOCAL_RANK" not in os.environ:
+            if layout.engine_of(iter_path) != "megatron":
+                raise UserError(f"--tp/--pp/--ep apply to Megatron checkpoints; {iter_path} is a local-engine checkpoint")
+            from pipeline import bridge
+            from pipeline.slurm.allocation import torchrun_standalone
+
+            bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")  # fail here, not on every rank
+            cmd = torchrun_standalone(ranks, "pipeline.checkpoint.cli", list(sys.argv[1:] if argv is None else argv))
+            print("launching: " + " ".join(cmd), flush=True)
+            os.execvp(cmd[0], cmd)
         try:
             rec = convert(iter_path)
+            if rec.get("verdict") == "rank":
+                return 0
         except ex.VerificationFailed as exc:
             print(f"error: export of {iter_path} FAILED verification: {exc}", file=sys.stderr)
             print(f"details: {iter_path / ex.FAILED}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 Local-engine iterations are Hugging Face checkpoints already: the export copies the model, config and
 tokenizer files (not the optimizer state) and records the reasoning choice. Megatron iterations go
-through Megatron Bridge's AutoBridge (``training/engines/megatron_bridge.py``, GPU only).
+through Megatron Bridge's AutoBridge (``pipeline/bridge.py``, GPU only), given exactly the iteration
+directory that ``layout.resolve_iteration`` resolved (never the checkpoint root).
 
 Every export is verified (``verify.py``) before it is published: it is written to a temporary sibling,
 verified there, and renamed to ``hf/`` only on PASS, with ``hf/verification.json`` inside. On FAIL the
@@ -53,62 +54,122 @@ def _apply_reasoning(hf_dir: Path, reasoning: bool) -> None:
             tpl.write_text(header + text)
 
 
+def _rank() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict: bool = True,
-                     atol: float = 1e-3, force: bool = False) -> dict[str, Any]:
-    """Export and verify one iteration directory; returns the verification record."""
+                     atol: float = 1e-3, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
+    """Export and verify exactly one iteration directory (both engines); returns the verification record.
+
+    The one publish-and-verify flow: the export is written to a temporary sibling of ``hf/``, the source
+    checkpoint and the export are compared (``verify.py``), and only a PASS is renamed to ``hf/`` with
+    ``verification.json`` inside. Local-engine iterations are HF checkpoints already (copied); Megatron
+    iterations go through ``pipeline.bridge.export_to_hf`` with exactly ``iter_path`` (GPU; one torchrun rank
+    per GPU when ``tp * pp * ep > 1``, rank 0 verifies and publishes)."""
+    iter_path = Path(iter_path)
     out = iter_path / "hf"
     if (out / "verification.json").exists() and not force:
         rec = read_json(out / "verification.json")
         log.info("export: %s already exported and verified (%s), skipping", iter_path.name, rec.get("verdict"))
         return rec
     engine = layout.engine_of(iter_path)
-    if engine == "megatron":
-        from pipeline.training.engines import megatron_bridge
-
-        return megatron_bridge.export_checkpoint(iter_path, out, hf_model=hf_model, reasoning=reasoning,
-                                                 strict=strict, atol=atol)
-    if engine != "local":
+    if engine not in ("local", "megatron"):
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
+    rank, world = _rank()
+    if engine == "megatron":
+        from pipeline import bridge
 
+        bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")
+        if world > 1:  # every rank writes into the same temporary (named by the run), rank 0 publishes
+            tmp_root = iter_path / f".hf.{os.environ.get('TORCHELASTIC_RUN_ID', 'export')}.tmp"
+            tmp = tmp_root / "hf"
+            bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict, tp=tp, pp=pp, ep=ep)
+            _barrier()
+            if rank != 0:
+                return {"verdict": "rank", "rank": rank}
+            return _verify_and_publish(iter_path, tmp, out, engine, hf_model=hf_model, reasoning=reasoning,
+                                       strict=strict, atol=atol, tmp_root=tmp_root)
+
+    (iter_path / FAILED).unlink(missing_ok=True)
+    with atomic_path(out) as tmp:
+        if engine == "megatron":
+            from pipeline import bridge
+
+            bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict)
+        else:
+            _copy_local(iter_path, tmp)
+        record = _verify(iter_path, tmp, engine, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol)
+    log.info("export: %s -> %s (max |logit diff| %.2e, reference loss %.3f)", iter_path.name, out,
+             record["max_abs_logit_diff"], record["reference_loss"])
+    return record
+
+
+def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning: bool, strict: bool,
+            atol: float) -> dict[str, Any]:
+    """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.checkpoint.verify import verify
+    from pipeline.checkpoint.verify import VERIFY_PROMPTS, verify
 
-    marker = read_json(iter_path / layout.MARKER)
-    (iter_path / FAILED).unlink(missing_ok=True)
-    with atomic_path(out) as tmp:
-        _copy_local(iter_path, tmp)
-        _apply_reasoning(tmp, reasoning)
+    _apply_reasoning(tmp, reasoning)
+    tokenizer = AutoTokenizer.from_pretrained(tmp)
+    if engine == "megatron":
+        from pipeline import bridge
+
+        exported = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16, device_map="auto")
+        source = bridge.MegatronCausalLM(iter_path, hf_model, exported.config)
+        iteration = int(iter_path.name.split("_")[-1])
+        model_name = hf_model
+    else:
+        marker = read_json(iter_path / layout.MARKER)
         source = AutoModelForCausalLM.from_pretrained(iter_path, dtype=torch.float32)
         exported = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
         if strict:
             a, b = set(source.state_dict()), set(exported.state_dict())
             if a != b:
                 raise UserError(f"strict export: parameter names differ ({sorted(a ^ b)[:5]}); --not-strict to allow")
-        record = verify(source.eval(), exported.eval(), tokenizer, atol=atol)
-        record.update({"source": str(iter_path), "iteration": marker.get("iteration"), "engine": "local",
-                       "hf_model": hf_model, "reasoning": reasoning, "strict": strict,
-                       "model": marker.get("model")})
-        if record["verdict"] != "PASS":
-            write_json(iter_path / FAILED, record)
-            raise VerificationFailed(record)
-        write_json(tmp / "verification.json", record)
-        write_json(tmp / "pipeline_export.json", {"hf_model": hf_model, "reasoning": reasoning,
-                                                  "source": str(iter_path), "iteration": marker.get("iteration")})
-    log.info("export: %s -> %s (max |logit diff| %.2e, reference loss %.3f)", iter_path.name, out,
-             record["max_abs_logit_diff"], record["reference_loss"])
+        iteration = marker.get("iteration")
+        model_name = marker.get("model")
+    record = verify(source.eval(), exported.eval(), tokenizer, atol=atol)
+    record.update({"source": str(iter_path), "iteration": iteration, "engine": engine, "hf_model": hf_model,
+                   "reasoning": reasoning, "strict": strict, "model": model_name, "prompts": VERIFY_PROMPTS})
+    if record["verdict"] != "PASS":
+        write_json(iter_path / FAILED, record)
+        raise VerificationFailed(record)
+    write_json(tmp / "verification.json", record)
+    write_json(tmp / "pipeline_export.json", {"hf_model": hf_model, "reasoning": reasoning,
+                                              "source": str(iter_path), "iteration": iteration})
     return record
+
+
+def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, *, tmp_root: Path, **kw) -> dict:
+    try:
+        record = _verify(iter_path, tmp, engine, **kw)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return record
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
 
 
 def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False) -> Path:
     """HF -> a checkpoint directory in our layout. Megatron: AutoBridge.import_ckpt (GPU). Local engine:
     ``<output>/iter_0000000/`` holding the HF weights, usable as ``checkpoint.pretrained_checkpoint``."""
     if megatron:
-        from pipeline.training.engines import megatron_bridge
+        from pipeline import bridge
 
-        return megatron_bridge.import_checkpoint(hf_id, output)
+        bridge.require_bridge(f"importing {hf_id} as a Megatron checkpoint")
+        return bridge.import_from_hf(hf_id, output)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

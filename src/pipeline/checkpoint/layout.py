@@ -20,6 +20,9 @@ from pipeline.common.io import read_json, write_text
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "pipeline_checkpoint.json"
+# Written by the training engines (through training/records.py) beside <save> and in the run directory when
+# training has finished: the convert-every-checkpoint poller stops on it.
+TRAINING_DONE = "TRAINING_DONE"
 _ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 
@@ -61,8 +64,8 @@ def is_complete_dir(d: Path) -> bool:
     eng = engine_of(d)
     if eng == "local":
         return (d / "config.json").exists() and any(d.glob("*.safetensors"))
-    if eng == "megatron":
-        return True
+    if eng == "megatron":  # torch_dist: the shards (*.distcp) or DCP's final .metadata exist
+        return (d / ".metadata").exists() or any(d.glob("*.distcp"))
     return False
 
 

@@ -28,7 +28,7 @@ from pipeline.common.io import write_json
 
 log = logging.getLogger(__name__)
 DONE_DIR, LOCK_DIR = "converted_checkpoints", "in_progress_checkpoints"
-TRAINING_DONE = "TRAINING_DONE"
+TRAINING_DONE = layout.TRAINING_DONE
 
 
 def _pid_alive(pid: int) -> bool:

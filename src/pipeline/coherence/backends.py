@@ -2,7 +2,7 @@
 
   hf        transformers: a local HF directory or a hub id; greedy decoding with the model's chat template
   endpoint  an already running OpenAI-compatible server (plain HTTP from the standard library)
-  megatron  a Megatron checkpoint directly, on GPUs (training/engines/megatron_bridge.py)
+  megatron  a Megatron checkpoint directly, on GPUs (pipeline/bridge.py; one rank per GPU under torchrun)
 """
 
 from __future__ import annotations

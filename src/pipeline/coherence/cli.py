@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--iteration", type=int, help="megatron backend: the iteration of a checkpoint root (default: latest "
+                                                  "complete)")
     p.add_argument("--output-dir", type=Path, help="default: MODEL/coherence/ for a local model")
     p.add_argument("--wandb-project", default=os.environ.get("COHERENCE_WANDB_PROJECT", "pipeline-gen-tests"))
     p.add_argument("--no-wandb", action="store_true")
@@ -75,10 +77,24 @@ def _generate(args, model: str, prompts: list[str]):
         return backends.endpoint_generate(url, model, prompts, args.max_tokens, args.reasoning)
     if not args.hf_model:
         raise UserError("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
-    from pipeline.training.engines import megatron_bridge
+    from pipeline import bridge
 
-    return megatron_bridge.generate(model, args.hf_model, prompts, args.max_tokens, tp=args.tp, pp=args.pp,
-                                    ep=args.ep, reasoning=args.reasoning)
+    bridge.require_bridge("the megatron backend")
+    return bridge.generate(megatron_iteration(model, args.iteration), args.hf_model, prompts, args.max_tokens,
+                           tp=args.tp, pp=args.pp, ep=args.ep, reasoning=args.reasoning)
+
+
+def megatron_iteration(model: str, iteration: int | None) -> Path:
+    """The exact iteration directory to generate from: a checkpoint root resolves to ``--iteration`` or its latest
+    complete iteration (never a later or half-written one); an ``iter_NNNNNNN`` directory must be complete."""
+    from pipeline.checkpoint import layout
+
+    path = Path(model)
+    if path.name.startswith("iter_") and (path.parent / layout.TRACKER).exists():
+        if iteration is not None:
+            raise UserError(f"{path} is already an iteration directory; drop --iteration or pass the checkpoint root")
+        return layout.resolve_iteration(path.parent, int(path.name.split("_")[-1]))
+    return layout.resolve_iteration(path, iteration)
 
 
 def run_model(args, model: str, prompts: list[str]) -> dict[str, Any]:
@@ -155,10 +171,27 @@ def default_output_dir(model: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(quiet=args.quiet)
+    ranks = args.tp * args.pp * args.ep
+    if min(args.tp, args.pp, args.ep) < 1:
+        raise UserError(f"--tp/--pp/--ep must be >= 1 (got {args.tp}/{args.pp}/{args.ep})")
+    if ranks > 1 and args.backend != "megatron":
+        raise UserError("--tp/--pp/--ep apply to the megatron backend only")
+    if ranks > 1 and "LOCAL_RANK" not in os.environ:
+        from pipeline.slurm.allocation import torchrun_standalone
+
+        from pipeline import bridge
+
+        megatron_iteration(args.model, args.iteration)  # a bad path fails here, before any rank starts
+        bridge.require_bridge("the megatron backend")
+        cmd = torchrun_standalone(ranks, "pipeline.coherence.cli", list(sys.argv[1:] if argv is None else argv))
+        print("launching: " + " ".join(cmd), flush=True)
+        os.execvp(cmd[0], cmd)
     from pipeline.coherence.prompts import load_prompts
 
     prompts = load_prompts(args.prompts)
     results = [run_model(args, m, prompts) for m in [args.model, *args.compare]]
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # model-parallel generation: every rank generated, rank 0 reports
     report = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "prompts": prompts,
               "max_tokens": args.max_tokens, "reasoning": args.reasoning, "results": results}
     out_dir = args.output_dir or default_output_dir(args.model)

@@ -30,6 +30,25 @@ class Skip(Exception):
     """The check cannot run on this machine; the message says why."""
 
 
+class CheckFailed(Exception):
+    """A check failed (not ``assert``: asserts vanish under ``python -O``)."""
+
+
+def _require(ok: object, message: str) -> None:
+    if not ok:
+        raise CheckFailed(message)
+
+
+def _cluster_container() -> bool:
+    """Inside the cluster's Apptainer image (NGC): its own Python and GPU stack, not the local venv."""
+    return os.environ.get("PIPELINE_IN_CONTAINER") == "apptainer"
+
+
+def _local_only(what: str) -> None:
+    if _cluster_container():
+        raise Skip(f"apptainer (cluster container): {what} belongs to the local venv quickstart, not to the container")
+
+
 @dataclasses.dataclass
 class Check:
     name: str
@@ -48,7 +67,11 @@ def _pins(path: Path) -> dict[str, str]:
 
 def check_python() -> str:
     v = sys.version_info
-    assert (v.major, v.minor) == (3, 11), f"Python {v.major}.{v.minor}; the local lock is for 3.11"
+    if _cluster_container():
+        _require((v.major, v.minor) >= (3, 12), f"Python {v.major}.{v.minor} in the container; Megatron Bridge "
+                 "0.6 needs >= 3.12 (the NGC NeMo images ship 3.12)")
+        return sys.version.split()[0] + " (container)"
+    _require((v.major, v.minor) == (3, 11), f"Python {v.major}.{v.minor}; the local lock is for 3.11")
     return sys.version.split()[0]
 
 
@@ -56,7 +79,7 @@ def check_venv() -> str:
     if _in_container() == "apptainer":
         raise Skip("apptainer: the image's Python with the overlay, no venv")
     venv = Path(os.environ.get("PIPELINE_VENV", ROOT / ".venv"))
-    assert Path(sys.prefix).resolve() == venv.resolve(), f"running in {sys.prefix}, not the venv {venv}"
+    _require(Path(sys.prefix).resolve() == venv.resolve(), f"running in {sys.prefix}, not the venv {venv}")
     return str(venv)
 
 
@@ -78,7 +101,7 @@ def check_image() -> str:
         raise Skip("venv runtime: no container image")
     path = os.environ.get("PIPELINE_CH_IMAGE" if rt == "charliecloud" else "PIPELINE_SIF", "")
     digest = Path(path + ".digest")
-    assert digest.is_file(), f"no recorded digest {digest}"
+    _require(digest.is_file(), f"no recorded digest {digest}")
     return f"{path} sha256:{digest.read_text().strip()[:16]}..."
 
 
@@ -92,7 +115,7 @@ def check_binds() -> str:
             q = q.parent  # not created yet: its nearest existing parent must be writable
         if not os.access(q, os.W_OK):
             missing.append(str(p))
-    assert not missing, f"not writable/resolvable: {', '.join(missing)}"
+    _require(not missing, f"not writable/resolvable: {', '.join(missing)}")
     return f"{len(needed)} paths resolvable and writable"
 
 
@@ -104,7 +127,7 @@ def check_nccl_plugin() -> str:
     if not torch.cuda.is_available():
         raise Skip("no GPU: the NCCL network plugin is only loaded by NCCL on GPU nodes")
     lib = Path(os.environ.get("PIPELINE_NCCL_PLUGIN_DIR", "")) / "lib" / "libnccl-net.so"
-    assert lib.exists(), f"{lib} missing"
+    _require(lib.exists(), f"{lib} missing")
     ctypes.CDLL(str(lib))
     return str(lib)
 
@@ -138,7 +161,7 @@ def _allreduce(backend: str, world: int) -> str:
         p.join(120)
     results = [q.get(timeout=5) for _ in range(world)]
     want = float(world * (world + 1) // 2)
-    assert all(v == want for _, v in results), f"all-reduce gave {results}, want {want}"
+    _require(all(v == want for _, v in results), f"all-reduce gave {results}, want {want}")
     return f"{backend} all-reduce over {world} ranks = {want:g}"
 
 
@@ -169,7 +192,7 @@ def check_pins() -> str:
             continue
         if have.split("+")[0] != want.split("+")[0]:
             bad.append(f"{name} {have} != {want}")
-    assert not bad, "; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+    _require(not bad, "; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
     return f"{len(pins)} packages match {req.name}"
 
 
@@ -182,7 +205,7 @@ def check_torch() -> str:
     import torch
 
     x = torch.ones(4) * 2
-    assert float(x.sum()) == 8.0
+    _require(float(x.sum()) == 8.0, f"torch computed {float(x.sum())} for 2+2+2+2")
     return f"torch {torch.__version__}, threads={torch.get_num_threads()}"
 
 
@@ -194,24 +217,52 @@ def check_gpu() -> str:
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
 
 
+def _container_only(what: str) -> None:
+    if not _cluster_container():
+        raise Skip(f"{os.environ.get('PIPELINE_RUNTIME', 'venv')} runtime: {what} is checked inside the cluster "
+                   "container (PIPELINE_RUNTIME=apptainer)")
+
+
+def check_import_in_container(module: str) -> Callable[[], str]:
+    def fn() -> str:
+        _container_only(f"import {module}")
+        from pipeline import bridge
+
+        return bridge.import_version(module)
+
+    return fn
+
+
+def check_ft_launcher() -> str:
+    import shutil
+
+    _container_only("ft_launcher")
+    path = shutil.which("ft_launcher")
+    _require(path, "ft_launcher is not on PATH (nvidia-resiliency-ext missing from the image/overlay)")
+    return str(path)
+
+
 def check_smollm2_package() -> str:
+    _local_only("the SmolLM2 package")
     from pipeline.env.assets import smollm2_gguf_dir
 
     return str(smollm2_gguf_dir())
 
 
 def check_base_model() -> str:
+    _local_only("the SmolLM2 base model")
     from pipeline.config.models import get_model, require_local_model
 
     return str(require_local_model(get_model("smollm2-135m")))
 
 
 def check_chat_corpus() -> str:
+    _local_only("the chatterbot corpus")
     import chatterbot_corpus
 
     d = Path(chatterbot_corpus.__file__).parent / "data" / "english"
     n = len(list(d.glob("*.yml")))
-    assert n > 0, f"no *.yml under {d}"
+    _require(n > 0, f"no *.yml under {d}")
     return f"{n} files in {d}"
 
 
@@ -238,7 +289,7 @@ def check_wandb_offline() -> str:
         run.log({"check": 1.0})
         run.finish()
         runs = list(Path(d).glob("wandb/offline-run-*"))
-        assert runs, "no offline run directory written"
+        _require(runs, "no offline run directory written")
     return f"wandb {wandb.__version__} offline run written"
 
 
@@ -263,6 +314,11 @@ CHECKS: list[Check] = [
     Check("wandb-dir-writable", check_wandb_dir, "export WANDB_DIR=<a writable dir> (pipeline_env_config.env)"),
     Check("wandb-offline-run", check_wandb_offline, f"{SETUP} --only packages --force"),
     Check("gloo-allreduce", check_gloo_allreduce, f"{SETUP} --only packages --force"),
+    Check("import-megatron-core", check_import_in_container("megatron.core"), f"{SETUP} --only overlay --force"),
+    Check("import-megatron-bridge", check_import_in_container("megatron.bridge"), f"{SETUP} --only overlay --force"),
+    Check("import-transformer-engine", check_import_in_container("transformer_engine"),
+          f"use an NGC NeMo image with Transformer Engine (PIPELINE_IMAGE); {SETUP} --only pull --force"),
+    Check("ft-launcher", check_ft_launcher, f"{SETUP} --only overlay --force"),
     Check("gpu-visible", check_gpu, "run on a GPU node (isambard_sbatch pipeline_env_submit.sbatch validate)"),
     Check("nccl-plugin", check_nccl_plugin, f"{SETUP} --only nccl-plugin --force"),
     Check("gpu-allreduce", check_gpu_allreduce, "check the node (nvidia-smi); if it is broken: isambard_sbatch --mark-bad"),

@@ -4,7 +4,7 @@ imported (Bridge cannot be imported without Transformer Engine and CUDA).
     python -m pipeline.training.conformance                 # download (cached) the pinned wheel and check
     python -m pipeline.training.conformance --source DIR    # check an unpacked source tree instead
 
-The names come from ``engines/megatron_bridge.BRIDGE_API``: (module, qualified name, keyword arguments).
+The names come from ``pipeline.bridge.BRIDGE_API``: (module, qualified name, keyword arguments).
 A name is found when the module defines it (def, class, assignment) or re-exports it with an import,
 which is followed to the defining module; keyword arguments must be parameters of the function (or the
 keyword arguments must be named parameters of the function (a ``**kwargs`` catch-all does not count:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", type=Path, help="an unpacked megatron-bridge source tree (default: the pinned wheel)")
     args = p.parse_args(argv)
     from pipeline.config.models import REGISTRY
-    from pipeline.training.engines.megatron_bridge import BRIDGE_API
+    from pipeline.bridge import BRIDGE_API
 
     root = args.source or fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
     problems = check(root, BRIDGE_API) + check_recipe_facts(root, REGISTRY)

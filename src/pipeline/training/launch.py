@@ -92,7 +92,12 @@ def default_run_dir(cfg: dict, config_path: str) -> Path:
 
 
 def finalize_config(cfg: dict, spec: ModelSpec, run_dir: Path, config_path: str) -> dict:
-    """Fill what the local engine needs and the config left unset (recorded in the resolved config)."""
+    """Fill what the engines need and the config left unset (recorded in the resolved config).
+
+    Megatron Bridge engine: ``train.exit_signal_handler`` is switched on (unless the config says otherwise), so
+    the pre-limit request reaches Megatron's own handler, which checkpoints at the next step and exits."""
+    if not spec.is_local and get(cfg, "train.exit_signal_handler") is None:
+        cfg["train"]["exit_signal_handler"] = True
     if spec.is_local:
         if get(cfg, "checkpoint.save") is None:
             cfg["checkpoint"]["save"] = str(run_dir / "checkpoints")
@@ -122,6 +127,18 @@ def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, 
                 f"--ft-rank_out_of_section_timeout={cluster.ft_out_of_section_timeout}"]
     cmd += ["-m", "pipeline.training.run", "--run-dir", str(run_dir)]
     return cmd
+
+
+def needs_fan_out(alloc: Allocation, env: dict[str, str] | None = None) -> bool:
+    """A multi-node allocation seen from outside any job step (a shell in ``salloc``): one node only is running."""
+    env = os.environ if env is None else env
+    return alloc.in_slurm and alloc.nodes > 1 and not env.get("SLURM_STEP_ID")
+
+
+def fan_out_command(argv: list[str]) -> list[str]:
+    """The exact srun line that starts this launcher once per node of the allocation."""
+    return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", str(ROOT / "pipeline_training_launch.sh"),
+            *argv]
 
 
 def _set_values(d: dict) -> dict:
@@ -195,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         print("== sbatch line ==")
         print(sbatch_line(args.config, args.model, args.mode, nodes, launcher_flags, overrides))
         return 0
+    if needs_fan_out(alloc):
+        # By hand inside a multi-node salloc: this shell runs on one node only. Start the launcher on every node
+        # of the allocation (each then finds its node rank and the rendezvous), instead of waiting for ever.
+        fan = fan_out_command(argv)
+        print(f"{alloc.nodes}-node allocation and no job step: starting every node with: "
+              + " ".join(shlex.quote(c) for c in fan), flush=True)
+        os.execvp(fan[0], fan)
     if alloc.node_rank == 0:
         records.write_launch_records(run_dir, cfg=cfg, spec=spec, mode=args.mode, peft=args.peft, cluster=cluster,
                                      alloc=alloc, nodes=nodes, plan=plan, command=["pipeline_training_launch.sh", *argv],

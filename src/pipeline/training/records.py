@@ -7,9 +7,13 @@
   preflight.json        the plan the preflight computed
   progress.ndjson       one line per logged step (loss, grad norm, learning rate, tokens, time)
   metrics_summary.json  first/final/best loss, steps, time, throughput, status
+  TRAINING_DONE         completion marker (also written beside checkpoint.save, where upload-all --poll looks)
+  FAILED_NAN            the run stopped on a NaN; restarts refuse to run
+  SAVE_AND_EXIT         a request file: checkpoint at the next step boundary and exit (for a requeue)
   checkpoints/          iter_NNNNNNN/ + latest_checkpointed_iteration.txt (written last)
 
-This module is the only writer of these files.
+This module is the only writer of these files; both engines (local, Megatron Bridge) write them through it,
+so they share one schema.
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ from typing import Any
 
 import yaml
 
+from pipeline.checkpoint import layout
 from pipeline.common.io import append_line, read_json, write_json, write_text
 
 ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "pyarrow", "wandb", "hydra-core",
             "megatron-core", "megatron-bridge", "nvidia-resiliency-ext", "transformer-engine")
-DONE_MARKER = "TRAINING_DONE"
+DONE_MARKER = layout.TRAINING_DONE
 NAN_MARKER = "FAILED_NAN"
+SAVE_AND_EXIT = "SAVE_AND_EXIT"
 # Megatron's normal-completion line; the auto-requeue chain stops when it appears in the job log.
 COMPLETION_LINE = "[after training is done] datetime: {now}"
 
@@ -156,3 +162,50 @@ def _num(v: Any) -> Any:
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return str(v)
     return v
+
+
+# ---- run markers and the end of a run (both engines) -----------------------------------------------------
+def save_request_files(run_dir: Path) -> list[Path]:
+    """Files whose existence asks the run to checkpoint at the next step and exit: ``<run_dir>/SAVE_AND_EXIT``
+    and the per-job file the batch script touches on the pre-limit signal (``$PIPELINE_SAVE_REQUEST_FILE``)."""
+    files = [run_dir / SAVE_AND_EXIT]
+    if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
+        files.append(Path(os.environ["PIPELINE_SAVE_REQUEST_FILE"]))
+    return files
+
+
+def already_finished(run_dir: Path, save: str | Path | None, iters: int) -> bool:
+    latest = layout.latest_complete(Path(save)) if save else None
+    return (run_dir / DONE_MARKER).exists() or (latest is not None and latest >= iters)
+
+
+def print_already_finished(iters: int, save: str | Path | None) -> None:
+    where = f"checkpoint {layout.iter_dir(Path(save), iters)}" if save else "no checkpoint (checkpoint.save is null)"
+    print(f"training already finished: {iters} iterations, {where}")
+    print(COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+
+
+def mark_done(run_dir: Path, save: str | Path | None, step: int) -> None:
+    """``TRAINING_DONE`` in the run directory and beside ``checkpoint.save`` (the poller's place)."""
+    write_text(run_dir / DONE_MARKER, f"{step}\n")
+    if save and Path(save).resolve() != run_dir.resolve():
+        write_text(Path(save) / DONE_MARKER, f"{step}\n")
+
+
+def finish_preempted(run_dir: Path, progress: "ProgressLog", step: int, iters: int, seconds: float) -> None:
+    """A save-and-exit request was honoured: record it, tell the batch script the checkpoint is saved."""
+    (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)
+    if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
+        write_text(os.environ["PIPELINE_SAVE_REQUEST_FILE"] + ".saved", f"{step}\n")
+    progress.summarize("preempted", step, seconds)
+    print(f"saved checkpoint at iteration {step} of {iters} and exited for requeue", flush=True)
+
+
+def finish_completed(run_dir: Path, save: str | Path | None, progress: "ProgressLog", step: int,
+                     seconds: float) -> dict:
+    summary = progress.summarize("completed", step, seconds)
+    mark_done(run_dir, save, step)
+    print(f"training finished: {step} iterations; loss {summary['first_loss']} -> {summary['final_loss']}; "
+          f"checkpoints in {save}; records in {run_dir}", flush=True)
+    print(COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+    return summary

@@ -1,0 +1,266 @@
+"""Megatron Bridge: the ONLY module of the suite that imports ``megatron.bridge`` (and ``megatron.core``).
+
+Low level on purpose: it imports nothing of the suite above ``pipeline.config`` and ``pipeline.common``, and
+every ``megatron.*`` import happens inside a function, so the rest of the suite imports, runs and is tested
+where Megatron Bridge cannot even be imported (it needs Transformer Engine, which needs CUDA). Callers:
+
+  training/engines/megatron_bridge.py   build_config + run_training (the GPU engine: records, signals, markers)
+  checkpoint/export.py                  export_to_hf + MegatronCausalLM (the one publish-and-verify flow)
+                                        import_from_hf (HF -> Megatron)
+  coherence/backends.py                 generate (the ``megatron`` backend)
+
+Every function that reads a checkpoint takes the exact iteration directory (``<save>/iter_NNNNNNN``) resolved
+by ``pipeline.checkpoint.layout``, never the checkpoint root: given a root, Bridge's ``load_megatron_model``
+takes the highest-numbered ``iter_*`` folder, which may be a later iteration than the one asked for or one
+still being written.
+
+``BRIDGE_API`` lists every module, function, class and keyword argument used here;
+``tests/unit/test_bridge_conformance.py`` checks each against the pinned wheel's source, and the Bridge
+harness (``tests/bridge/``) runs ``build_config`` on Bridge's real recipe and override code on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from pipeline.common.errors import UserError
+from pipeline.config.loader import strip_suite_only
+from pipeline.config.models import get_model
+
+_AB = "megatron.bridge.models.conversion.auto_bridge"
+# (module, qualified name, keyword arguments we pass) - checked against the pinned wheel's source.
+BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
+    ("megatron.bridge.training.pretrain", "pretrain", ("config", "forward_step_func", "callbacks")),
+    ("megatron.bridge.training.finetune", "finetune", ("config", "forward_step_func", "callbacks")),
+    ("megatron.bridge.training.gpt_step", "forward_step", ()),
+    ("megatron.bridge.training.callbacks", "Callback", ()),
+    ("megatron.bridge.training.callbacks", "Callback.on_train_step_end", ("context",)),
+    ("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides",
+     ("config", "config_filepath", "cli_overrides")),
+    ("megatron.bridge.training.config", "ConfigContainer", ()),
+    (_AB, "AutoBridge", ()),
+    (_AB, "AutoBridge.from_hf_pretrained", ("path",)),
+    (_AB, "AutoBridge.import_ckpt", ("hf_model_id", "megatron_path")),
+    (_AB, "AutoBridge.export_ckpt", ("megatron_path", "hf_path", "strict")),
+    (_AB, "AutoBridge.load_megatron_model", ("path", "mp_overrides")),
+    (_AB, "AutoBridge.save_hf_pretrained", ("model", "path", "strict")),
+    ("megatron.bridge.models.model_provider", "ModelParallelKwargs", ()),
+    ("megatron.bridge.recipes.nemotronh.nemotron_3_nano", "nemotron_3_nano_pretrain_config", ()),
+    ("megatron.bridge.recipes.nemotronh.nemotron_3_nano", "nemotron_3_nano_sft_config", ()),
+    ("megatron.bridge.recipes.nemotronh.nemotron_3_nano", "nemotron_3_nano_peft_config", ("peft_scheme",)),
+    ("megatron.bridge.recipes.nemotronh.nemotron_3_super", "nemotron_3_super_pretrain_config", ()),
+    ("megatron.bridge.recipes.nemotronh.nemotron_3_super", "nemotron_3_super_sft_config", ()),
+    ("megatron.bridge.recipes.nemotronh.nemotron_3_super", "nemotron_3_super_peft_config", ("peft_scheme",)),
+]
+
+
+def _import(module: str, name: str):
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def require_bridge(what: str) -> None:
+    """A one-line error where Megatron Bridge cannot be imported (no Transformer Engine / CUDA)."""
+    try:
+        importlib.import_module("megatron.bridge")
+    except ImportError as exc:
+        raise UserError(f"{what} needs Megatron Bridge, which cannot be imported here ({exc}); run it on the GPU "
+                        "cluster inside the container (PIPELINE_RUNTIME=apptainer)") from None
+
+
+def import_version(module: str) -> str:
+    """``module __version__`` after importing it: ``megatron.core``, ``megatron.bridge`` or ``transformer_engine``
+    (the container's GPU stack; ``env/validate.py`` checks them through this function)."""
+    if module.split(".")[0] not in ("megatron", "transformer_engine"):
+        raise ValueError(f"{module} is not part of the Megatron stack")
+    m = importlib.import_module(module)
+    return f"{module} {getattr(m, '__version__', '?')}"
+
+
+def _check_iteration_dir(iter_path: Path) -> Path:
+    """Refuse a checkpoint root: Bridge would pick its highest ``iter_*`` folder, not the one we resolved."""
+    iter_path = Path(iter_path)
+    if not iter_path.name.startswith("iter_"):
+        raise ValueError(f"{iter_path} is not an iteration directory (iter_NNNNNNN); resolve it with "
+                         "pipeline.checkpoint.layout.resolve_iteration")
+    return iter_path
+
+
+# ---- training config --------------------------------------------------------------------------------------
+def bridge_overrides_yaml(cfg: dict) -> str:
+    """The YAML handed to process_config_with_overrides: our resolved config without suite-only keys and
+    without unset values (so the recipe keeps its own)."""
+    return yaml.safe_dump(strip_suite_only(cfg), sort_keys=False)
+
+
+def build_config(cfg: dict, model: str, mode: str, peft: str | None, extra_overrides: Sequence[str] = ()):
+    """Bridge's recipe -> ``ConfigContainer``; our resolved YAML, then ``extra_overrides`` (Hydra grammar), are
+    applied by Bridge's own ``process_config_with_overrides``."""
+    spec = get_model(model)
+    recipe = _import(spec.recipe_module, spec.recipe_name(mode, peft))
+    container = recipe(peft_scheme=peft) if peft else recipe()
+    process = _import("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(bridge_overrides_yaml(cfg))
+        path = f.name
+    try:
+        return process(config=container, config_filepath=path, cli_overrides=list(extra_overrides))
+    finally:
+        os.unlink(path)
+
+
+# ---- training ---------------------------------------------------------------------------------------------
+StepHook = Callable[[int, dict[str, float]], None]
+
+
+def _to_float(v: Any) -> float | None:
+    try:
+        return float(v.item() if hasattr(v, "item") else v)
+    except (TypeError, ValueError):
+        return None
+
+
+def run_training(container, *, pretrain: bool, on_step: StepHook | None = None) -> None:
+    """``pretrain()`` (random init) or ``finetune()`` (from a checkpoint) with Bridge's GPT forward step.
+    ``on_step(iteration, metrics)`` is called after every training step with the reduced losses, the grad norm
+    and the learning rate as plain floats (a Bridge ``Callback``)."""
+    forward_step = _import("megatron.bridge.training.gpt_step", "forward_step")
+    callbacks = []
+    if on_step is not None:
+        Callback = _import("megatron.bridge.training.callbacks", "Callback")
+
+        class _StepRecords(Callback):
+            def on_train_step_end(self, context) -> None:
+                metrics: dict[str, float] = {}
+                for k, v in (context.loss_dict or {}).items():
+                    f = _to_float(v)
+                    if f is not None:
+                        metrics["loss" if k == "lm loss" else k.replace(" ", "_")] = f
+                if context.grad_norm is not None:
+                    metrics["grad_norm"] = float(context.grad_norm)
+                if context.optimizer is not None and getattr(context.optimizer, "param_groups", None):
+                    metrics["learning_rate"] = float(context.optimizer.param_groups[0]["lr"])
+                on_step(int(context.state.train_state.step), metrics)
+
+        callbacks.append(_StepRecords())
+    run = _import("megatron.bridge.training.pretrain" if pretrain else "megatron.bridge.training.finetune",
+                  "pretrain" if pretrain else "finetune")
+    run(config=container, forward_step_func=forward_step, callbacks=callbacks or None)
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------------
+def _init_model_parallel(tp: int, pp: int, ep: int) -> None:
+    """Under torchrun (one rank per GPU): the process group and Megatron's model-parallel groups."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl")
+    ps = importlib.import_module("megatron.core.parallel_state")
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     expert_model_parallel_size=ep)
+
+
+def export_to_hf(iter_path: Path, hf_path: Path, *, hf_model: str, strict: bool, tp: int = 1, pp: int = 1,
+                 ep: int = 1) -> None:
+    """Megatron iteration directory -> Hugging Face directory with AutoBridge (exactly ``iter_path``).
+
+    One process (TP=PP=EP=1): ``AutoBridge.export_ckpt``, which loads on CPU under its own gloo context.
+    Model-parallel (one torchrun rank per GPU): every rank loads its shard with the layout overrides and
+    ``save_hf_pretrained`` gathers and writes the HF files (rank 0 writes)."""
+    iter_path = _check_iteration_dir(iter_path)
+    AutoBridge = _import(_AB, "AutoBridge")
+    bridge = AutoBridge.from_hf_pretrained(hf_model)
+    if tp * pp * ep == 1:
+        bridge.export_ckpt(megatron_path=str(iter_path), hf_path=str(hf_path), strict=strict)
+        return
+    _init_model_parallel(tp, pp, ep)
+    models = bridge.load_megatron_model(str(iter_path), mp_overrides={
+        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "expert_model_parallel_size": ep},
+        wrap_with_ddp=False)
+    bridge.save_hf_pretrained(model=models, path=str(hf_path), strict=strict)
+
+
+def import_from_hf(hf_id: str, output: Path) -> Path:
+    """Hugging Face -> a Megatron checkpoint at ``output`` (one process; AutoBridge.import_ckpt)."""
+    AutoBridge = _import(_AB, "AutoBridge")
+    AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(output))
+    return output
+
+
+class MegatronCausalLM:
+    """Just enough of a causal-LM interface over a Megatron iteration for ``checkpoint.verify.logits_for`` and
+    ``reference_loss``: the source side of the export verification (GPU)."""
+
+    def __init__(self, iter_path: Path, hf_model: str, hf_config):
+        iter_path = _check_iteration_dir(iter_path)
+        AutoBridge = _import(_AB, "AutoBridge")
+        bridge = AutoBridge.from_hf_pretrained(hf_model)
+        self.models = bridge.load_megatron_model(str(iter_path), mp_overrides={"tensor_model_parallel_size": 1},
+                                                 wrap_with_ddp=False)
+        self.config = hf_config
+
+    def __call__(self, input_ids, labels=None):
+        import types
+
+        import torch
+
+        m = self.models[0]
+        ids = input_ids.cuda()
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        logits = m(input_ids=ids, position_ids=pos, attention_mask=None).float().cpu()
+        out = types.SimpleNamespace(logits=logits)
+        if labels is not None:
+            out.loss = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:])
+        return out
+
+    def eval(self):
+        for m in self.models:
+            m.eval()
+        return self
+
+
+def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int, *, tp: int, pp: int, ep: int,
+             reasoning: bool) -> list[tuple[str, int, bool]]:
+    """Greedy generation straight from a Megatron iteration (one torchrun rank per GPU when TP/PP/EP > 1).
+    Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same."""
+    import torch
+    from transformers import AutoTokenizer
+
+    iter_path = _check_iteration_dir(iter_path)
+    if tp * pp * ep > 1:
+        _init_model_parallel(tp, pp, ep)
+    AutoBridge = _import(_AB, "AutoBridge")
+    bridge = AutoBridge.from_hf_pretrained(hf_model)
+    models = bridge.load_megatron_model(str(iter_path), mp_overrides={
+        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "expert_model_parallel_size": ep},
+        wrap_with_ddp=False)
+    model = models[0].eval()
+    tok = AutoTokenizer.from_pretrained(hf_model)
+    out = []
+    for prompt in prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt", enable_thinking=reasoning).cuda()
+        new: list[int] = []
+        finished = False
+        with torch.no_grad():
+            for _ in range(max_tokens):
+                pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+                nxt = int(model(input_ids=ids, position_ids=pos, attention_mask=None)[0, -1].argmax())
+                if nxt == tok.eos_token_id:
+                    finished = True
+                    break
+                new.append(nxt)
+                ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], dim=1)
+        out.append((tok.decode(new, skip_special_tokens=True).strip(), len(new), finished))
+    return out

@@ -1,0 +1,69 @@
+"""No module of the suite imports another that imports it back (lazy imports inside functions included), and
+``megatron.bridge`` / ``megatron.core`` are imported by exactly one module, ``pipeline/bridge.py``, which itself
+imports nothing of the suite above ``pipeline.config`` and ``pipeline.common``."""
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+SRC = ROOT / "src"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module this file imports, anywhere in it (top level or inside functions)."""
+    out: set[str] = set()
+    me = module_name(path)
+    pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = {module_name(p): p for p in SRC.rglob("*.py")}
+    return {m: {i for i in imports_of(p) if i in mods and i != m} for m, p in mods.items()}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    g = graph()
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in g.items() for b in deps
+                    if a in g.get(b, set()) and not a.startswith(b + ".") and not b.startswith(a + ".")})
+    assert pairs == []
+
+
+def test_megatron_is_imported_by_one_low_level_module_only():
+    users = {}
+    for p in SRC.rglob("*.py"):
+        ext = {i for i in imports_of(p) if i.split(".")[0] == "megatron"}
+        if ext:
+            users[module_name(p)] = ext
+    # bridge.py imports megatron.* through importlib with module-name strings: nobody else does.
+    dynamic = {}
+    for p in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            name = getattr(node, "func", None)
+            name = getattr(name, "attr", None) or getattr(name, "id", None)
+            if isinstance(node, ast.Call) and name in ("import_module", "_import", "__import__") and node.args \
+                    and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) and node.args[0].value.startswith("megatron"):
+                dynamic.setdefault(module_name(p), set()).add(node.args[0].value)
+    assert set(dynamic) == {"pipeline.bridge"}, dynamic
+    own = {i for i in imports_of(SRC / "pipeline" / "bridge.py") if i.startswith("pipeline.")}
+    assert own and all(i.startswith(("pipeline.config", "pipeline.common")) for i in own), own
