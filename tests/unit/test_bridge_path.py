@@ -36,14 +36,23 @@ def megatron_iters(root, complete=(200, 400), half=(600,), tracker=400):
     layout.write_tracker(root, tracker)
 
 
+def _tiny_safetensors(path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2, 2)}, str(path))
+
+
 def test_the_requested_complete_iteration_is_resolved_never_a_later_one(tmp_path):
     megatron_iters(tmp_path)
     assert layout.resolve_iteration(tmp_path, 200).name == "iter_0000200"
     assert layout.resolve_iteration(tmp_path, None).name == "iter_0000400"
     with pytest.raises(UserError, match="iteration 600 .* is incomplete"):
         layout.resolve_iteration(tmp_path, 600)
-    layout.write_tracker(tmp_path, 600)  # even a tracker naming 600 does not make its half-written files complete
-    assert layout.resolve_iteration(tmp_path, None).name == "iter_0000400"
+    layout.write_tracker(tmp_path, 600)  # a tracker naming the half-written 600 is refused, never read or skipped
+    with pytest.raises(UserError, match="names iteration 600, but iter_0000600 is incomplete"):
+        layout.resolve_iteration(tmp_path, None)
+    assert layout.latest_complete(tmp_path) == 400  # what a resuming run starts from
     # coherence --backend megatron: a root or an iteration directory, resolved the same way
     assert megatron_iteration(str(tmp_path), 200).name == "iter_0000200"
     assert megatron_iteration(str(tmp_path / "iter_0000400"), None).name == "iter_0000400"
@@ -134,7 +143,7 @@ def test_model_parallel_export_starts_one_rank_per_gpu(pipeline_env, tmp_path):
     (layout.iter_dir(local, 10)).mkdir(parents=True)
     (layout.iter_dir(local, 10) / layout.MARKER).write_text('{"engine": "local"}')
     (layout.iter_dir(local, 10) / "config.json").write_text("{}")
-    (layout.iter_dir(local, 10) / "model.safetensors").write_text("x")
+    _tiny_safetensors(layout.iter_dir(local, 10) / "model.safetensors")
     layout.write_tracker(local, 10)
     res = run([PY, "-m", "pipeline.checkpoint.cli", "export", str(local), "--hf-model", "x/y", "--no-reasoning",
                "--tp", "2"], env=env)

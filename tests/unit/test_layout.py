@@ -1,4 +1,6 @@
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
@@ -11,7 +13,7 @@ def make_iter(save, it, complete=True):
     write_json(d / layout.MARKER, {"engine": "local", "iteration": it})
     if complete:
         (d / "config.json").write_text("{}")
-        (d / "model.safetensors").write_bytes(b"x")
+        save_file({"w": torch.ones(2, 2)}, str(d / "model.safetensors"))
     return d
 
 
@@ -35,3 +37,23 @@ def test_resolve_iteration_errors_name_the_iteration(tmp_path):
         layout.resolve_iteration(tmp_path, 400)
     with pytest.raises(UserError, match="does not exist"):
         layout.resolve_iteration(tmp_path / "nope", None)
+
+
+def test_truncated_weights_binary_tracker_and_missing_tracked_iteration(tmp_path):
+    d = make_iter(tmp_path, 10)
+    make_iter(tmp_path, 20)
+    layout.write_tracker(tmp_path, 20)
+    st = layout.iter_dir(tmp_path, 20) / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-3])  # a copy cut short
+    assert layout.complete_iterations(tmp_path) == [10]
+    with pytest.raises(UserError, match="names iteration 20, but iter_0000020 is incomplete"):
+        layout.resolve_iteration(tmp_path, None)
+    layout.write_tracker(tmp_path, 30)
+    with pytest.raises(UserError, match="names iteration 30, but iter_0000030 does not exist"):
+        layout.resolve_iteration(tmp_path, None)
+    (tmp_path / layout.TRACKER).write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(UserError, match="not text"):
+        layout.read_tracker(tmp_path)
+    (d / layout.MARKER).write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        layout.engine_of(d)

@@ -96,3 +96,32 @@ def test_local_engine_rejects_model_parallelism(capsys):
     assert main(["configs/local/smollm2_quickstart_sft.yaml", "--model", "smollm2-135m", "--mode", "sft",
                  "--dry-run", "--no-path-checks", "model.tensor_model_parallel_size=2"]) == 2
     assert "the local engine has no model parallelism" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["optimizer.lr=-1"], "optimizer.lr=-1 must be > 0"),
+    (["optimizer.lr=nan"], "optimizer.lr=nan must be a finite number"),
+    (["optimizer.lr=inf"], "optimizer.lr=inf must be a finite number"),
+    (["scheduler.lr_warmup_iters=-5"], "scheduler.lr_warmup_iters=-5 must be >= 0"),
+    (["+checkpoint.save_interval=0"], "checkpoint.save_interval=0 must be >= 1"),
+    (["logger.log_interval=0"], "logger.log_interval=0 must be >= 1"),
+])
+def test_values_that_would_fail_after_the_allocation_starts(capsys, overrides, needle):
+    ov = [o.lstrip("+") for o in overrides]
+    assert main(BASE + ov) == 2
+    errs = errors(capsys)
+    assert any(needle in e for e in errs), errs
+
+
+def test_bad_counts_and_unwritable_paths(capsys, tmp_path):
+    assert main(BASE[:-3] + ["--nodes", "0", "--no-path-checks"]) == 2
+    assert "--nodes 0 must be >= 1" in capsys.readouterr().err
+    assert main(BASE + ["--max-restarts", "-1"]) == 2
+    assert "--max-restarts -1 must be >= 0" in capsys.readouterr().err
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(BASE + ["--run-dir", str(f)]) == 2
+    assert f"run directory {f} exists and is not a directory" in capsys.readouterr().err
+    assert main(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run",
+                 f"checkpoint.save={f}/sub"]) == 2
+    assert any(f"checkpoint.save {f}/sub cannot be created: {f} is a file" in e for e in errors(capsys))

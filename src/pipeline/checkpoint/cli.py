@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     def convert(iter_path: Path) -> dict:
         rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
                                   strict=not args.not_strict, atol=args.atol, force=args.force,
+                                  locked=args.action == "upload-all",  # upload-all holds the iteration's lock
                                   tp=getattr(args, "tp", 1), pp=getattr(args, "pp", 1), ep=getattr(args, "ep", 1))
         if rec.get("verdict") == "rank":  # a non-zero rank of a model-parallel export: rank 0 reports
             return rec

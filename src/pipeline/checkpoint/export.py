@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.checkpoint import layout
+from pipeline.checkpoint.lock import Lock, iteration_lock_path
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
 
@@ -66,20 +67,59 @@ def _barrier() -> None:
 
 
 def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict: bool = True,
-                     atol: float = 1e-3, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1) -> dict[str, Any]:
+                     atol: float = 1e-3, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1,
+                     locked: bool = False) -> dict[str, Any]:
     """Export and verify exactly one iteration directory (both engines); returns the verification record.
 
     The one publish-and-verify flow: the export is written to a temporary sibling of ``hf/``, the source
     checkpoint and the export are compared (``verify.py``), and only a PASS is renamed to ``hf/`` with
     ``verification.json`` inside. Local-engine iterations are HF checkpoints already (copied); Megatron
     iterations go through ``pipeline.bridge.export_to_hf`` with exactly ``iter_path`` (GPU; one torchrun rank
-    per GPU when ``tp * pp * ep > 1``, rank 0 verifies and publishes)."""
+    per GPU when ``tp * pp * ep > 1``, rank 0 verifies and publishes). One writer per ``hf/``: the export holds the
+    iteration's lock (the one ``upload-all`` holds; ``locked=True`` when the caller already does)."""
     iter_path = Path(iter_path)
     out = iter_path / "hf"
-    if (out / "verification.json").exists() and not force:
-        rec = read_json(out / "verification.json")
+    rec = published_export(out)
+    if rec is not None and not force:
         log.info("export: %s already exported and verified (%s), skipping", iter_path.name, rec.get("verdict"))
         return rec
+    if locked or int(os.environ.get("RANK", "0")) != 0:
+        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol, tp=tp,
+                       pp=pp, ep=ep)
+    lock = Lock(iteration_lock_path(iter_path.parent, int(iter_path.name.split("_")[-1])), ttl=6 * 3600)
+    if not lock.acquire():
+        raise UserError(f"{iter_path.name} is being exported by {lock.holder()} ({lock.path}); wait for it, or "
+                        "remove the lock if that process is gone")
+    with lock:
+        rec = published_export(out)  # the other writer may have published while we waited for the lock
+        if rec is not None and not force:
+            log.info("export: %s was exported and verified meanwhile, skipping", iter_path.name)
+            return rec
+        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol, tp=tp,
+                       pp=pp, ep=ep)
+
+
+def published_export(out: Path) -> dict | None:
+    """The verification record of a complete published export, or None: ``verification.json`` with a PASS, and
+    every weight file its record lists present with the recorded size (an ``hf/`` holding only the records, or
+    with a truncated weight file, is not an export)."""
+    try:
+        rec = read_json(out / "verification.json")
+        files = read_json(out / "pipeline_export.json").get("weights")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("verdict") != "PASS" or not isinstance(files, dict) or not files:
+        return None
+    for name, size in files.items():
+        f = out / name
+        if not f.is_file() or f.stat().st_size != size:
+            log.warning("export %s: %s is missing or has the wrong size; it will be redone", out, name)
+            return None
+    return rec
+
+
+def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, strict: bool, atol: float, tp: int,
+            pp: int, ep: int) -> dict[str, Any]:
     engine = layout.engine_of(iter_path)
     if engine not in ("local", "megatron"):
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
@@ -145,8 +185,11 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
     if record["verdict"] != "PASS":
         write_json(iter_path / FAILED, record)
         raise VerificationFailed(record)
+    weights = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.suffix in (".safetensors", ".bin")}
+    if not weights:
+        raise UserError(f"the export of {iter_path} wrote no weight files into {tmp}")
     write_json(tmp / "verification.json", record)
-    write_json(tmp / "pipeline_export.json", {"hf_model": hf_model, "reasoning": reasoning,
+    write_json(tmp / "pipeline_export.json", {"hf_model": hf_model, "reasoning": reasoning, "weights": weights,
                                               "source": str(iter_path), "iteration": iteration})
     return record
 

@@ -38,13 +38,15 @@ def read_tracker(save: Path) -> int | None:
     p = Path(save) / TRACKER
     if not p.exists():
         return None
-    text = p.read_text().strip()
+    try:
+        text = p.read_bytes()[:64].decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        raise UserError(f"{p} is unreadable or not text: it should hold one iteration number") from None
     if text == "release":
         return 0
-    try:
-        return int(text)
-    except ValueError:
-        return None
+    if not text.isascii() or not text.isdigit():
+        raise UserError(f"{p} holds {text[:20]!r}, not an iteration number: fix or remove it")
+    return int(text)
 
 
 def write_tracker(save: Path, iteration: int) -> None:
@@ -53,7 +55,11 @@ def write_tracker(save: Path, iteration: int) -> None:
 
 def engine_of(d: Path) -> str | None:
     if (d / MARKER).exists():
-        return read_json(d / MARKER).get("engine", "local")
+        try:
+            marker = read_json(d / MARKER)
+        except (OSError, ValueError):
+            raise UserError(f"{d / MARKER} is not valid JSON: the checkpoint's marker is corrupt") from None
+        return marker.get("engine", "local") if isinstance(marker, dict) else None
     if (d / "metadata.json").exists() and (d / "common.pt").exists():
         return "megatron"
     return None
@@ -63,10 +69,32 @@ def is_complete_dir(d: Path) -> bool:
     """The engine's own completion files are present (a directory mid-save fails this)."""
     eng = engine_of(d)
     if eng == "local":
-        return (d / "config.json").exists() and any(d.glob("*.safetensors"))
+        weights = list(d.glob("*.safetensors"))
+        return (d / "config.json").exists() and bool(weights) and all(safetensors_complete(f) for f in weights)
     if eng == "megatron":  # torch_dist: the shards (*.distcp) or DCP's final .metadata exist
         return (d / ".metadata").exists() or any(d.glob("*.distcp"))
     return False
+
+
+def safetensors_complete(path: Path) -> bool:
+    """The file is a whole safetensors file: its JSON header parses and the file is exactly as long as the header
+    says (a truncated copy or a save cut short fails this)."""
+    import json
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                return False
+            (n,) = struct.unpack("<Q", head)
+            if n > 100_000_000:
+                return False
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return path.stat().st_size == 8 + n + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def list_iterations(save: Path) -> list[int]:
@@ -103,6 +131,13 @@ def resolve_iteration(save: Path, iteration: int | None) -> Path:
     if iteration is None:
         if not complete:
             raise UserError(f"no complete checkpoint in {save} (no {TRACKER}, or it names no complete iteration)")
+        tracked = read_tracker(save)
+        if tracked is not None and tracked not in complete and tracked in list_iterations(save):
+            raise UserError(f"{TRACKER} names iteration {tracked}, but {iter_dirname(tracked)} is incomplete; "
+                            f"complete iterations: {', '.join(map(str, complete))}; pass --iteration N")
+        if tracked is not None and tracked not in complete:
+            raise UserError(f"{TRACKER} names iteration {tracked}, but {iter_dirname(tracked)} does not exist; "
+                            f"complete iterations: {', '.join(map(str, complete))}; pass --iteration N")
         return iter_dir(save, complete[-1])
     if iteration not in complete:
         have = ", ".join(str(i) for i in complete) or "none"

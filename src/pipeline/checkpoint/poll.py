@@ -15,64 +15,18 @@ iteration is converted, or after ``idle_timeout`` seconds without a new checkpoi
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import time
 from pathlib import Path
 from typing import Callable
 
 from pipeline.checkpoint import layout
+from pipeline.checkpoint.lock import Lock, iteration_lock_path
 from pipeline.common.io import write_json
 
 log = logging.getLogger(__name__)
-DONE_DIR, LOCK_DIR = "converted_checkpoints", "in_progress_checkpoints"
+DONE_DIR = "converted_checkpoints"
 TRAINING_DONE = layout.TRAINING_DONE
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Lock:
-    def __init__(self, path: Path, ttl: float):
-        self.path, self.ttl = path, ttl
-
-    def acquire(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._stale():
-                    return False
-                log.warning("taking over stale lock %s", self.path)
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            return True
-        return False
-
-    def _stale(self) -> bool:
-        try:
-            info = json.loads(self.path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError):
-            return time.time() - self.path.stat().st_mtime > self.ttl
-        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return not _pid_alive(info["pid"])
-        return time.time() - float(info.get("time", 0)) > self.ttl
-
-    def release(self) -> None:
-        self.path.unlink(missing_ok=True)
 
 
 def training_finished(ckpt: Path) -> bool:
@@ -81,13 +35,13 @@ def training_finished(ckpt: Path) -> bool:
 
 def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
     """One pass: convert every complete, unconverted, unlocked iteration. Returns (converted, failed)."""
-    done_dir, lock_dir = ckpt / DONE_DIR, ckpt / LOCK_DIR
+    done_dir = ckpt / DONE_DIR
     converted, failed = [], []
     for it in layout.complete_iterations(ckpt):
         name = layout.iter_dirname(it)
         if (done_dir / f"{name}.done").exists() or (done_dir / f"{name}.failed").exists():
             continue
-        lock = Lock(lock_dir / f"{name}.lock", lock_ttl)
+        lock = Lock(iteration_lock_path(ckpt, it), lock_ttl)
         if not lock.acquire():
             log.info("%s is being converted by another process, skipping", name)
             continue

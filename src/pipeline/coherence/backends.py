@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -73,24 +75,62 @@ def read_discovery_file(path: Path) -> str:
     return url.rstrip("/")
 
 
-def _request(url: str, payload: dict | None, timeout: float) -> dict:
+MAX_RESPONSE_BYTES = 1 << 20  # a chat completion of a few thousand tokens is a few tens of KB
+
+
+class _Deadline(Exception):
+    pass
+
+
+def _request(url: str, payload: dict | None, timeout: float, deadline: float | None = None) -> dict:
+    """One JSON request with a per-request timeout, a total deadline that holds even against a server that
+    drips a byte every few seconds (the socket timeout alone would not), and a cap on the reply's size."""
     data = json.dumps(payload).encode() if payload is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
                                  method="POST" if data else "GET")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode())
+    end = time.monotonic() + timeout
+    if deadline is not None:
+        end = min(end, deadline)
+    if end <= time.monotonic():
+        raise _Deadline()
+    with urllib.request.urlopen(req, timeout=max(0.1, min(timeout, end - time.monotonic()))) as resp:
+        body = bytearray()
+        while True:
+            if time.monotonic() > end:
+                raise _Deadline()
+            chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+            if not chunk:
+                break
+            body += chunk
+            if len(body) > MAX_RESPONSE_BYTES:
+                raise UserError(f"endpoint {url} sent more than {MAX_RESPONSE_BYTES} bytes; refusing the reply")
+    try:
+        out = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"endpoint {url} did not answer JSON (got {bytes(body[:60])!r}...): is it an "
+                        "OpenAI-compatible server?") from None
+    if not isinstance(out, dict):
+        raise UserError(f"endpoint {url} answered {type(out).__name__}, not a JSON object")
+    return out
 
 
 def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_tokens: int, reasoning: bool,
-                      timeout: float = 300.0) -> list[Generation]:
+                      timeout: float = 120.0, deadline: float | None = None) -> list[Generation]:
+    """``timeout``: seconds per request; ``deadline``: seconds for the whole run (default: timeout per prompt)."""
     base = base_url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise UserError(f"endpoint URL {base_url!r} must start with http:// or https://")
     root = base[:-3] if base.endswith("/v1") else base
+    end = time.monotonic() + (deadline if deadline is not None else timeout * max(1, len(prompts)))
     try:
-        models = _request(f"{root}/v1/models", None, timeout=10)
-    except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
+        models = _request(f"{root}/v1/models", None, timeout=min(10.0, timeout), deadline=end)
+    except (_Deadline, socket.timeout, TimeoutError):
+        raise UserError(f"endpoint {root} did not answer /v1/models within {min(10.0, timeout):g} s") from None
+    except (urllib.error.URLError, ConnectionError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"endpoint {root} is unreachable ({reason}); check --endpoint-url / --discovery-file") from None
-    served = [m.get("id") for m in models.get("data", [])]
+    data = models.get("data")
+    served = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if model is None or (served and model not in served and not Path(model).exists()):
         model = model if model in served else (served[0] if served else model)
     out = []
@@ -100,13 +140,23 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
         if reasoning is not None:
             payload["chat_template_kwargs"] = {"enable_thinking": reasoning}
         try:
-            resp = _request(f"{root}/v1/chat/completions", payload, timeout)
+            resp = _request(f"{root}/v1/chat/completions", payload, timeout, deadline=end)
         except urllib.error.HTTPError as exc:
-            raise UserError(f"endpoint {root} answered HTTP {exc.code}: {exc.read()[:200]!r}") from None
-        except (urllib.error.URLError, socket.timeout, OSError) as exc:
+            raise UserError(f"endpoint {root} answered HTTP {exc.code}: {exc.read(200)!r}") from None
+        except (_Deadline, socket.timeout, TimeoutError):
+            raise UserError(f"endpoint {root} did not answer prompt {len(out) + 1} of {len(prompts)} in time "
+                            f"(--timeout {timeout:g} s per request, {end - time.monotonic() + 0:.0f} s of the "
+                            "deadline left); is the server overloaded?") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise UserError(f"endpoint {root} failed mid-run: {getattr(exc, 'reason', exc)}") from None
-        choice = resp["choices"][0]
-        text = (choice.get("message") or {}).get("content") or ""
-        n = (resp.get("usage") or {}).get("completion_tokens") or len(text.split())
-        out.append((text.strip(), int(n), choice.get("finish_reason") == "stop"))
+        try:
+            choice = resp["choices"][0]
+            text = (choice.get("message") or {}).get("content") or ""
+            if not isinstance(text, str):
+                raise TypeError("content is not a string")
+            n = (resp.get("usage") or {}).get("completion_tokens") or len(text.split())
+            out.append((text.strip(), int(n), choice.get("finish_reason") == "stop"))
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise UserError(f"endpoint {root} answered a chat completion without choices[0].message.content "
+                            f"({type(exc).__name__}: {str(exc)[:80]})") from None
     return out

@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning", action="store_true", help="enable thinking in chat templates that support it")
     p.add_argument("--endpoint-url", help="base URL of an OpenAI-compatible server (endpoint backend)")
     p.add_argument("--discovery-file", type=Path, help="file a serving job writes with its URL (endpoint backend)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="endpoint backend: seconds per request (default 120)")
+    p.add_argument("--deadline", type=float,
+                   help="endpoint backend: seconds for the whole run (default: --timeout x the number of prompts)")
     p.add_argument("--hf-model", help="HF id of a Megatron checkpoint's architecture (megatron backend)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
@@ -65,6 +69,12 @@ def _generate(args, model: str, prompts: list[str]):
 
     if args.max_tokens < 1:
         raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    import math
+
+    for name in ("timeout", "deadline"):
+        v = getattr(args, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UserError(f"--{name} must be a positive number of seconds, got {v}")
     if args.backend == "hf":
         return backends.hf_generate(model, prompts, args.max_tokens, args.reasoning)
     if args.backend == "endpoint":
@@ -74,7 +84,8 @@ def _generate(args, model: str, prompts: list[str]):
             url = args.endpoint_url
         else:
             raise UserError("the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
-        return backends.endpoint_generate(url, model, prompts, args.max_tokens, args.reasoning)
+        return backends.endpoint_generate(url, model, prompts, args.max_tokens, args.reasoning,
+                                          timeout=args.timeout, deadline=args.deadline)
     if not args.hf_model:
         raise UserError("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     from pipeline import bridge

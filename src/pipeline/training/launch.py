@@ -95,9 +95,15 @@ def finalize_config(cfg: dict, spec: ModelSpec, run_dir: Path, config_path: str)
     """Fill what the engines need and the config left unset (recorded in the resolved config).
 
     Megatron Bridge engine: ``train.exit_signal_handler`` is switched on (unless the config says otherwise), so
-    the pre-limit request reaches Megatron's own handler, which checkpoints at the next step and exits."""
+    the pre-limit request reaches Megatron's own handler, which checkpoints at the next step and exits; and
+    ``checkpoint.load`` defaults to ``checkpoint.save``, so a requeued job resumes its own run."""
     if not spec.is_local and get(cfg, "train.exit_signal_handler") is None:
         cfg["train"]["exit_signal_handler"] = True
+    if not spec.is_local and get(cfg, "checkpoint.save") and get(cfg, "checkpoint.load") is None:
+        # The recipes leave checkpoint.load unset: a requeued or restarted job would then start again from
+        # pretrained_checkpoint (or from scratch) and overwrite its own iterations. Megatron resumes from `load`
+        # when it holds a checkpoint and falls back to pretrained_checkpoint when it does not.
+        cfg["checkpoint"]["load"] = get(cfg, "checkpoint.save")
     if spec.is_local:
         if get(cfg, "checkpoint.save") is None:
             cfg["checkpoint"]["save"] = str(run_dir / "checkpoints")
@@ -164,6 +170,10 @@ def plan_from_args(argv: list[str]):
     if args.peft and spec.is_local:
         raise UserError("--peft lora runs on the Megatron Bridge engine; the local engine trains full weights")
     alloc = current()
+    if args.nodes is not None and args.nodes < 1:
+        raise UserError(f"--nodes {args.nodes} must be >= 1")
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise UserError(f"--max-restarts {args.max_restarts} must be >= 0")
     nodes = args.nodes or alloc.nodes or 1
     cfg = load_config(args.config, overrides, spec.recipe_defaults(args.mode, args.peft))
     cluster = resolve_cluster(args, cfg, spec)
@@ -171,6 +181,11 @@ def plan_from_args(argv: list[str]):
         raise UserError(f"the allocation has {alloc.gpus_on_node} GPUs per node but cluster profile "
                         f"'{cluster.name}' says {cluster.gpus_per_node}: use --cluster or --gpus-per-node")
     run_dir = (args.run_dir or default_run_dir(cfg, args.config)).resolve()
+    from pipeline.training.preflight import unwritable_dir
+
+    problem = unwritable_dir(run_dir)
+    if problem:
+        raise UserError(f"run directory {run_dir} {problem} (--run-dir, or PIPELINE_RUNS_DIR)")
     cfg = finalize_config(cfg, spec, run_dir, args.config)
     from pipeline.training.preflight import run_preflight
 

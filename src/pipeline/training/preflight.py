@@ -22,6 +22,8 @@ compares this estimate with that measurement.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,7 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     if seq % max(1, 2 * cp if cp > 1 else 1):
         plan.problems.append(f"model.seq_length({seq}) is not divisible by 2*cp = {2 * cp}")
 
+    _check_values(cfg, plan)
     plan.tokens_per_iter = gbs * seq
     plan.total_tokens = gbs * seq * iters
     if path_checks:
@@ -230,9 +233,77 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     return plan
 
 
+def _number(cfg: dict, key: str, plan: Plan) -> float | None:
+    v = get(cfg, key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        plan.problems.append(f"{key}={v!r} must be a number")
+        return None
+    if not math.isfinite(v):
+        plan.problems.append(f"{key}={v} must be a finite number")
+        return None
+    return float(v)
+
+
+def _check_values(cfg: dict, plan: Plan) -> None:
+    """Values that would fail only after the allocation starts (and be retried by the launcher): bounds here."""
+    lr = _number(cfg, "optimizer.lr", plan)
+    if lr is not None and lr <= 0:
+        plan.problems.append(f"optimizer.lr={lr:g} must be > 0")
+    min_lr = _number(cfg, "optimizer.min_lr", plan)
+    if min_lr is not None and (min_lr < 0 or (lr is not None and min_lr > lr)):
+        plan.problems.append(f"optimizer.min_lr={min_lr:g} must be >= 0 and <= optimizer.lr")
+    for key in ("optimizer.weight_decay", "optimizer.clip_grad", "optimizer.adam_eps"):
+        v = _number(cfg, key, plan)
+        if v is not None and v < 0:
+            plan.problems.append(f"{key}={v:g} must be >= 0")
+    for key in ("optimizer.adam_beta1", "optimizer.adam_beta2"):
+        v = _number(cfg, key, plan)
+        if v is not None and not 0 <= v < 1:
+            plan.problems.append(f"{key}={v:g} must be in [0, 1)")
+    for key, low in (("scheduler.lr_warmup_iters", 0), ("scheduler.lr_decay_iters", 1),
+                     ("checkpoint.save_interval", 1), ("logger.log_interval", 1), ("validation.eval_interval", 0),
+                     ("validation.eval_iters", 0)):
+        v = get(cfg, key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            plan.problems.append(f"{key}={v!r} must be an integer")
+        elif v < low:
+            plan.problems.append(f"{key}={v} must be >= {low}")
+    warmup = get(cfg, "scheduler.lr_warmup_iters")
+    if isinstance(warmup, int) and not isinstance(warmup, bool) and plan.train_iters and warmup > plan.train_iters:
+        plan.notes.append(f"scheduler.lr_warmup_iters({warmup}) > train.train_iters({plan.train_iters}): the run "
+                          "never leaves warm-up")
+
+
+def unwritable_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be (or become) a writable directory, or None. Nothing is created."""
+    if path.exists():
+        if not path.is_dir():
+            return "exists and is not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "is not writable"
+    parent = path
+    while not parent.exists():
+        if parent == parent.parent:
+            return "cannot be created"
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable"
+    return None
+
+
 def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | None) -> None:
     from pipeline.data.chat import tokenizer_model_name
 
+    save = get(cfg, "checkpoint.save")
+    if save is not None:
+        problem = unwritable_dir(Path(str(save)))
+        if problem:
+            plan.problems.append(f"checkpoint.save {save} {problem}")
     root = get(cfg, "dataset.dataset_root")
     if root is None:
         plan.problems.append("dataset.dataset_root is not set: point it at a prepared dataset "

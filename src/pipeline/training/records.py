@@ -109,13 +109,35 @@ def load_run(run_dir: Path) -> tuple[dict, dict]:
 
 
 class ProgressLog:
-    """progress.ndjson + metrics_summary.json, written by rank 0."""
+    """progress.ndjson + metrics_summary.json, written by one rank.
+
+    A run resumed from iteration R (an in-job restart or a requeue) redoes the steps after R, so the lines past R
+    that the interrupted attempt logged are superseded: ``start(R)`` drops them (one atomic rewrite) before the
+    first new line, and ``records()`` keeps the last line per step. Each step then appears once and the
+    summary's counts agree with the file."""
 
     def __init__(self, run_dir: Path, tokens_per_step: int):
         self.run_dir = run_dir
         self.path = run_dir / "progress.ndjson"
         self.tokens_per_step = tokens_per_step
         self.t0 = time.time()
+
+    def start(self, resume_step: int) -> int:
+        """Supersede the lines past ``resume_step``; returns how many were dropped."""
+        if not self.path.exists():
+            return 0
+        lines = self.path.read_text(errors="replace").splitlines()
+        keep = []
+        for line in lines:
+            try:
+                step = json.loads(line).get("step")
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a line cut by a kill mid-write
+            if isinstance(step, int) and step <= resume_step:
+                keep.append(line)
+        if len(keep) != len(lines):
+            write_text(self.path, "".join(x + "\n" for x in keep))
+        return len(lines) - len(keep)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         rec = {"step": step, "time": round(time.time() - self.t0, 3),
@@ -125,13 +147,15 @@ class ProgressLog:
     def records(self) -> list[dict]:
         if not self.path.exists():
             return []
-        out = []
-        for line in self.path.read_text().splitlines():
+        by_step: dict[int, dict] = {}
+        for line in self.path.read_text(errors="replace").splitlines():
             try:
-                out.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill mid-write
-        return out
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                by_step[rec["step"]] = rec  # a later line for the same step supersedes an earlier one
+        return [by_step[k] for k in sorted(by_step)]
 
     def summarize(self, status: str, final_step: int, train_seconds: float | None = None) -> dict:
         recs = [r for r in self.records() if isinstance(r.get("loss"), (int, float))]

@@ -85,6 +85,9 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     seq = int(get(cfg, "model.seq_length"))
     progress = records.ProgressLog(run_dir, tokens_per_step=int(get(cfg, "train.global_batch_size")) * seq)
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
+    if writer:
+        latest = layout.latest_complete(Path(save)) if save else None
+        progress.start(latest or 0)  # Megatron resumes from `load` (= save): steps after it are redone
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         if writer and "loss" in metrics:

@@ -1,0 +1,89 @@
+"""Per-iteration export locks, shared by ``export`` and ``upload-all`` (one writer per ``hf/``).
+
+    <ckpt>/in_progress_checkpoints/iter_NNNNNNN.lock   created with O_EXCL, holding pid, host and time
+
+A lock whose process is gone (same host) is taken over at once; one from another host after ``ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from pipeline.checkpoint import layout
+
+log = logging.getLogger(__name__)
+LOCK_DIR = "in_progress_checkpoints"
+
+
+def iteration_lock_path(ckpt: Path, iteration: int) -> Path:
+    return Path(ckpt) / LOCK_DIR / f"{layout.iter_dirname(iteration)}.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lock:
+    """``acquire()`` -> True when this process now holds the lock; ``holder()`` says who holds it."""
+
+    def __init__(self, path: Path, ttl: float):
+        self.path, self.ttl = path, ttl
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._stale():
+                    return False
+                log.warning("taking over stale lock %s", self.path)
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return True
+        return False
+
+    def _stale(self) -> bool:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            try:
+                return time.time() - self.path.stat().st_mtime > self.ttl
+            except FileNotFoundError:
+                return True
+        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return not _pid_alive(info["pid"])
+        try:
+            return time.time() - float(info.get("time", 0)) > self.ttl
+        except (TypeError, ValueError):
+            return True
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def holder(self) -> str:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return "an unknown process"
+        return f"pid {info.get('pid')} on {info.get('host')}"
+
+    def __enter__(self) -> "Lock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
