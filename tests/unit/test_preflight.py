@@ -125,3 +125,15 @@ def test_bad_counts_and_unwritable_paths(capsys, tmp_path):
     assert main(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run",
                  f"checkpoint.save={f}/sub"]) == 2
     assert any(f"checkpoint.save {f}/sub cannot be created: {f} is a file" in e for e in errors(capsys))
+
+
+def test_known_hazards_warn_and_lora_needs_less_memory(capsys):
+    assert main(BASE + ["optimizer.lr=8e-5", "model.fp8=hybrid"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: optimizer.lr=8e-05 with context_parallel_size=2" in out
+    assert "warning: model.fp8='hybrid' on a MoE model" in out
+    from pipeline.training.launch import plan_from_args
+
+    full = plan_from_args(BASE[:-1] + ["--no-path-checks"])[7].memory_gb
+    lora = plan_from_args(BASE[:-1] + ["--no-path-checks", "--peft", "lora"])[7].memory_gb
+    assert lora["grads"] == lora["optimizer"] == 0 and lora["total"] < full["total"] - 30

@@ -62,6 +62,7 @@ class Plan:
     memory_budget_gb: float = 0.0
     problems: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)  # known hazards: reported, not refused
 
     @property
     def ok(self) -> bool:
@@ -103,7 +104,7 @@ def packed_data_paths(cfg: dict, tokenizer_name: str) -> dict[str, Path] | None:
 
 
 def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, sequence_parallel: bool,
-                       local_engine: bool) -> dict[str, float]:
+                       local_engine: bool, peft: str | None = None) -> dict[str, float]:
     s, h, L, V = plan.seq_length, spec.hidden_size, spec.num_layers, spec.vocab_size
     if local_engine:
         # transformers Trainer, FP32 everything, AdamW: weights 4 + grads 4 + Adam 8 bytes per parameter.
@@ -120,6 +121,8 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
     weights = 2 * (dense + expert)
     grads = 4 * (dense + expert)
     optim = 12 * (dense / (dp * cp) + expert / expert_dp)
+    if peft:  # LoRA: the base weights are frozen; gradients and Adam state exist only for the small adapters
+        grads = optim = 0.0
     s_local = s / cp
     sp_div = tp if sequence_parallel else 1
     layers_local = L / pp
@@ -217,7 +220,8 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
         plan.notes.append("path checks skipped (--no-path-checks)")
 
     recompute = get(cfg, "model.recompute_granularity")
-    plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local)
+    plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
+    _hazards(cfg, plan, local)
     plan.memory_budget_gb = cluster.memory_budget_gb
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
         hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
@@ -296,6 +300,19 @@ def unwritable_dir(path: Path) -> str | None:
     return None
 
 
+def _hazards(cfg: dict, plan: Plan, local: bool) -> None:
+    """The reference system's documented hazards: valid configs that are known to fail on the cluster."""
+    if local:
+        return
+    lr = get(cfg, "optimizer.lr")
+    if plan.cp > 1 and isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 8e-5:
+        plan.warnings.append(f"optimizer.lr={lr:g} with context_parallel_size={plan.cp}: the reference measured NaN "
+                             "losses at 8e-5 under context parallelism (the recipe's SFT rate is 5e-6)")
+    if get(cfg, "model.fp8") and (plan.ep > 1 or plan.model in ("nano", "super")):
+        plan.warnings.append(f"model.fp8={get(cfg, 'model.fp8')!r} on a MoE model: the reference saw stochastic "
+                             "alignment crashes in MoE routing with FP8; BF16 is the certified setting")
+
+
 def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | None) -> None:
     from pipeline.data.chat import tokenizer_model_name
 
@@ -360,6 +377,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"memory estimate: {plan.memory_gb['total']:.1f} GB per {'GPU' if plan.engine != 'local' else 'process'}"
                      f" of {plan.memory_budget_gb:g} GB ({parts})")
     lines += [f"note: {n}" for n in plan.notes]
+    lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 
 
