@@ -16,6 +16,7 @@ iteration is converted, or after ``idle_timeout`` seconds without a new checkpoi
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -65,7 +66,8 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
 def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, interval: float = 60.0,
                idle_timeout: float | None = None, lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
     all_conv, all_failed = [], []
-    last_new = time.time()
+    last_new = last_status = time.time()
+    status_every = float(os.environ.get("PIPELINE_PROGRESS_INTERVAL", "30"))
     while True:
         finished_before = training_finished(ckpt)
         conv, failed = convert_pending(ckpt, convert, lock_ttl)
@@ -81,5 +83,10 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
         if idle_timeout is not None and time.time() - last_new > idle_timeout:
             log.info("no new checkpoint for %.0f s; stopping", idle_timeout)
             break
+        if time.time() - last_status >= status_every:  # a line in the Slurm log while waiting
+            last_status = time.time()
+            log.info("upload-all: %d converted, %d failed so far; latest complete iteration %s; training still "
+                     "running; polling every %g s", len(all_conv), len(all_failed), layout.latest_complete(ckpt),
+                     interval)
         time.sleep(interval)
     return all_conv, all_failed
