@@ -1,52 +1,230 @@
-"""Atomic writes: a file or directory is either absent or complete, never half-written."""
+"""Atomic writes: a file or directory is either absent or complete, never half-written.
+
+One writer per output: every temporary is a sibling named ``.<name>.<host>~<pid>~<random>.tmp``, so it
+names its owner. A temporary is removed as stale only when its owner is provably dead (same host, and no
+process with that pid); a live writer's temporary, or one from another host, is left alone. A writer whose
+temporary vanished (someone removed it) fails with :class:`ConcurrentWriteError` instead of recreating it.
+
+Modes: what is published gets the mode an ordinary write under the user's umask gives (``0o666 & ~umask``
+for files, ``0o777 & ~umask`` for directories), not the 0600/0700 of ``tempfile.mkstemp``/``mkdtemp``, so
+outputs on a team's group-shared directory stay readable by the team.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 from pathlib import Path
 from typing import Any, Iterator
+
+from pipeline.common.errors import UserError
+
+_TMP_MIDDLE = re.compile(r"(?P<host>[A-Za-z0-9_-]{1,64})~(?P<pid>[0-9]{1,10})~(?P<rand>[a-z0-9]{1,16})")
+
+
+class ConcurrentWriteError(UserError):
+    """Another writer removed or replaced this writer's temporary: the output was not published."""
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname().split(".")[0])[:64] or "host"
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{_host()}~{os.getpid()}~{secrets.token_hex(4)}.tmp")
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (/proc), else via os.umask."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _file_mode(st_mode: int, umask: int) -> int:
+    exe = 0o111 if st_mode & 0o100 else 0
+    return (0o666 | exe) & ~umask
+
+
+def apply_umask_modes(path: str | os.PathLike, recursive: bool = True) -> None:
+    """Give ``path`` (and, for a directory, everything under it) the modes an ordinary write would."""
+    umask = current_umask()
+    path = Path(path)
+    if path.is_symlink():
+        return
+    if path.is_dir():
+        os.chmod(path, 0o777 & ~umask)
+        if recursive:
+            for dirpath, dirnames, filenames in os.walk(path):
+                for d in dirnames:
+                    p = os.path.join(dirpath, d)
+                    if not os.path.islink(p):
+                        os.chmod(p, 0o777 & ~umask)
+                for fn in filenames:
+                    p = os.path.join(dirpath, fn)
+                    if not os.path.islink(p):
+                        os.chmod(p, _file_mode(os.lstat(p).st_mode, umask))
+    elif path.exists():
+        os.chmod(path, _file_mode(path.stat().st_mode, umask))
+
+
+def tmp_owner(tmp: Path, name: str) -> tuple[str, int] | None:
+    """(host, pid) of a temporary of output ``name``, or None when it is not one of ours."""
+    prefix, suffix = f".{name}.", ".tmp"
+    n = tmp.name
+    if not (n.startswith(prefix) and n.endswith(suffix)):
+        return None
+    m = _TMP_MIDDLE.fullmatch(n[len(prefix):-len(suffix)])
+    return (m.group("host"), int(m.group("pid"))) if m else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a real pid: never claim it is dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove temporaries of ``path`` whose owner is provably dead (same host, pid gone); return them."""
+    path = Path(path)
+    removed = []
+    host = _host()
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        owner = tmp_owner(tmp, path.name)
+        if owner is None or owner[0] != host or owner[1] == os.getpid() or _pid_alive(owner[1]):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        removed.append(tmp)
+    return removed
+
+
+_TMP_DIR_NAME = re.compile(r"\..+\.[A-Za-z0-9_-]{1,64}~[0-9]{1,10}~[a-z0-9]{1,16}\.tmp")
+
+
+def _vanished(tmp: Path, path: Path) -> ConcurrentWriteError:
+    return ConcurrentWriteError(f"temporary {tmp} vanished while writing {path}: another writer removed it; "
+                                "run one writer per output (nothing was published)")
+
+
+def _check_parent(path: Path) -> None:
+    """Create ``path``'s parent, but never recreate a vanished temporary directory of an atomic_path."""
+    for anc in [path.parent, *path.parent.parents]:
+        if _TMP_DIR_NAME.fullmatch(anc.name) and not anc.is_dir():
+            raise _vanished(anc, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling path; on success it is renamed onto ``path`` (file or directory)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Temporaries of this same output left by a killed run (one writer per output path by design).
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    _check_parent(path)
+    remove_stale_temporaries(path)
+    tmp = _tmp_name(path)
+    os.mkdir(tmp, 0o777)  # ordinary mode under the umask (mkdtemp would make it 0700)
     target = tmp / path.name
     try:
         yield target
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        os.replace(target, path)
+        if not tmp.is_dir():
+            raise _vanished(tmp, path)
+        if not target.exists() and not target.is_symlink():
+            raise ConcurrentWriteError(f"{target} vanished before it could be published as {path}")
+        apply_umask_modes(target)
+        _publish(target, path, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temp file + fsync + rename)."""
+def _publish(target: Path, path: Path, tmp: Path) -> None:
+    """os.replace ``target`` onto ``path``; an existing directory is moved aside first (then removed)."""
+    for _ in range(10):
+        if path.is_dir() and not path.is_symlink():
+            aside = tmp / ".replaced"
+            try:
+                os.replace(path, aside)
+            except FileNotFoundError:
+                pass  # another writer moved it away first
+        try:
+            os.replace(target, path)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR):
+                raise
+            # another writer published a directory between our move-aside and our rename: go again
+            if (tmp / ".replaced").exists():
+                shutil.rmtree(tmp / ".replaced", ignore_errors=True)
+    raise ConcurrentWriteError(f"could not publish {path}: other writers kept replacing it")
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, like: os.stat_result | None = None) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename).
+
+    The result has the umask's ordinary mode, or, with ``like``, that stat's mode, group and (when this
+    user may) owner - for rewriting a shared file in place.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _check_parent(path)
+    remove_stale_temporaries(path)
+    tmp = _tmp_name(path)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileNotFoundError:
+        _check_parent(path)
+        raise
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if like is not None:
+            os.chmod(tmp, like.st_mode & 0o7777)
+            for uid, gid in ((like.st_uid, like.st_gid), (-1, like.st_gid)):
+                try:
+                    os.chown(tmp, uid, gid)
+                    break
+                except OSError:
+                    continue
+            os.chmod(tmp, like.st_mode & 0o7777)  # chown may clear setuid/setgid bits
+        else:
+            apply_umask_modes(tmp)
+        try:
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            raise _vanished(tmp, path) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + fsync + rename)."""
+    return write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
@@ -61,7 +239,36 @@ def read_json(path: str | os.PathLike) -> Any:
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Append one line (for NDJSON progress logs); a line is written with a single write call."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_parent(path)
     with open(path, "a") as f:
         f.write(line.rstrip("\n") + "\n")
         f.flush()
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` or refuse at once (ConcurrentWriteError naming the holder).
+
+    For outputs one writer must own for a whole run (a data root): a second run is refused with one line
+    instead of interleaving its writes with the first one's.
+    """
+    import fcntl
+
+    lock_path = Path(lock_path)
+    _check_parent(lock_path)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            raise ConcurrentWriteError(f"{what} is in use by {holder} (lock {lock_path}); wait for it to finish "
+                                       "or use another output directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -9,7 +9,10 @@
   pack      DATASET_ROOT TOKENIZER SEQ_LENGTH [PAD_SEQ_TO_MULT]
             pack an already tokenised export (the output of prepare's tokenize stage), CPU only
 
-Every stage is resumable: re-running skips finished work with a message; --force redoes it.
+Every stage is resumable: re-running skips finished work with a message when it was made from the same
+input and options (its recorded fingerprint); a changed input or option redoes it, naming the difference;
+--force redoes it. The default root of a local file or folder is <stem>-<hash of its path>, so two
+datasets with the same file name never share one. Bad input is one line "error: ..." and exit 2.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ from pathlib import Path
 
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is the suite's one line ``error: ...`` and exit 2."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see --help)")
 
 
 def _data_root() -> Path:
@@ -46,7 +56,7 @@ def _print_summary(summary: dict) -> None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pipeline_data_prepare.py", description=__doc__,
+    parser = _Parser(prog="pipeline_data_prepare.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
 
@@ -116,8 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.data.indexed import tokenize_corpus
 
         src = Path(args.dataset_root)
-        if not src.exists() and "/" not in args.dataset_root:
+        is_hub_id = (args.dataset_root.count("/") == 1 and not args.dataset_root.startswith((".", "/", "~"))
+                     and not args.dataset_root.endswith("/"))
+        if not src.exists() and not is_hub_id:
             raise UserError(f"corpus {src} does not exist")
+        if args.docs_per_part < 1:
+            raise UserError(f"--docs-per-part must be >= 1, got {args.docs_per_part}")
+        if args.limit is not None and args.limit < 1:
+            raise UserError(f"--limit must be >= 1, got {args.limit}")
         out = args.output_dir or ((src if src.is_dir() else _data_root()) / args.output_name)
         res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name, text_field=args.text_field,
                               docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet)
@@ -126,16 +142,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # pack
     from pipeline.data.chat import tokenizer_model_name
-    from pipeline.data.packing import check_pad_multiple
 
+    problems = prep.check_pack_args(args.seq_length, args.pad_seq_to_mult, args.context_parallel_size,
+                                    args.tensor_parallel_size, args.sequence_parallel)
+    if problems:
+        raise UserError("; ".join(problems))
     if not args.dataset_root.is_dir():
-        raise UserError(f"dataset root {args.dataset_root} does not exist")
-    problem = check_pad_multiple(args.pad_seq_to_mult, args.context_parallel_size, args.tensor_parallel_size,
-                                 args.sequence_parallel)
-    if problem:
-        raise UserError(problem)
-    res = prep.stage_pack(args.dataset_root, tokenizer_model_name(args.tokenizer), args.tokenizer, args.seq_length,
-                          args.pad_seq_to_mult, args.seed, args.overlong, args.force, prep.Timer())
+        raise UserError(f"dataset root {args.dataset_root} does not exist (or is not a directory)")
+    with prep.root_lock(args.dataset_root):
+        res = prep.stage_pack(args.dataset_root, tokenizer_model_name(args.tokenizer), args.tokenizer,
+                              args.seq_length, args.pad_seq_to_mult, args.seed, args.overlong, args.force,
+                              prep.Timer())
     print(json.dumps(res, indent=2))
     return 0
 

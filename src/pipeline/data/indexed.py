@@ -8,7 +8,10 @@ sequence ending in the tokenizer's EOD token, as ``preprocess_data.py --append-e
 
 Resumable: documents are tokenised in parts written atomically under ``.parts/``; a re-run skips
 finished parts, and the final ``.bin``/``.idx``/``token_count.json`` are assembled atomically from the
-parts, so an interrupted run and an uninterrupted run produce byte-identical files.
+parts, so an interrupted run and an uninterrupted run produce byte-identical files. ``token_count.json``
+records a fingerprint (the corpus's identity: path, size, mtime over its files; the tokenizer and every
+option): a rerun with a different fingerprint redoes the work, naming the difference, and parts are reused
+only when ``.parts/_FINGERPRINT.json`` matches. One run per output folder at a time (``.tokenize.lock``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import atomic_path, read_json, write_json
+from pipeline.common.io import atomic_path, exclusive_lock, write_json
 
 log = logging.getLogger(__name__)
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -68,8 +71,23 @@ def read_index(path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
 def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name: str, *,
                     text_field: str = "text", docs_per_part: int = 2000, limit: int | None = None,
                     force: bool = False, quiet: bool = False) -> dict:
+    from pipeline.data.sources import input_identity
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"output {out_dir} exists and is not a directory")
+    fp = {"input": input_identity(source, exclude=out_dir), "tokenizer": tokenizer_name, "text_field": text_field,
+          "docs_per_part": docs_per_part, "limit": limit}
+    with exclusive_lock(out_dir / ".tokenize.lock", f"output folder {out_dir}"):
+        return _tokenize_locked(source, tokenizer_name, out_dir, output_name, fp, text_field=text_field,
+                                docs_per_part=docs_per_part, limit=limit, force=force, quiet=quiet)
+
+
+def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
+                     limit, force, quiet) -> dict:
     from tqdm.auto import tqdm
 
+    from pipeline.data.prepare import fingerprint_diff, read_marker
     from pipeline.common.log import progress_disabled
     from pipeline.data.chat import load_tokenizer
     from pipeline.data.sources import iter_texts
@@ -77,14 +95,23 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
     prefix = out_dir / f"{output_name}_text_document"
     count_path = out_dir / "token_count.json"
     if not force and count_path.exists() and prefix.with_suffix(".bin").exists() and prefix.with_suffix(".idx").exists():
-        log.info("tokenize: already done (%s), skipping", prefix)
-        return read_json(count_path)
+        old = read_marker(count_path)
+        diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
+        if not diff:
+            log.info("tokenize: already done (%s), skipping", prefix)
+            return old
+        log.info("tokenize: redoing, %s (%s)", diff, prefix)
+    parts_dir = out_dir / ".parts"
+    started = parts_dir / "_FINGERPRINT.json"
+    if parts_dir.exists() and (force or fingerprint_diff((read_marker(started) or {}).get("fingerprint"), fp)):
+        shutil.rmtree(parts_dir)  # parts of another input or options: never mixed into this output
+    if not started.exists():
+        write_json(started, {"fingerprint": fp})
     tok = load_tokenizer(tokenizer_name)
     eod = tok.eos_token_id
     if eod is None:
         raise UserError(f"tokenizer '{tokenizer_name}' has no EOS token to separate documents")
     dtype = optimal_dtype(len(tok))
-    parts_dir = out_dir / ".parts"
     texts = iter_texts(source, field=text_field)
     if limit:
         texts = itertools.islice(texts, limit)
@@ -95,7 +122,7 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
         if not batch:
             break
         part_bin, part_len = parts_dir / f"part_{part:05d}.bin", parts_dir / f"part_{part:05d}.lens.npy"
-        if force or not (part_bin.exists() and part_len.exists()):
+        if not (part_bin.exists() and part_len.exists()):
             enc = tok(batch, add_special_tokens=False, return_attention_mask=False)["input_ids"]
             seqs = [np.asarray(ids + [eod], dtype=dtype) for ids in enc if ids]
             lens = np.asarray([len(s) for s in seqs], dtype=np.int32)
@@ -117,7 +144,7 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
     write_index(prefix.with_suffix(".idx"), dtype, lengths_arr)
     result = {"documents": int(len(lengths_arr)), "tokens": int(lengths_arr.sum()),
               "tokens_without_eod": int(lengths_arr.sum() - len(lengths_arr)), "dtype": dtype.name,
-              "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix)}
+              "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix), "fingerprint": fp}
     write_json(count_path, result)
     shutil.rmtree(parts_dir)  # also removes temporaries a killed run left behind
     log.info("tokenize: %d documents, %d tokens -> %s.{bin,idx} (count in %s)", result["documents"],

@@ -8,6 +8,13 @@ Stages, each resumable (outputs are written atomically and a finished stage is s
   3. pack      pad to ``pad_seq_to_mult``, roll the loss mask, ``pack_sequences`` ->
                ``<root>/packed/<tokenizer>_pad_seq_to_mult<N>/training_<S>.idx.parquet`` (+ validation,
                ``<S>_metadata.jsonl``)
+
+Resume by fingerprint, not by path: each stage records what it was made from (the input's identity and
+every option that changes its output, plus the upstream stage's fingerprint) in its marker
+(``export_stats.json``, ``_DONE.json``, ``<S>_summary.json``). A finished stage is skipped only when the
+fingerprint is identical; otherwise it is redone (and so is everything downstream), with one log line naming
+the difference (``input changed: size 1234 -> 5678``, ``--limit 5 -> 40``). One run per data root at a time:
+a second ``prepare``/``pack`` on a root in use is refused (``<root>/.prepare.lock``).
 """
 
 from __future__ import annotations
@@ -16,19 +23,105 @@ import collections
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import atomic_path, read_json, write_json, write_text
+from pipeline.common.io import atomic_path, exclusive_lock, read_json, write_json, write_text
 from pipeline.data import packed_parquet
 from pipeline.data.packing import check_pad_multiple, pack_sequences
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
 SPLIT_FILES = {"train": "training.jsonl", "validation": "validation.jsonl"}
+MAX_SEQ_LENGTH = 1_048_576  # the packer allocates O(seq_length): bound it before anything runs
+FINGERPRINT_VERSION = 1
+FLAGS = {"limit": "--limit", "seed": "--seed", "val_fraction": "--val-fraction", "overlong": "--overlong",
+         "seq_length": "--seq-length", "pad_seq_to_mult": "--pad-seq-to-mult", "tokenizer": "--tokenizer",
+         "chunk_size": "--chunk-size", "text_field": "--text-field", "docs_per_part": "--docs-per-part"}
+
+
+def _flatten(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _iso_ns(ns) -> str:
+    import datetime as dt
+
+    if not isinstance(ns, int):
+        return str(ns)
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def fingerprint_diff(old: dict | None, new: dict) -> str:
+    """'' when identical, else one line naming what changed (``input changed: size 1 -> 2; --limit 5 -> 40``)."""
+    if not isinstance(old, dict):
+        return "no fingerprint recorded (made by an older version, or its marker is unreadable)"
+    a, b = _flatten(old), _flatten(new)
+    parts = []
+    keys = list(b) + [k for k in a if k not in b]
+    for key in sorted(keys, key=lambda k: k.count(".")):  # stable: a stage's own options, then upstream's
+        if a.get(key, "<none>") == b.get(key, "<none>"):
+            continue
+        leaf = key.rsplit(".", 1)[-1]
+        va, vb = a.get(key, "<none>"), b.get(key, "<none>")
+        if leaf == "mtime_ns":
+            leaf, va, vb = "mtime", _iso_ns(va), _iso_ns(vb)
+        if ".input." in f".{key}" or key.startswith("input."):
+            text = f"input changed: {leaf} {va} -> {vb}"
+        elif leaf in FLAGS:
+            text = f"{FLAGS[leaf]} {va} -> {vb}"
+        else:
+            text = f"{leaf} {va} -> {vb}"
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts)
+
+
+def read_marker(path: Path) -> dict | None:
+    """A stage's JSON marker, or None when it is absent or unreadable (then the stage is redone)."""
+    try:
+        obj = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s is unreadable (%s); redoing its stage", path, exc)
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def check_pack_args(seq_length: int, pad_seq_to_mult: int, context_parallel_size: int = 1,
+                    tensor_parallel_size: int = 1, sequence_parallel: bool = False) -> list[str]:
+    """Every problem with the packing arguments, checked before anything is read or allocated."""
+    problems = []
+    if not 2 <= seq_length <= MAX_SEQ_LENGTH:
+        problems.append(f"--seq-length must be between 2 and {MAX_SEQ_LENGTH}, got {seq_length}")
+    if pad_seq_to_mult < 1:
+        problems.append(f"pad_seq_to_mult must be >= 1, got {pad_seq_to_mult}")
+    if context_parallel_size < 1 or tensor_parallel_size < 1:
+        problems.append(f"--context-parallel-size and --tensor-parallel-size must be >= 1, got "
+                        f"{context_parallel_size} and {tensor_parallel_size}")
+    if problems:
+        return problems
+    p = check_pad_multiple(pad_seq_to_mult, context_parallel_size, tensor_parallel_size, sequence_parallel)
+    if p:
+        problems.append(p)
+    if pad_seq_to_mult > seq_length:
+        problems.append(f"pad_seq_to_mult({pad_seq_to_mult}) > seq_length({seq_length})")
+    return problems
+
+
+def root_lock(root: Path):
+    return exclusive_lock(Path(root) / ".prepare.lock", f"data root {root}")
 
 
 @dataclasses.dataclass
@@ -50,21 +143,20 @@ class PrepareOptions:
     quiet: bool = False
 
     def validate(self) -> None:
-        problems = []
-        if self.seq_length < 2:
-            problems.append(f"--seq-length must be >= 2, got {self.seq_length}")
-        p = check_pad_multiple(self.pad_seq_to_mult, self.context_parallel_size, self.tensor_parallel_size,
-                               self.sequence_parallel)
-        if p:
-            problems.append(p)
-        if self.pad_seq_to_mult > self.seq_length:
-            problems.append(f"pad_seq_to_mult({self.pad_seq_to_mult}) > seq_length({self.seq_length})")
+        problems = check_pack_args(self.seq_length, self.pad_seq_to_mult, self.context_parallel_size,
+                                   self.tensor_parallel_size, self.sequence_parallel)
+        if self.limit is not None and self.limit < 1:
+            problems.append(f"--limit must be >= 1, got {self.limit}")
+        if self.chunk_size < 1:
+            problems.append(f"--chunk-size must be >= 1, got {self.chunk_size}")
+        if self.dataset_root.exists() and not self.dataset_root.is_dir():
+            problems.append(f"--dataset-root {self.dataset_root} exists and is not a directory")
         if not 0 <= self.val_fraction < 1:
             problems.append(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
         if self.overlong not in ("drop", "truncate"):
             problems.append(f"--overlong must be drop or truncate, got {self.overlong}")
         if problems:
-            raise UserError("\n".join(problems))
+            raise UserError("; ".join(problems))
 
 
 class Timer:
@@ -92,6 +184,17 @@ def _tqdm(it, quiet: bool, **kw):
     return tqdm(it, disable=progress_disabled(quiet), **kw)
 
 
+def export_fingerprint(opts: PrepareOptions) -> dict:
+    from pipeline.data.sources import input_identity
+
+    return {"version": FINGERPRINT_VERSION, "input": input_identity(opts.dataset, exclude=opts.dataset_root),
+            "limit": opts.limit, "seed": opts.seed, "val_fraction": opts.val_fraction}
+
+
+def tokenize_fingerprint(opts: PrepareOptions, export: dict) -> dict:
+    return {"export": export.get("fingerprint"), "tokenizer": opts.tokenizer, "chunk_size": opts.chunk_size}
+
+
 # ---- stage 1: export ----------------------------------------------------------------------------
 def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -> dict:
     """Export the normalised splits; when ``keep`` is given and the stage runs, the splits are also left in it
@@ -100,9 +203,14 @@ def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -
 
     root = opts.dataset_root
     stats_path = root / "export_stats.json"
+    fp = export_fingerprint(opts)
     if not opts.force and stats_path.exists() and all((root / f).exists() for f in SPLIT_FILES.values()):
-        log.info("stage export: already done (%s), skipping", root)
-        return read_json(stats_path)
+        old = read_marker(stats_path)
+        diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
+        if not diff:
+            log.info("stage export: already done (%s), skipping", root)
+            return old
+        log.info("stage export: redoing, %s (%s)", diff, root)
     with timer.stage("export"):
         convs, stats = load_conversations(opts.dataset, limit=opts.limit)
         dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_")}
@@ -122,7 +230,7 @@ def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -
         if keep is not None:
             keep.update(splits)
         out = {"dataset": opts.dataset, "rows_in": stats["rows_in"], "kept": len(convs), "dropped": dropped,
-               "train": len(splits["train"]), "validation": len(splits["validation"])}
+               "train": len(splits["train"]), "validation": len(splits["validation"]), "fingerprint": fp}
         write_json(stats_path, out)
     log.info("stage export: %d rows in, %d kept (%d train, %d validation), dropped %s -> %s",
              out["rows_in"], out["kept"], out["train"], out["validation"], dropped or "none", root)
@@ -140,21 +248,36 @@ def tokenized_dir(root: Path, tok_name: str, split: str) -> Path:
 
 
 def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None,
-                   splits: dict | None = None) -> dict:
+                   splits: dict | None = None, export: dict | None = None) -> dict:
+    """``tokenizer``: a tokenizer, None (loaded when needed) or a zero-argument callable returning one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipeline.data.chat import load_tokenizer, tokenize_conversations
 
+    if export is None:
+        export = read_marker(opts.dataset_root / "export_stats.json") or {}
+    fp = tokenize_fingerprint(opts, export)
     result = {}
     for split in SPLITS:
         out_dir = tokenized_dir(opts.dataset_root, tok_name, split)
         done = out_dir / "_DONE.json"
+        started = out_dir / "_FINGERPRINT.json"
         if not opts.force and done.exists():
-            log.info("stage tokenize[%s]: already done (%s), skipping", split, out_dir)
-            result[split] = read_json(done)
-            continue
+            old = read_marker(done)
+            diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
+            if not diff:
+                log.info("stage tokenize[%s]: already done (%s), skipping", split, out_dir)
+                result[split] = old
+                continue
+            log.info("stage tokenize[%s]: redoing, %s (%s)", split, diff, out_dir)
         with timer.stage("tokenize"):
+            # Chunks are reused only when they were made from this very fingerprint.
+            if out_dir.exists() and (opts.force or fingerprint_diff(
+                    (read_marker(started) or {}).get("fingerprint"), fp)):
+                shutil.rmtree(out_dir)
+            if not started.exists():
+                write_json(started, {"fingerprint": fp})
             convs = (splits or {}).get(split)
             if convs is None:
                 convs = _read_jsonl(opts.dataset_root / SPLIT_FILES[split])
@@ -162,12 +285,14 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
             totals = collections.Counter()
             for c in _tqdm(range(n_chunks), opts.quiet, desc=f"tokenize {split}", unit="chunk"):
                 chunk_path = out_dir / f"chunk_{c:05d}.parquet"
-                if not opts.force and chunk_path.exists():
+                if chunk_path.exists():
                     meta = pq.read_metadata(chunk_path).metadata or {}
                     totals.update(json.loads(meta.get(b"pipeline_counts", b"{}")))
                     continue
                 if tokenizer is None:
                     tokenizer = load_tokenizer(opts.tokenizer)
+                elif callable(tokenizer) and not hasattr(tokenizer, "apply_chat_template"):
+                    tokenizer = tokenizer()
                 part = convs[c * opts.chunk_size:(c + 1) * opts.chunk_size]
                 ids, masks, mismatched = tokenize_conversations(tokenizer, part)
                 counts = {"examples": len(ids), "tokens": int(sum(len(x) for x in ids)),
@@ -184,7 +309,7 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
                 with atomic_path(chunk_path) as tmp:
                     pq.write_table(table, str(tmp))
                 totals.update(counts)
-            summary = {"chunks": n_chunks, **{k: int(v) for k, v in totals.items()}}
+            summary = {"chunks": n_chunks, **{k: int(v) for k, v in totals.items()}, "fingerprint": fp}
             write_json(done, summary)
         result[split] = summary
         log.info("stage tokenize[%s]: %d examples, %d tokens (%d with loss) -> %s", split,
@@ -262,13 +387,32 @@ def pack_split(ids, masks, seq_length: int, seed: int):
     return table, meta
 
 
+def pack_fingerprint(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_mult: int, seed: int,
+                     overlong: str) -> dict:
+    tokenized = {sp: (read_marker(tokenized_dir(root, tok_name, sp) / "_DONE.json") or {}).get("fingerprint")
+                 for sp in SPLITS}
+    return {"tokenize": tokenized, "tokenizer": tokenizer, "seq_length": seq_length, "pad_seq_to_mult": pad_mult,
+            "seed": seed, "overlong": overlong}
+
+
 def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_mult: int, seed: int,
                overlong: str, force: bool, timer: Timer, pad_id: int | None = None) -> dict:
+    problems = check_pack_args(seq_length, pad_mult)
+    if problems:
+        raise UserError("; ".join(problems))
     paths = packed_parquet.packed_paths(root, tok_name, pad_mult, seq_length)
     summary_path = paths["train"].parent / f"{seq_length}_summary.json"
-    if not force and all(paths[k].exists() for k in ("train", "validation", "metadata")) and summary_path.exists():
-        log.info("stage pack: already done (%s), skipping", paths["train"].parent)
-        return read_json(summary_path)
+    fp = pack_fingerprint(root, tok_name, tokenizer, seq_length, pad_mult, seed, overlong)
+    if not force and summary_path.exists():
+        old = read_marker(summary_path) or {}
+        files_there = all(paths[k].exists() for k in ("train", "metadata")) and (
+            paths["validation"].exists() or (old.get("validation") or {}).get("sequences") == 0)
+        diff = fingerprint_diff(old.get("fingerprint"), fp)
+        if files_there and not diff:
+            log.info("stage pack: already done (%s), skipping", paths["train"].parent)
+            return old
+        if files_there:
+            log.info("stage pack: redoing, %s (%s)", diff, paths["train"].parent)
     if pad_id is None:
         from pipeline.data.chat import load_tokenizer
 
@@ -278,13 +422,15 @@ def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_m
         for split in SPLITS:
             ids, masks = load_tokenized(root, tok_name, split)
             ids, masks, stats = pad_and_roll(ids, masks, seq_length, pad_mult, pad_id, overlong)
+            key = "train" if split == "train" else "validation"
             if not ids:
                 if split == "train":
                     raise UserError(f"no training sequences left to pack at seq_length {seq_length} ({dict(stats)})")
-                out[split] = {"sequences": 0, **stats}
+                out[split] = {"sequences": 0, **{k: int(v) for k, v in stats.items()}}
+                paths[key].unlink(missing_ok=True)  # an earlier run's split would not match this summary
+                log.info("stage pack[%s]: no sequences (empty split), nothing to write", split)
                 continue
             table, meta = pack_split(ids, masks, seq_length, seed)
-            key = "train" if split == "train" else "validation"
             packed_parquet.write(table, paths[key])
             metas.append(meta)
             out[split] = {"sequences": len(ids), "packs": table.num_rows,
@@ -292,29 +438,32 @@ def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_m
             log.info("stage pack[%s]: %d sequences -> %d packs of %d (%.1f%% full) -> %s", split, len(ids),
                      table.num_rows, seq_length, meta["packing_efficiency"], paths[key])
         write_text(paths["metadata"], json.dumps(metas))
-    out["paths"] = {k: str(v) for k, v in paths.items()}
+    out["paths"] = {k: str(v) for k, v in paths.items() if k != "validation" or out["validation"]["sequences"]}
+    out["fingerprint"] = fp
     write_json(summary_path, out)
     return out
 
 
 def prepare(opts: PrepareOptions) -> dict:
-    from pipeline.data.chat import tokenizer_model_name
+    from pipeline.data.chat import load_tokenizer, tokenizer_model_name
 
     opts.validate()
     timer = Timer()
     tok_name = tokenizer_model_name(opts.tokenizer)
-    from pipeline.data.chat import load_tokenizer
+    loaded: list = []
 
-    splits: dict = {}
-    export = stage_export(opts, timer, keep=splits)
-    tokenizer = None
-    done = all((tokenized_dir(opts.dataset_root, tok_name, sp) / "_DONE.json").exists() for sp in SPLITS)
-    if opts.force or not done:
-        tokenizer = load_tokenizer(opts.tokenizer)  # loaded once for the tokenize and pack stages
-    tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=tokenizer, splits=splits)
-    packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
-                        opts.seed, opts.overlong, opts.force, timer,
-                        pad_id=tokenizer.eos_token_id if tokenizer is not None else None)
+    def get_tokenizer():  # loaded at most once, and only when the tokenize or pack stage has work to do
+        if not loaded:
+            loaded.append(load_tokenizer(opts.tokenizer))
+        return loaded[0]
+
+    with root_lock(opts.dataset_root):
+        splits: dict = {}
+        export = stage_export(opts, timer, keep=splits)
+        tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, splits=splits, export=export)
+        packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
+                            opts.seed, opts.overlong, opts.force, timer,
+                            pad_id=loaded[0].eos_token_id if loaded else None)
     summary = {"dataset": opts.dataset, "dataset_root": str(opts.dataset_root), "tokenizer": tok_name,
                "seq_length": opts.seq_length, "pad_seq_to_mult": opts.pad_seq_to_mult,
                "export": export, "tokenize": tokenized, "pack": packed, "seconds_per_stage": timer.stages}

@@ -6,12 +6,16 @@ folder of JSONL/Parquet files), a ``.jsonl`` file or a ``.parquet`` file.
 
 Rows are accepted in the OpenAI ``messages`` shape (``role``/``content``) or ShareGPT's
 ``conversations`` shape (``from``/``value``). A row that cannot be used is counted under a reason and
-skipped; the caller decides what to do when nothing is left.
+skipped (an undecodable line counts as ``invalid_utf8``); the caller decides what to do when nothing is
+left. A file that cannot be read at all (corrupt Parquet, no permission) is one ``UserError`` naming it.
+
+``input_identity`` says what a dataset is, for the fingerprints that decide whether a stage is done.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,11 +31,51 @@ BUILTIN = ("chatterbot-corpus",)
 
 
 def dataset_dirname(dataset: str) -> str:
-    """``allenai/Dolci-Instruct-SFT`` -> ``allenai__Dolci-Instruct-SFT``; a path -> its stem."""
+    """``allenai/Dolci-Instruct-SFT`` -> ``allenai__Dolci-Instruct-SFT``; ``chatterbot-corpus`` as is; a local
+    path -> its stem plus a short hash of its resolved path (``chat-1a2b3c4d``), so ``/a/chat.jsonl`` and
+    ``/b/chat.jsonl`` never share a default data root."""
+    if dataset in BUILTIN:
+        return dataset
     p = Path(dataset)
     if p.exists():
-        return p.name.split(".")[0] if p.is_file() else p.name
+        stem = p.name.split(".")[0] if p.is_file() else p.name
+        digest = hashlib.sha256(str(p.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        return f"{stem or 'dataset'}-{digest}"
     return dataset.replace("/", "__")
+
+
+def input_identity(dataset: str, exclude: Path | None = None) -> dict:
+    """What a dataset is, cheaply: path + size + mtime for a file; for a directory the same over its files
+    (count, total size, newest mtime, and a hash of the listing); the name (and package version) otherwise.
+    ``exclude``: an output folder inside the input directory, which is not part of the input."""
+    if dataset in BUILTIN:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("chatterbot-corpus")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return {"kind": "builtin", "name": dataset, "version": version}
+    p = Path(dataset)
+    try:
+        if p.is_file():
+            st = p.stat()
+            return {"kind": "file", "path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if p.is_dir():
+            skip = exclude.resolve() if exclude is not None else None
+            h, n, size, mtime = hashlib.sha256(), 0, 0, 0
+            for dirpath, dirnames, filenames in os.walk(p):
+                dirnames[:] = sorted(d for d in dirnames if skip is None or Path(dirpath, d).resolve() != skip)
+                for fn in sorted(filenames):
+                    f = Path(dirpath, fn)
+                    st = f.stat()
+                    n, size, mtime = n + 1, size + st.st_size, max(mtime, st.st_mtime_ns)
+                    h.update(f"{f.relative_to(p)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+            return {"kind": "dir", "path": str(p.resolve()), "files": n, "size": size, "mtime_ns": mtime,
+                    "listing": h.hexdigest()[:16]}
+    except OSError as exc:
+        raise UserError(f"cannot read dataset {dataset}: {exc.strerror or exc}") from None
+    return {"kind": "hub", "name": dataset}
 
 
 def _chatterbot_rows() -> Iterator[dict]:
@@ -49,22 +93,40 @@ def _chatterbot_rows() -> Iterator[dict]:
 
 
 def _jsonl_rows(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                yield {"__bad__": "invalid_json", "__where__": f"{path}:{lineno}"}
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    yield {"__bad__": "invalid_utf8", "__where__": f"{path}:{lineno}"}
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except (json.JSONDecodeError, RecursionError):
+                    yield {"__bad__": "invalid_json", "__where__": f"{path}:{lineno}"}
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _parquet_rows(path: Path) -> Iterator[dict]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(batch_size=4096):
-        yield from batch.to_pylist()
+    try:
+        pf = pq.ParquetFile(path)
+        batches = pf.iter_batches(batch_size=4096)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            yield from batch.to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"{path} is not a readable Parquet file: {detail}") from None
 
 
 def _dir_rows(path: Path) -> Iterator[dict]:

@@ -6,8 +6,18 @@ Fields: UTC time, node, who, from which host, why. Entries younger than the TTL 
 submission. Writers from many login nodes take an exclusive ``flock`` on ``<log>.lock`` (a sidecar file,
 so the log itself can be replaced atomically); appends and rewrites happen under it, so concurrent
 ``--mark-bad`` calls never lose or corrupt an entry. Node names are validated against Slurm's hostname
-grammar before anything is written; reasons are flattened to one line. A malformed line is skipped with a
-warning, never fatal, and never reaches an ``sbatch`` command line.
+grammar before anything is written; user, host and reason are flattened to one line without control
+characters (a tab or newline in ``$LOGNAME`` or a reason can neither forge nor lose an entry). A malformed
+line is skipped with a warning, never fatal, and never reaches an ``sbatch`` command line.
+
+The log is the team's file: ``--unmark-bad``/``--update-bad``/``--prune-bad`` rewrite only the entry lines
+they change, keep ``#`` comments and lines they cannot parse byte-for-byte in place, keep the file's mode,
+group (and owner when allowed), and do not touch the file at all when nothing changes. A log without write
+permission is refused before anything is written.
+
+Entries dated in the future (clock skew, a hand edit) count as active: excluding a node by mistake costs a
+little capacity, while dropping a report of a faulty node costs jobs. But they could never expire, so they
+are flagged (``!`` in ``--list-bad``) and warned about on every read until someone re-marks or unmarks them.
 """
 
 from __future__ import annotations
@@ -17,17 +27,23 @@ import dataclasses
 import datetime as dt
 import fcntl
 import getpass
+import math
 import os
+import re
 import socket
 import sys
 from pathlib import Path
 from typing import Iterator
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import write_text
+from pipeline.common.io import write_bytes
 from pipeline.slurm.hostlist import expand, is_hostlist, is_node_name
 
 FMT = "%Y-%m-%dT%H:%M:%SZ"
+MAX_MARK = 512  # nodes one --mark-bad may add (a typo like nid[0-99999] must not exclude a whole machine)
+FUTURE_SLACK_S = 300  # clock skew between login nodes tolerated before an entry counts as future-dated
+# Control characters (C0, DEL, C1) and the Unicode line/paragraph separators str.splitlines() splits on.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclasses.dataclass
@@ -50,11 +66,28 @@ def _now() -> dt.datetime:
 
 
 def _clean_reason(reason: str) -> str:
-    return " ".join(reason.replace("\t", " ").split())[:300] or "unspecified"
+    return " ".join(_CONTROL.sub(" ", reason).split())[:300] or "unspecified"
+
+
+def _clean_ident(name: str) -> str:
+    """A user or host name for one field: letters, digits, ``._-@`` only (anything else becomes ``_``)."""
+    return re.sub(r"[^A-Za-z0-9._@-]", "_", name)[:64] or "unknown"
+
+
+def printable(text: str) -> str:
+    """Text for a terminal: control characters (ANSI escapes among them) shown escaped, never replayed."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no LOGNAME/USER and no passwd entry
+        return "unknown"
 
 
 def parse_line(line: str) -> Entry | None:
-    parts = line.rstrip("\n").split("\t")
+    parts = line.rstrip("\r\n").split("\t")
     if len(parts) != 5:
         return None
     ts, node, user, host, reason = parts
@@ -75,38 +108,110 @@ class BadNodeLog:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lf:
+        lock = self.path.with_name(self.path.name + ".lock")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lf = open(lock, "a")
+        except OSError as exc:
+            raise UserError(f"cannot lock the bad-node log {self.path} ({lock}: {exc.strerror or exc}); "
+                            "nothing was changed") from None
+        with lf:
             fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
 
-    def entries(self, warn: bool = True) -> list[Entry]:
-        if not self.path.exists():
-            return []
+    def _read(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            raise UserError(f"cannot read the bad-node log {self.path}: {exc.strerror or exc}") from None
+
+    def _lines(self, data: bytes | None = None) -> list[tuple[bytes, Entry | None]]:
+        """Every line of the log with its end (byte-exact) and its entry, or None (comment, blank, malformed)."""
+        data = self._read() if data is None else data
         out = []
-        for i, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
-            if not line.strip() or line.startswith("#"):
+        for raw in _split_lf(data):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append((raw, None))
                 continue
-            e = parse_line(line)
+            out.append((raw, None if text.startswith("#") or not text.strip() else parse_line(text)))
+        return out
+
+    def entries(self, warn: bool = True) -> list[Entry]:
+        out = []
+        now = _now()
+        for i, (raw, e) in enumerate(self._lines(), 1):
             if e is None:
-                if warn and i not in self._warned:
+                if warn and raw.strip() and not raw.startswith(b"#") and i not in self._warned:
                     self._warned.add(i)
                     print(f"warning: {self.path}:{i}: skipping malformed line", file=sys.stderr)
                 continue
+            if warn and is_future(e, now) and -i not in self._warned:
+                self._warned.add(-i)
+                print(f"warning: {self.path}:{i}: {e.node} is dated in the future ({e.time:%Y-%m-%d %H:%M}Z); it "
+                      "stays excluded and cannot expire until re-marked (--unmark-bad, then --mark-bad)",
+                      file=sys.stderr)
             out.append(e)
         return out
+
+    def check_writable(self) -> None:
+        """Refuse (UserError) a log this user must not change, before anything is written."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UserError(f"cannot read the bad-node log {self.path}: {exc.strerror or exc}") from None
+        if not os.access(self.path, os.W_OK) or not st.st_mode & 0o222:
+            raise UserError(f"the bad-node log {self.path} is read-only (mode {st.st_mode & 0o777:o}); "
+                            "nothing was changed - ask its owner, or set BAD_NODES_LOG to a writable log")
+
+    def _rewrite_lines(self, change) -> int:
+        """Under the lock, replace each entry line by ``change(entry)`` (None: drop it, an Entry: rewrite it,
+        the same Entry: keep the bytes). Other lines stay byte-for-byte. Writes only when something changed;
+        returns how many entries were dropped or changed."""
+        self.check_writable()
+        with self.locked():
+            data = self._read()
+            out, n = [], 0
+            for raw, e in self._lines(data):
+                if e is None:
+                    out.append(raw)
+                    continue
+                new = change(e)
+                if new is e:
+                    out.append(raw)
+                    continue
+                n += 1
+                if new is not None:
+                    end = raw[len(raw.rstrip(b"\r\n")):]
+                    out.append(new.line().encode() + (end or b"\n"))
+            new_data = b"".join(out)
+            if n and new_data != data:
+                try:
+                    write_bytes(self.path, new_data, like=self.path.stat())
+                except OSError as exc:
+                    raise UserError(f"cannot rewrite the bad-node log {self.path}: {exc.strerror or exc}; "
+                                    "it was left as it was") from None
+        return n
 
     def active(self, now: dt.datetime | None = None) -> list[Entry]:
         """Newest entry per node, younger than the TTL."""
         now = now or _now()
         latest: dict[str, Entry] = {}
         for e in self.entries():
-            if e.age_days(now) <= self.ttl_days and (e.node not in latest or e.time >= latest[e.node].time):
+            if self.is_active(e, now) and (e.node not in latest or e.time >= latest[e.node].time):
                 latest[e.node] = e
         return sorted(latest.values(), key=lambda e: e.node)
+
+    def is_active(self, e: Entry, now: dt.datetime) -> bool:
+        return e.age_days(now) <= self.ttl_days  # a future-dated entry has a negative age: active
 
     def _validate(self, nodes: str) -> list[str]:
         if not is_hostlist(nodes):
@@ -115,10 +220,17 @@ class BadNodeLog:
 
     def mark(self, nodes: str, reason: str = "") -> list[str]:
         names = self._validate(nodes)
-        now, user, host = _now(), getpass.getuser(), socket.gethostname().split(".")[0]
+        if len(names) > MAX_MARK:
+            raise UserError(f"{nodes} names {len(names)} nodes; one --mark-bad marks at most {MAX_MARK} "
+                            "(split the hostlist if that many nodes really are faulty)")
+        now, user, host = _now(), _clean_ident(_user()), _clean_ident(socket.gethostname().split(".")[0])
         lines = "".join(Entry(now, n, user, host, _clean_reason(reason)).line() + "\n" for n in names)
+        self.check_writable()
         with self.locked():
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o664)
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o664)
+            except OSError as exc:
+                raise UserError(f"cannot append to the bad-node log {self.path}: {exc.strerror or exc}") from None
             try:
                 data = lines.encode()
                 if self.path.stat().st_size and not self._ends_with_newline():
@@ -134,39 +246,43 @@ class BadNodeLog:
             f.seek(-1, os.SEEK_END)
             return f.read(1) == b"\n"
 
-    def _rewrite(self, keep) -> int:
-        """Rewrite the log keeping entries for which keep(entry) is True; returns how many were dropped."""
-        with self.locked():
-            entries = self.entries(warn=False)
-            kept = [e for e in entries if keep(e)]
-            write_text(self.path, "".join(e.line() + "\n" for e in kept))
-        return len(entries) - len(kept)
-
     def update(self, nodes: str, reason: str) -> int:
         names = set(self._validate(nodes))
-        changed = 0
-        with self.locked():
-            entries = self.entries(warn=False)
-            for e in entries:
-                if e.node in names:
-                    e.reason = _clean_reason(reason)
-                    changed += 1
-            if changed:
-                write_text(self.path, "".join(e.line() + "\n" for e in entries))
-        if not changed:
+        reason = _clean_reason(reason)
+
+        def change(e: Entry) -> Entry:
+            if e.node not in names or e.reason == reason:
+                return e
+            return dataclasses.replace(e, reason=reason)
+
+        changed = self._rewrite_lines(change)
+        if not changed and not any(e.node in names for e in self.entries(warn=False)):
             raise UserError(f"no entry for {nodes} in {self.path}")
         return changed
 
     def unmark(self, nodes: str) -> int:
         names = set(self._validate(nodes))
-        dropped = self._rewrite(lambda e: e.node not in names)
+        dropped = self._rewrite_lines(lambda e: None if e.node in names else e)
         if not dropped:
             raise UserError(f"no entry for {nodes} in {self.path}")
         return dropped
 
     def prune(self, now: dt.datetime | None = None) -> int:
         now = now or _now()
-        return self._rewrite(lambda e: e.age_days(now) <= self.ttl_days)
+        return self._rewrite_lines(lambda e: e if self.is_active(e, now) else None)
+
+
+def is_future(e: Entry, now: dt.datetime) -> bool:
+    return (e.time - now).total_seconds() > FUTURE_SLACK_S
+
+
+def _split_lf(data: bytes) -> list[bytes]:
+    """Split on LF only, keeping the ends (a stray CR stays inside its line, byte-exact)."""
+    parts = data.split(b"\n")
+    out = [p + b"\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
 
 
 def from_env(root: Path | None = None) -> BadNodeLog:
@@ -179,4 +295,6 @@ def from_env(root: Path | None = None) -> BadNodeLog:
         ttl_days = float(ttl)
     except ValueError:
         raise UserError(f"BAD_NODES_TTL_DAYS={ttl!r} is not a number") from None
+    if not math.isfinite(ttl_days) or ttl_days <= 0:
+        raise UserError(f"BAD_NODES_TTL_DAYS={ttl!r} must be a finite number of days > 0 (default 7)")
     return BadNodeLog(Path(path), ttl_days)

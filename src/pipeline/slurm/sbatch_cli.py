@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from pipeline.common.errors import UserError, cli_main
-from pipeline.slurm.badnodes import from_env
-from pipeline.slurm.hostlist import expand, is_hostlist
+from pipeline.slurm.badnodes import from_env, is_future, printable
+from pipeline.slurm.hostlist import compress, expand, is_hostlist
 
 # sbatch options that take a value when written without "=" (long and short forms).
 VALUE_OPTS = {
@@ -36,6 +36,9 @@ VALUE_OPTS = {
     "--wckey", "--cpus-per-gpu", "-i", "--input", "--network", "--licenses", "-L", "--deadline", "--wrap",
     "--open-mode",
 }
+# Above this length the exclusion goes to a file (sbatch reads --exclude=PATH when the value has a "/"):
+# one argument may not exceed MAX_ARG_STRLEN (128 KiB) on Linux.
+MAX_EXCLUDE_ARG = 64 * 1024
 CRUD = ("--mark-bad", "--list-bad", "--update-bad", "--unmark-bad", "--prune-bad")
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
 
@@ -119,6 +122,20 @@ def cluster_nodes() -> set[str] | None:
     return set(out.stdout.split())
 
 
+def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm")) -> str:
+    """The --exclude value: a compressed hostlist (nid[001-004,010]); if even that is too long for one
+    argument, a file holding it (sbatch treats a value containing "/" as a file of node names)."""
+    expr = compress(nodes)
+    if len(expr) <= MAX_EXCLUDE_ARG:
+        return expr
+    from pipeline.common.io import write_text
+
+    path = write_text(spill_dir.resolve() / f"exclude.{os.getpid()}.hostlist", expr + "\n")
+    print(f"warning: {len(nodes)} excluded nodes do not fit one argument; passing them as file {path}",
+          file=sys.stderr)
+    return str(path)
+
+
 def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
     log = from_env()
@@ -141,7 +158,7 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     excluded = sorted(set(user_nodes) | set(bad))
     cmd = ["sbatch", *opts]
     if excluded:
-        cmd.append("--exclude=" + ",".join(excluded))
+        cmd.append("--exclude=" + render_exclude(excluded))
     if script is not None:
         cmd += [script, *script_args]
     if script is not None and Path(script).name == TRAINING_SCRIPT:
@@ -168,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
 
             now = dt.datetime.now(dt.timezone.utc)
             entries = log.entries()
-            print(f"# {log.path} (TTL {log.ttl_days:g} days; * = excluded now)")
+            print(f"# {log.path} (TTL {log.ttl_days:g} days; * = excluded now, ! = dated in the future)")
             for e in entries:
-                star = "*" if e.age_days(now) <= log.ttl_days else " "
-                print(f"{star} {e.node:<16} {e.time:%Y-%m-%d %H:%M}Z  {e.user:<10} {e.host:<12} {e.reason}")
+                star = "!" if is_future(e, now) else "*" if log.is_active(e, now) else " "
+                print(f"{star} {e.node:<16} {e.time:%Y-%m-%d %H:%M}Z  {printable(e.user):<10} "
+                      f"{printable(e.host):<12} {printable(e.reason)}")
             print(f"{len(log.active())} node(s) excluded, {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
         elif action == "--update-bad":
             if len(rest) < 2:

@@ -1,0 +1,153 @@
+"""Atomic writes: owned temporaries (only a dead owner's are stale), no recreated temporaries, umask modes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.common import io
+from pipeline.common.io import ConcurrentWriteError, atomic_path, exclusive_lock, write_json, write_text
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid  # reaped: no process has this pid (until reused, which the test would only make stricter)
+
+
+def _tmp_for(path, pid, host=None):
+    host = host or io._host()
+    return path.with_name(f".{path.name}.{host}~{pid}~abcd1234.tmp")
+
+
+def test_live_owners_temporary_is_left_alone_and_dead_owners_is_removed(tmp_path):
+    out = tmp_path / "out.bin"
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as live:
+        try:
+            live_tmp = _tmp_for(out, live.pid)
+            live_tmp.mkdir()
+            (live_tmp / "out.bin").write_text("half")
+            dead_tmp = _tmp_for(out, _dead_pid())
+            dead_tmp.mkdir()
+            other_host = _tmp_for(out, _dead_pid(), host="elsewhere-host")
+            other_host.write_text("x")
+            foreign = tmp_path / ".out.bin.not-ours.tmp"  # not our naming: never touched
+            foreign.write_text("x")
+            with atomic_path(out) as t:
+                t.write_text("done")
+            assert out.read_text() == "done"
+            assert live_tmp.is_dir() and (live_tmp / "out.bin").read_text() == "half"
+            assert not dead_tmp.exists()
+            assert other_host.exists() and foreign.exists()
+        finally:
+            live.kill()
+
+
+def test_temporary_names_carry_host_and_pid(tmp_path):
+    out = tmp_path / "x.json"
+    with atomic_path(out) as t:
+        owner = io.tmp_owner(t.parent, out.name)
+        assert owner == (io._host(), os.getpid())
+        t.write_text("{}")
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_vanished_temporary_fails_instead_of_being_recreated(tmp_path):
+    import shutil
+
+    out = tmp_path / "hf"
+    with pytest.raises(ConcurrentWriteError, match="vanished"):
+        with atomic_path(out) as t:
+            t.mkdir()
+            (t / "weights.bin").write_text("w")
+            shutil.rmtree(t.parent)  # what a second writer's old stale-cleanup did
+            write_json(t / "verification.json", {"verdict": "PASS"})
+    assert not out.exists()
+    assert not t.parent.exists()  # the temporary was not recreated
+
+    with pytest.raises(ConcurrentWriteError, match="vanished"):
+        with atomic_path(tmp_path / "f") as t:
+            t.write_text("x")
+            shutil.rmtree(t.parent)
+    assert not (tmp_path / "f").exists()
+
+
+def test_write_text_whose_temporary_vanished_fails(tmp_path, monkeypatch):
+    out = tmp_path / "a.txt"
+    real_replace = os.replace
+
+    def replace(src, dst):
+        os.unlink(src)  # another writer removed our temporary just before we published it
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(io.os, "replace", replace)
+    with pytest.raises(ConcurrentWriteError):
+        write_text(out, "hello")
+    assert not out.exists()
+
+
+def test_directory_outputs_replace_the_previous_one(tmp_path):
+    out = tmp_path / "d"
+    for content in ("one", "two"):
+        with atomic_path(out) as t:
+            t.mkdir()
+            (t / "f").write_text(content)
+    assert (out / "f").read_text() == "two" and not list(tmp_path.glob(".*"))
+
+
+@pytest.fixture
+def umask002():
+    old = os.umask(0o002)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_modes_follow_the_umask_on_a_group_shared_directory(tmp_path, umask002):
+    shared = tmp_path / "project"
+    shared.mkdir()
+    os.chmod(shared, 0o2775)  # setgid group-shared directory, as on a team's project space
+    f = write_text(shared / "token_count.json", "{}\n")
+    assert stat.S_IMODE(f.stat().st_mode) == 0o664
+    with atomic_path(shared / "hf") as t:
+        t.mkdir()
+        (t / "sub").mkdir()
+        fd = os.open(t / "sub" / "weights.bin", os.O_WRONLY | os.O_CREAT, 0o600)  # a mkstemp-like writer
+        os.close(fd)
+    assert stat.S_IMODE((shared / "hf").stat().st_mode) == 0o775
+    assert stat.S_IMODE((shared / "hf" / "sub").stat().st_mode) == 0o775
+    assert stat.S_IMODE((shared / "hf" / "sub" / "weights.bin").stat().st_mode) == 0o664
+    with atomic_path(shared / "one.bin") as t:
+        t.write_bytes(b"x")
+        os.chmod(t, 0o600)
+    assert stat.S_IMODE((shared / "one.bin").stat().st_mode) == 0o664
+    os.umask(0o077)
+    assert stat.S_IMODE(write_text(shared / "private", "x").stat().st_mode) == 0o600
+
+
+def test_exclusive_lock_refuses_a_second_holder(tmp_path):
+    lock = tmp_path / ".lock"
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(io.Path(io.__file__).parents[2])!r})
+from pipeline.common.io import exclusive_lock
+with exclusive_lock({str(lock)!r}, "x"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            with pytest.raises(ConcurrentWriteError, match=rf"pid {holder.pid} on {socket.gethostname()}"):
+                with exclusive_lock(lock, "data root r"):
+                    pass
+        finally:
+            holder.kill()
+    with exclusive_lock(lock, "data root r"):  # free again once the holder is gone
+        pass
