@@ -137,3 +137,19 @@ def test_known_hazards_warn_and_lora_needs_less_memory(capsys):
     full = plan_from_args(BASE[:-1] + ["--no-path-checks"])[7].memory_gb
     lora = plan_from_args(BASE[:-1] + ["--no-path-checks", "--peft", "lora"])[7].memory_gb
     assert lora["grads"] == lora["optimizer"] == 0 and lora["total"] < full["total"] - 30
+
+
+def test_keys_and_types_bridge_would_swallow(capsys):
+    """Bridge's override code drops unknown keys and stores strings in int/bool fields (tests/bridge/ shows it);
+    the preflight checks every Bridge-bound key and value against config/bridge_fields.json."""
+    assert main(BASE + ["+model.tensor_model_paralel_size=2", "model.sequence_parallel=maybe",
+                        "+train.exit_duration_in_mins=oops"]) == 2
+    errs = errors(capsys)
+    assert any("'model.tensor_model_paralel_size' is not a field of Megatron Bridge's nano sft config" in e
+               and "did you mean 'model.tensor_model_parallel_size'" in e for e in errs), errs
+    assert any("model.sequence_parallel='maybe' must be a boolean" in e for e in errs), errs
+    assert main(BASE + ["+model.moe_router_dtype=fp32"]) == 0  # a real Bridge field passes through
+    capsys.readouterr()
+    assert main([NANO, "--model", "nano", "--mode", "pretrain", "--dry-run", "--nodes", "16", "--no-path-checks"]) == 2
+    assert any("'dataset.dataset_root' is not a field of Megatron Bridge's nano pretrain config" in e
+               for e in errors(capsys))

@@ -17,6 +17,7 @@ collective on that node) - not for OOM, bad YAML or parallelism mistakes.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -43,30 +44,73 @@ CRUD = ("--mark-bad", "--list-bad", "--update-bad", "--unmark-bad", "--prune-bad
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
 
 
-def split_sbatch_args(argv: list[str]) -> tuple[list[str], list[str], str | None, list[str]]:
-    """(sbatch options without excludes, user excludes, script, script args)."""
+# Value options that sbatch accepts but that Slurm 22.05's --help/--usage do not list (from the sbatch manual).
+UNLISTED_VALUE_OPTS = {"--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq", "--batch",
+                       "--tres-per-task", "--kill-on-invalid-dep", "--resv-ports", "--mpi", "--prefer",
+                       "--distribution", "--clusters", "--cpus-per-gpu", "--gpus-per-node", "-r", "--relative"}
+UNLISTED_FLAGS = {"--test-only", "--exclusive", "--mem-per-cpu", "--parsable"}
+
+
+@functools.lru_cache(maxsize=1)
+def sbatch_option_table() -> tuple[frozenset[str], frozenset[str]] | None:
+    """(options taking a value, options taking none) as the installed sbatch describes them in --help and
+    --usage; None when sbatch is not installed (then the built-in table is used and nothing is refused)."""
+    import re
+    import subprocess
+
+    texts = []
+    for flag in ("--help", "--usage"):
+        try:
+            res = subprocess.run(["sbatch", flag], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        texts.append(res.stdout)
+    if not any(texts):
+        return None
+    values, flags = set(UNLISTED_VALUE_OPTS), set()
+    for line in texts[0].splitlines():  # "  -N, --nodes=N  ..." / "      --tmp=MB ..." / "  -H, --hold ..."
+        m = re.match(r"^\s+(?:(-[A-Za-z])[, ]\s*)?(--[A-Za-z][\w-]*)(\[?=)?", line)
+        if not m:
+            continue
+        short, long_, eq = m.groups()
+        kind = values if eq == "=" else flags  # "--opt[=x]" takes its value only joined with "="
+        kind.update(o for o in (short, long_) if o)
+    for tok in re.findall(r"\[([^\[\]]*(?:\[[^\]]*\])?[^\[\]]*)\]", texts[1]):  # "[-N nnodes]" "[--mem=MB]"
+        m = re.match(r"^(-[A-Za-z]|--[A-Za-z][\w-]*)(\[?=|\s+\S)?", tok.strip())
+        if m:
+            (values if m.group(2) and not m.group(2).startswith("[") else flags).add(m.group(1))
+    flags -= values
+    return frozenset(values), frozenset(flags | UNLISTED_FLAGS)
+
+
+def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[str]] | None = None
+                      ) -> tuple[list[str], list[str], str | None, list[str]]:
+    """(sbatch options without excludes, user excludes, script, script args). Which options take a value comes
+    from the installed sbatch (``sbatch_option_table``); an option it does not know is refused with one line."""
+    values, flags = table if table is not None else (sbatch_option_table() or (frozenset(VALUE_OPTS), None))
     opts, excludes = [], []
     i = 0
     while i < len(argv):
         a = argv[i]
         if not a.startswith("-") or a == "-":
             return opts, excludes, a, argv[i + 1:]
-        if a in ("-x", "--exclude"):
-            if i + 1 >= len(argv):
-                raise UserError(f"{a} needs a value")
-            excludes.append(argv[i + 1])
-            i += 2
-            continue
-        if a.startswith("--exclude="):
-            excludes.append(a.split("=", 1)[1])
-        elif a.startswith("-x") and len(a) > 2:
-            excludes.append(a[2:])
-        elif a in VALUE_OPTS:
+        name = a.split("=", 1)[0] if a.startswith("--") else a[:2]
+        if name in ("-x", "--exclude"):
+            if a in ("-x", "--exclude"):
+                if i + 1 >= len(argv):
+                    raise UserError(f"{a} needs a value")
+                excludes.append(argv[i + 1])
+                i += 2
+                continue
+            excludes.append(a.split("=", 1)[1] if a.startswith("--") else a[2:])
+        elif a in values:
             if i + 1 >= len(argv):
                 raise UserError(f"{a} needs a value")
             opts += [a, argv[i + 1]]
             i += 2
             continue
+        elif flags is not None and name not in values and name not in flags:
+            raise UserError(f"unknown sbatch option {a!r} (not in this Slurm's sbatch --help); check the spelling")
         else:
             opts.append(a)
         i += 1
@@ -85,15 +129,11 @@ def option_value(opts: list[str], *names: str) -> str | None:
     return None
 
 
-def training_preflight(script_args: list[str], opts: list[str]) -> None:
-    """Run the training preflight for a pipeline_training_submit.sbatch submission; UserError on failure."""
+def training_preflight(script_args: list[str], opts: list[str]) -> str | None:
+    """Run the training preflight for a pipeline_training_submit.sbatch submission; UserError on failure.
+    Returns the run's name (``logger.wandb_exp_name``), or None when the preflight could not run here."""
     if len(script_args) < 3:
         raise UserError(f"{TRAINING_SCRIPT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
-    try:
-        from pipeline.training.launch import plan_from_args
-    except ImportError as exc:
-        print(f"warning: preflight skipped: the pipeline environment is not available here ({exc})", file=sys.stderr)
-        return
     nodes = (option_value(opts, "--nodes", "-N") or "1").split("-")[0]
     if not nodes.isdigit():
         raise UserError(f"--nodes={nodes!r} is not a node count")
@@ -102,11 +142,51 @@ def training_preflight(script_args: list[str], opts: list[str]) -> None:
     cluster = os.environ.get("PIPELINE_CLUSTER")
     if cluster and "--cluster" not in rest:
         argv += ["--cluster", cluster]
-    *_, plan, _ = plan_from_args(argv)
+    try:
+        from pipeline.training.launch import plan_from_args
+
+        *_, cfg, _, plan, _ = plan_from_args(argv)
+    except ImportError as exc:  # a login node without the pipeline environment (the container posture)
+        print(f"warning: preflight skipped: the pipeline environment is not available here ({exc}); it runs "
+              "inside the job instead", file=sys.stderr)
+        return None
     if not plan.ok:
         raise UserError("\n".join(plan.problems) + f"\npreflight: {len(plan.problems)} problem(s); nothing was submitted")
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"Preflight: PASS - world {plan.world} (tp {plan.tp} pp {plan.pp} cp {plan.cp} ep {plan.ep} dp {plan.dp}), "
           f"memory estimate {plan.memory_gb.get('total', 0):.1f} of {plan.memory_budget_gb:g} GB", file=sys.stderr)
+    name = (cfg.get("logger") or {}).get("wandb_exp_name")
+    return str(name) if name else None
+
+
+def run_job_name(run_name: str | None, config: str) -> str:
+    """The Slurm job name of a training run: ``training-<run>``. The auto-requeue chain's singleton key is the
+    job name, so two runs' chains never block each other."""
+    import re
+
+    base = run_name or Path(config).stem
+    return "training-" + (re.sub(r"[^A-Za-z0-9._-]", "_", base)[:100] or "run")
+
+
+def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | None) -> Path | None:
+    """Where the job's output goes: the user's --output, else the script's ``#SBATCH --output`` line."""
+    import re
+
+    pattern = option_value(opts, "--output", "-o")
+    if pattern is None and script is not None and Path(script).is_file():
+        try:
+            for line in Path(script).read_text(errors="replace").splitlines()[:80]:
+                m = re.match(r"#SBATCH\s+(?:--output[= ]|-o\s*)(\S+)", line)
+                if m:
+                    pattern = m.group(1)
+                    break
+        except OSError:
+            return None
+    if pattern is None:
+        pattern = "slurm-%j.out"
+    out = pattern.replace("%%", "\0").replace("%j", job_id).replace("%x", job_name or "").replace("\0", "%")
+    return Path(out).resolve()
 
 
 def cluster_nodes() -> set[str] | None:
@@ -162,7 +242,9 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     if script is not None:
         cmd += [script, *script_args]
     if script is not None and Path(script).name == TRAINING_SCRIPT:
-        training_preflight(script_args, opts)
+        name = training_preflight(script_args, opts)
+        if option_value(opts, "--job-name", "-J") is None:
+            cmd.insert(1, f"--job-name={run_job_name(name, script_args[0])}")
     return cmd, bad, log.path
 
 
@@ -213,7 +295,20 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("sbatch") is None:
         raise UserError("sbatch not found on PATH (is this a Slurm login node?)")
     sys.stdout.flush()
-    os.execvp("sbatch", cmd)
+    import subprocess
+
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(res.stderr)
+    if res.returncode != 0:
+        return res.returncode
+    import re
+
+    m = re.search(r"(\d+)", res.stdout)
+    if m:
+        opts, _, script, _ = split_sbatch_args(cmd[1:])
+        out = log_path(opts, script, m.group(1), option_value(opts, "--job-name", "-J"))
+        print(f"job {m.group(1)}: log {out}" if out else f"job {m.group(1)} submitted", file=sys.stderr)
     return 0
 
 

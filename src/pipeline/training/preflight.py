@@ -204,7 +204,9 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
         plan.problems.append(f"dataset.offline_packing_specs.packed_sequence_size({packed_size}) != "
                              f"model.seq_length({seq}): packs must be exactly one sequence long")
     pad = get(cfg, "dataset.offline_packing_specs.pad_seq_to_mult") or 1
-    if cp > 1 or pad > 1:
+    specs = get(cfg, "dataset.offline_packing_specs")
+    packed = mode == "sft" or (isinstance(specs, dict) and any(v is not None for v in specs.values()))
+    if packed and (cp > 1 or pad > 1):  # the CP padding rule is about packed (THD) sequences
         problem = check_pad_multiple(int(pad), cp, tp, sp)
         if problem:
             plan.problems.append("dataset.offline_packing_specs." + problem)
@@ -222,6 +224,8 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     recompute = get(cfg, "model.recompute_granularity")
     plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
     _hazards(cfg, plan, local)
+    if not local:
+        _check_bridge_keys(cfg, spec, mode, peft, plan)
     plan.memory_budget_gb = cluster.memory_budget_gb
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
         hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
@@ -298,6 +302,64 @@ def unwritable_dir(path: Path) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot be created: {parent} is not writable"
     return None
+
+
+BRIDGE_FIELDS = Path(__file__).resolve().parents[1] / "config" / "bridge_fields.json"
+
+
+def _bridge_fields() -> dict:
+    import json
+
+    return json.loads(BRIDGE_FIELDS.read_text())
+
+
+def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, plan: Plan) -> None:
+    """Every key and value handed to Megatron Bridge must exist on, and fit, the recipe's ConfigContainer.
+
+    Bridge's own override code drops a key it does not know (a misspelled ``+key``, or an SFT dataset key under a
+    pretrain recipe) without an error, and stores a string in an int or bool field; found by the Bridge
+    harness (tests/bridge/). ``config/bridge_fields.json`` records every section, class and field kind of the
+    pinned Bridge's recipes (written from the real ConfigContainer by the harness, which also checks it is
+    current), so this check runs on the login node without Bridge."""
+    import difflib
+
+    from pipeline.config.loader import strip_suite_only
+    from pipeline.config.models import recipe_mode
+
+    table = _bridge_fields()
+    key = f"{spec.name}/{recipe_mode(mode, peft)}"
+    sections = table["recipes"].get(key)
+    if sections is None:
+        return
+    classes = table["classes"]
+
+    def walk(node: dict, fields: dict, where: str, owner: str) -> None:
+        for k, v in node.items():
+            dotted = f"{where}.{k}" if where else k
+            if k not in fields:
+                close = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.75)
+                hint = f" (did you mean '{(where + '.') if where else ''}{close[0]}'?)" if close else ""
+                if dotted in ("dataset.dataset_root", "dataset.offline_packing_specs") and "data_path" in fields:
+                    hint = (" (packed SFT data is for sft; pretraining on Megatron Bridge reads indexed .bin/.idx "
+                            "data: set +dataset.data_path=[PREFIX] from pipeline_data_prepare.py tokenize)")
+                plan.problems.append(f"'{dotted}' is not a field of Megatron Bridge's {spec.name} {recipe_mode(mode, peft)}"
+                                     f" config ({owner}){hint}: Bridge would drop it without an error")
+                continue
+            kind = fields[k]
+            if kind.startswith("class:"):
+                cls = kind[len("class:"):]
+                if isinstance(v, dict):
+                    walk(v, classes.get(cls, {}), dotted, cls)
+                continue
+            if isinstance(v, dict) or v is None or kind == "any":
+                continue
+            ok = {"bool": isinstance(v, bool), "int": isinstance(v, int) and not isinstance(v, bool),
+                  "float": isinstance(v, (int, float)) and not isinstance(v, bool), "str": isinstance(v, str)}[kind]
+            if not ok:
+                plan.problems.append(f"{dotted}={v!r} must be {'a boolean (true/false)' if kind == 'bool' else 'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'a string'}"
+                                     f" (Megatron Bridge's {owner}.{k} is {kind})")
+
+    walk(strip_suite_only(cfg), sections, "", "ConfigContainer")
 
 
 def _hazards(cfg: dict, plan: Plan, local: bool) -> None:

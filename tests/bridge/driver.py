@@ -1,0 +1,376 @@
+"""Bridge harness driver: runs INSIDE the harness venv (tests/bridge/setup_env.sh), with PYTHONPATH =
+tests/bridge/shim + src. Reads one JSON request on stdin, runs Megatron Bridge's real code for each
+operation, prints one JSON answer on the last line of stdout. Called by tests/bridge/test_bridge_harness.py.
+
+Request: {"ops": [{"op": NAME, ...}, ...]}; answer: {"results": [{"op": NAME, ...}, ...]}. An operation
+that raises reports {"error": "Type: message", "where": "file:line"} instead of stopping the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import io
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+
+def _norm(v):
+    """A container value in the shape YAML gives it (tuples -> lists, enums/dtypes/callables -> str)."""
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    if isinstance(v, enum.Enum):
+        return v.value
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if dataclasses.is_dataclass(v):
+        return {f.name: _norm(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    return str(v)
+
+
+def _leaves(d, prefix=()):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, prefix + (k,))
+        else:
+            yield prefix + (k,), v
+
+
+def _where(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in tb if "megatron" in f.filename or "omegaconf" in f.filename] or tb
+    f = frames[-1]
+    return f"{f.filename.split('site-packages/')[-1].split('megatron-site/')[-1]}:{f.lineno}"
+
+
+def _err(exc: BaseException) -> dict:
+    return {"error": f"{type(exc).__name__}: {str(exc)[:2000]}", "where": _where(exc)}
+
+
+# ---- a: build_config ------------------------------------------------------------------------------------
+def op_build_config(req: dict) -> dict:
+    """pipeline.bridge.build_config on the real recipe + process_config_with_overrides; then every leaf of
+    the YAML our side hands Bridge (bridge_overrides_yaml) is read back from the ConfigContainer with a
+    getattr chain."""
+    import yaml
+
+    from pipeline import bridge as pb
+
+    cfg = req["cfg"]
+    container = pb.build_config(cfg, req["model"], req["mode"], req.get("peft"), req.get("extra_overrides", []))
+    sent = yaml.safe_load(pb.bridge_overrides_yaml(cfg)) or {}
+    checked, mismatches = [], []
+    for path, expected in _leaves(sent):
+        obj, missing = container, None
+        for part in path:
+            if isinstance(obj, dict) and part in obj:
+                obj = obj[part]
+            elif hasattr(obj, part):
+                obj = getattr(obj, part)
+            else:
+                missing = part
+                break
+        dotted = ".".join(path)
+        if missing is not None:
+            mismatches.append({"key": dotted, "expected": expected, "actual": f"<no attribute {missing!r}>"})
+            continue
+        actual = _norm(obj)
+        exp = _norm(expected)
+        if isinstance(exp, (int, float)) and isinstance(actual, (int, float)) and not isinstance(exp, bool):
+            ok = float(exp) == float(actual)
+        else:
+            ok = exp == actual
+        (checked if ok else mismatches).append({"key": dotted, "expected": exp, "actual": actual})
+    return {
+        "recipe": type(container).__name__,
+        "checked": [c["key"] for c in checked],
+        "mismatches": mismatches,
+        "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft")},
+        "extra": {k: _norm(_getattr_path(container, k)) for k in req.get("read_back", [])},
+    }
+
+
+def _getattr_path(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---- c: misspelled / wrong-type keys ----------------------------------------------------------------------
+def op_overrides(req: dict) -> dict:
+    """Bridge's own process_config_with_overrides on a real recipe container with each override alone:
+    does it raise (where, what), or what value lands in the container?"""
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+
+    from pipeline import bridge as pb
+    from pipeline.config.models import get_model
+
+    spec = get_model(req["model"])
+    recipe = pb._import(spec.recipe_module, spec.recipe_name(req["mode"], None))
+    out = []
+    for case in req["cases"]:
+        container = recipe()
+        res = {"case": case}
+        try:
+            if "yaml" in case:
+                with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                    f.write(case["yaml"])
+                try:
+                    process_config_with_overrides(container, config_filepath=f.name)
+                finally:
+                    os.unlink(f.name)
+            else:
+                process_config_with_overrides(container, cli_overrides=case["cli"])
+            res["raised"] = False
+            res["read_back"] = {k: _norm(_getattr_path(container, k)) if _has_path(container, k) else "<absent>"
+                                for k in case.get("read_back", [])}
+        except Exception as exc:  # noqa: BLE001 - the point is to record what Bridge raises
+            res["raised"] = True
+            res.update(_err(exc))
+        out.append(res)
+    return {"cases": out}
+
+
+def _has_path(obj, dotted):
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+# ---- d: checkpoint path resolution --------------------------------------------------------------------------
+def op_load_paths(req: dict) -> dict:
+    """AutoBridge.load_megatron_model's real path resolution; only the loader it hands the path to
+    (megatron.bridge.training.model_load_save.load_megatron_model) is replaced by a recorder."""
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.training import model_load_save
+
+    calls = []
+
+    def recorder(path, *args, **kwargs):
+        calls.append(path)
+        return ["<model>"]
+
+    model_load_save.load_megatron_model = recorder
+    bridge = AutoBridge.from_hf_pretrained(req["hf_model"])
+    handed = {}
+    for label, path in req["paths"].items():
+        calls.clear()
+        bridge.load_megatron_model(path, wrap_with_ddp=False)
+        handed[label] = calls[-1]
+    return {"handed": handed}
+
+
+# ---- e: HF -> Megatron -> HF round trip ---------------------------------------------------------------------
+def op_roundtrip(req: dict) -> dict:
+    """A tiny Llama: HF weights -> Megatron (import_ckpt's path: to_megatron_model on CPU, gloo world of 1)
+    -> Megatron torch_dist checkpoint -> HF (export_ckpt) and compare every tensor; plus logits of the
+    Megatron model vs the HF model on the same tokens."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    work = Path(req["workdir"])
+    hf_dir, meg_dir, back_dir = work / "hf", work / "megatron", work / "hf_back"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**req["llama"])
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    hf.save_pretrained(hf_dir)
+    steps, res = [], {}
+
+    from megatron.bridge import AutoBridge
+
+    def step(name, fn):
+        try:
+            r = fn()
+            steps.append({"step": name, "ok": True})
+            return r
+        except Exception as exc:  # noqa: BLE001 - find exactly where CPU stops
+            steps.append({"step": name, "ok": False, **_err(exc), "trace": traceback.format_exc()[-3000:]})
+            raise
+
+    try:
+        step("AutoBridge.import_ckpt (as shipped)", lambda: AutoBridge.import_ckpt(str(hf_dir), str(meg_dir)))
+    except Exception:  # noqa: BLE001 - expected on CPU: the Llama bridge turns on apply_rope_fusion (TE only)
+        pass
+    try:
+        if not meg_dir.exists():
+            # import_ckpt's own calls (to_megatron_provider -> finalize -> provide_distributed_model(
+            # wrap_with_ddp=False, use_cpu_initialization=True) -> save_megatron_model), with the one change
+            # CPU needs: the TE-only fusions off. A gloo world of one, Megatron's model-parallel groups of 1.
+            from megatron.core import parallel_state as ps
+
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{req.get('port', 29517)}",
+                                        rank=0, world_size=1)
+            ps.initialize_model_parallel(1, 1)
+            bridge = AutoBridge.from_hf_pretrained(str(hf_dir))
+            provider = bridge.to_megatron_provider(load_weights=True)
+            provider.apply_rope_fusion = False
+            for fused in ("gradient_accumulation_fusion", "persist_layer_norm", "masked_softmax_fusion",
+                          "bias_activation_fusion", "bias_dropout_fusion", "cross_entropy_loss_fusion"):
+                if getattr(provider, fused, False):
+                    res.setdefault("fusions_turned_off", []).append(fused)
+                    setattr(provider, fused, False)
+            # Bridge's default_layer_spec is always the TE spec; Bridge ships local_layer_spec for no-TE.
+            from megatron.bridge.models.gpt_provider import local_layer_spec
+
+            res["default_layer_spec"] = getattr(provider.transformer_layer_spec, "__name__", "?")
+            provider.transformer_layer_spec = local_layer_spec
+            step("finalize", provider.finalize)
+            models = step("provide_distributed_model(cpu)", lambda: provider.provide_distributed_model(
+                wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=False))
+            m = models[0].eval()
+            ids = torch.tensor([list(range(3, 3 + req.get("tokens", 12)))])
+            try:  # logits: Megatron on CPU vs HF (megatron-core's RoPE moves inv_freq to CUDA unconditionally)
+                with torch.no_grad():
+                    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+                    mlog = step("megatron forward", lambda: m(input_ids=ids, position_ids=pos, attention_mask=None))
+                    hlog = hf(input_ids=ids).logits
+                res["logits_max_abs_diff"] = float((mlog.float() - hlog.float()).abs().max())
+            except Exception:  # noqa: BLE001 - recorded in steps
+                pass
+            # In memory, Megatron -> HF with Bridge's real conversion (export_ckpt's inner step), every tensor.
+            exported = step("export_hf_weights(cpu)", lambda: dict(
+                (name, t.detach().clone()) for name, t in bridge.export_hf_weights(models, cpu=True,
+                                                                                   show_progress=False)))
+            a = hf.state_dict()
+            res["inmemory_tensors"] = len(a)
+            res["inmemory_missing"] = sorted(set(a) - set(exported))
+            res["inmemory_unexpected"] = sorted(set(exported) - set(a))
+            res["inmemory_unequal"] = [k for k in a if k in exported and not torch.equal(a[k], exported[k].to(a[k].dtype))]
+            try:
+                step("save_megatron_model", lambda: bridge.save_megatron_model(models, str(meg_dir)))
+            except Exception:  # noqa: BLE001 - recorded in steps
+                pass
+            ps.destroy_model_parallel()
+            dist.destroy_process_group()
+        if not meg_dir.exists():
+            raise RuntimeError("no Megatron checkpoint was written; export_ckpt not attempted")
+        res["megatron_files"] = sorted(str(p.relative_to(meg_dir)) for p in meg_dir.rglob("*") if p.is_file())[:40]
+        bridge = AutoBridge.from_hf_pretrained(str(hf_dir))
+        step("export_ckpt", lambda: bridge.export_ckpt(str(meg_dir), str(back_dir), strict=True))
+        back = AutoModelForCausalLM.from_pretrained(back_dir, dtype=torch.float32)
+        a, b = hf.state_dict(), back.state_dict()
+        res["tensors"] = len(a)
+        res["missing"] = sorted(set(a) - set(b))
+        res["unexpected"] = sorted(set(b) - set(a))
+        res["max_abs_diff"] = max(float((a[k] - b[k]).abs().max()) for k in a if k in b)
+        res["unequal"] = [k for k in a if k in b and not torch.equal(a[k], b[k])]
+    except Exception:  # noqa: BLE001
+        pass
+    res["steps"] = steps
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return res
+
+
+# ---- the recorded field table the login-node preflight checks keys and types against ---------------------
+def _kind(annotation) -> str:
+    """bool | int | float | str | any, from a dataclass field's annotation (a string under postponed evaluation)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    text = text.replace("typing.", "").replace(" ", "")
+    for wrap in ("Optional[",):
+        if text.startswith(wrap) and text.endswith("]"):
+            text = text[len(wrap):-1]
+    parts = [t for t in text.split("|") if t not in ("None", "NoneType")]
+    return parts[0] if len(parts) == 1 and parts[0] in ("bool", "int", "float", "str") else "any"
+
+
+def _dataclass_in(hint):
+    """The dataclass type in an annotation like ``X``, ``X | None``, ``Optional[X]`` (else None)."""
+    import typing
+
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return hint
+    for arg in typing.get_args(hint):
+        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+            return arg
+    return None
+
+
+def _fields_of(cls, value, classes: dict) -> str:
+    """Record ``cls``'s fields in ``classes`` (once per class name); a field holding a dataclass (its value's
+    type, or the dataclass its annotation names when the value is None) is recorded as ``class:Name``."""
+    import typing
+
+    name = cls.__name__
+    if name in classes:
+        return name
+    table: dict[str, str] = {}
+    classes[name] = table
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - unresolvable forward references: fall back to the values' types
+        hints = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(value, f.name, None) if value is not None else None
+        sub = type(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else _dataclass_in(hints.get(f.name))
+        table[f.name] = ("class:" + _fields_of(sub, v if type(v) is sub else None, classes)) if sub \
+            else _kind(f.type)
+    return name
+
+
+def _sections(container, classes: dict) -> dict:
+    import typing
+
+    hints = typing.get_type_hints(type(container))
+    out = {}
+    for f in dataclasses.fields(container):
+        v = getattr(container, f.name)
+        sub = type(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else _dataclass_in(hints.get(f.name))
+        out[f.name] = ("class:" + _fields_of(sub, v if type(v) is sub else None, classes)) if sub else _kind(f.type)
+    return out
+
+
+def op_fields(req: dict) -> dict:
+    """For each Bridge model and recipe mode: the ConfigContainer's sections and, per dataclass, every field with
+    its kind. Written to src/pipeline/config/bridge_fields.json; the harness checks the file equals this."""
+    from pipeline import bridge as pb
+    from pipeline.config.models import REGISTRY
+
+    classes: dict = {}
+    recipes: dict = {}
+    for spec in REGISTRY.values():
+        if spec.is_local:
+            continue
+        for rmode, peft in (("pretrain", None), ("sft", None), ("peft", "lora")):
+            recipe = pb._import(spec.recipe_module, spec.recipe_function.format(mode=rmode))
+            container = recipe(peft_scheme=peft) if peft else recipe()
+            recipes[f"{spec.name}/{rmode}"] = _sections(container, classes)
+    return {"table": {"bridge": "megatron-bridge==0.6.2", "recipes": recipes,
+                      "classes": {k: dict(sorted(v.items())) for k, v in sorted(classes.items())}}}
+
+
+OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
+       "roundtrip": op_roundtrip}
+
+
+def main() -> int:
+    req = json.load(sys.stdin)
+    results = []
+    for o in req["ops"]:
+        log = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(log):
+                r = OPS[o["op"]](o)
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+            r = {**_err(exc), "trace": traceback.format_exc()[-4000:]}
+        r["op"] = o["op"]
+        r["id"] = o.get("id")
+        results.append(r)
+        sys.stderr.write(log.getvalue()[-2000:])
+    print(json.dumps({"results": results}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the Bridge harness venv: Python 3.11 + the CPU torch wheel + Megatron Bridge 0.6.2 /
+# megatron-core 0.19.2 (their real code) + the pinned pure-Python dependencies, for tests/bridge.
+#
+#   bash tests/bridge/setup_env.sh          # idempotent: does nothing when the pins are unchanged
+#
+# Venv: $PIPELINE_ROOT/.cache/bridge-venv (PIPELINE_ROOT defaults to the repository root). The venv is
+# keyed by a hash of this script and of requirements.txt + megatron.txt: any change of pins rebuilds it.
+# Why 3.11 and not 3.12 (which Bridge declares): on these machines only the 3.11 CPU torch wheel is
+# local; 3.12 would download the 5 GB CUDA build. Bridge's only 3.12 feature on the imported paths is
+# typing.override, which the harness shim backports (tests/bridge/shim/sitecustomize.py).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="${PIPELINE_ROOT:-$(cd "$HERE/../.." && pwd)}"
+VENV="$ROOT/.cache/bridge-venv"
+PYTHON="${BRIDGE_HARNESS_PYTHON:-python3.11}"
+STAMP="$VENV/.harness-pins"
+
+say() { echo "[bridge-harness setup] $*"; }
+
+KEY="$(cat "$HERE/setup_env.sh" "$HERE/requirements.txt" "$HERE/megatron.txt" | sha256sum | cut -c1-16)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/python" ]]; then
+    say "venv $VENV is up to date (pins $KEY); nothing to do"
+    exit 0
+fi
+
+command -v "$PYTHON" >/dev/null || { say "ERROR: $PYTHON not found"; exit 3; }
+say "building $VENV with $("$PYTHON" --version 2>&1) (pins $KEY)"
+rm -rf "$VENV"
+mkdir -p "$(dirname "$VENV")"
+"$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+# The CPU torch wheel for 3.11 is on local disk (PIP_FIND_LINKS on these machines; /opt/wheels if unset).
+if [[ -z "${PIP_FIND_LINKS:-}" && -d /opt/wheels ]]; then PIP+=(--find-links /opt/wheels); fi
+
+t0=$SECONDS
+say "pip install --no-deps -r requirements.txt ($(grep -c '==' "$HERE/requirements.txt") pinned packages)"
+"${PIP[@]}" --no-deps -r "$HERE/requirements.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+"$VENV/bin/python" -c "import torch, transformers; print('[bridge-harness setup] torch', torch.__version__, 'transformers', transformers.__version__)"
+
+MEG="$VENV/megatron-site"
+say "pip install --target $MEG (Python 3.12 wheels, --no-deps --ignore-requires-python): $(grep -v '^#' "$HERE/megatron.txt" | xargs)"
+"${PIP[@]}" --no-deps --ignore-requires-python --python-version 3.12 --only-binary=:all: \
+    --target "$MEG" -r "$HERE/megatron.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$MEG" > "$SITE/megatron-harness.pth"
+test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core" || { say "ERROR: megatron not installed in $MEG"; exit 1; }
+
+echo "$KEY" > "$STAMP"
+say "done in $((SECONDS - t0)) s"
