@@ -175,3 +175,40 @@ def test_auto_requeue_chain_stops_after_completion(senv, tmp_path):
     time.sleep(3)
     assert run(["squeue", "-h", "-n", name], env=env).stdout.strip() == ""
     assert json.loads((run_dir / "metrics_summary.json").read_text())["final_step"] == 120
+
+
+def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
+    """A real Slurm time limit, no scancel: --signal=B:USR1@90 on a 3-minute job. slurmctld checks limits every
+    30 s and sends the warning early rather than late, so USR1 reaches the batch shell 90-120 s before the limit
+    (60-90 s into the job). The training saves at the next step and the job requeues itself (~11 s here,
+    cred_expire=10); the requeued job, with the same limit, resumes and finishes (or is warned again and
+    requeues once more). The tiny model's compute varies several-fold with this shared machine's load, so each
+    step gets a fixed 1.5 s sleep (pipeline.local.fault_inject_step_sleep): 48 steps take ~90-140 s, more than
+    one job's ~80 s before its warning, and within two or three jobs."""
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    iters = 48
+    job = submit(senv, "--nodes=1", "--time=3", "--signal=B:USR1@90", "pipeline_training_submit.sbatch",
+                 "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft",
+                 f"train.train_iters={iters}", "checkpoint.save_interval=1000",
+                 "+pipeline.local.fault_inject_step_sleep=1.5")
+    run_dir = tmp_path / "runs" / "tiny_moe_sft"
+    deadline = time.time() + 480
+    while time.time() < deadline:
+        if (run_dir / "TRAINING_DONE").exists() and job_state(senv, job) == "COMPLETED":
+            break
+        time.sleep(2)
+    log = job_log("training", job)
+    assert job_state(senv, job) == "COMPLETED", log[-4000:]  # never TIMEOUT: every attempt left in time
+    assert "time-limit warning (USR1)" in log
+    saved = [int(x) for x in re.findall(rf"saved checkpoint at iteration (\d+) of {iters} and exited for requeue", log)]
+    resumed = [int(x) for x in re.findall(r"resuming from \S+/checkpoints/iter_(\d+)", log)]
+    assert saved and 0 < saved[0] < iters, log[-4000:]
+    assert resumed == saved  # each requeued job resumed exactly where the previous one saved
+    assert len(re.findall(r"requeueing job", log)) == len(saved)
+    restarts = re.search(r"Restarts=(\d+)", run(["scontrol", "show", "job", job, "-o"], env=senv).stdout)
+    assert restarts and int(restarts.group(1)) == len(saved)
+    summary = json.loads((run_dir / "metrics_summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_step"] == iters
+    steps = [json.loads(x)["step"] for x in (run_dir / "progress.ndjson").read_text().splitlines() if x.strip()]
+    assert steps == list(range(1, iters + 1))  # every step exactly once, in order: resumed, never redone

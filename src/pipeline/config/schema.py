@@ -118,6 +118,10 @@ SCHEMA: dict[str, Any] = {
         "local": {
             "dtype": "float32",     # local engine compute dtype (CPU: float32)
             "gradient_checkpointing": False,
+            # Fault injection for the tests (training/engines/local.py, training/fault_tolerance.py).
+            "fault_inject_nan_step": None,    # the loss becomes NaN from this step on
+            "fault_inject_hang_step": None,   # rank 0 stops making progress at this step (first attempt only)
+            "fault_inject_step_sleep": None,  # every step this many seconds slower (a predictable step time)
         },
     },
 }

@@ -172,12 +172,17 @@ class ProgressLog:
         }
         if train_seconds:
             summary["train_seconds"] = round(train_seconds, 2)
-        if recs:
-            span = recs[-1]["time"] - recs[0]["time"]
-            steps = recs[-1]["step"] - recs[0]["step"]
-            if span > 0 and steps > 0:
-                summary["seconds_per_step"] = round(span / steps, 3)
-                summary["tokens_per_second"] = round(steps * self.tokens_per_step / span, 1)
+        # Throughput from consecutive lines of the same attempt (``time`` restarts at 0 in a resumed or requeued
+        # attempt, so a pair whose time goes back spans a restart and is left out).
+        span = steps = 0.0
+        for a, b in zip(recs, recs[1:]):
+            dt, ds = b["time"] - a["time"], b["step"] - a["step"]
+            if isinstance(dt, (int, float)) and dt > 0 and ds > 0:
+                span += dt
+                steps += ds
+        if span > 0 and steps > 0:
+            summary["seconds_per_step"] = round(span / steps, 3)
+            summary["tokens_per_second"] = round(steps * self.tokens_per_step / span, 1)
         write_json(self.run_dir / "metrics_summary.json", summary)
         return summary
 

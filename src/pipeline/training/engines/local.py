@@ -29,9 +29,9 @@ from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.checkpoint import layout
 from pipeline.training import records
+from pipeline.training import fault_tolerance
 
 log = logging.getLogger(__name__)
-SAVE_AND_EXIT = "SAVE_AND_EXIT"  # request file: checkpoint at the next step boundary, then exit (requeue)
 
 
 
@@ -195,9 +195,7 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
                                          f"(the run will not restart: {run_dir / records.NAN_MARKER})")
             return control
 
-    request_files = [run_dir / SAVE_AND_EXIT]
-    if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
-        request_files.append(Path(os.environ["PIPELINE_SAVE_REQUEST_FILE"]))
+    request_files = records.save_request_files(run_dir)
 
     class SaveAndExit(TrainerCallback):
         """A time-limit warning (SIGUSR1/SIGTERM, or a request file) -> checkpoint at this step, exit.
@@ -213,7 +211,32 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
                 control.should_training_stop = True
             return control
 
-    return [CheckpointLayout(), Records(), SaveAndExit()]
+    class ProgressLines(TrainerCallback):
+        """Step / total, rate, ETA and loss as a plain line every PIPELINE_PROGRESS_INTERVAL seconds when the
+        output is a log file (the Trainer's bar only shows on a terminal)."""
+
+        def on_train_begin(self, args, st, control, **kw):
+            from pipeline.common.log import Progress
+
+            if st.is_world_process_zero and not os.isatty(2):
+                state["progress"] = Progress("train", total=st.max_steps, unit="step", logger=log)
+                state["progress"].n = state["progress"].n0 = st.global_step
+            return control
+
+        def on_log(self, args, st, control, logs=None, **kw):
+            p = state.get("progress")
+            if p is not None:
+                extra = {k: float(v) for k, v in (logs or {}).items() if k in ("loss", "grad_norm")
+                         and isinstance(v, (int, float))}
+                p.update(st.global_step - p.n, **extra)
+            return control
+
+        def on_train_end(self, args, st, control, **kw):
+            if state.get("progress") is not None:
+                state.pop("progress").close()
+            return control
+
+    return [CheckpointLayout(), Records(), SaveAndExit(), ProgressLines()]
 
 
 def _all_ranks_any(flag: bool) -> bool:
@@ -267,16 +290,16 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
 
     latest = layout.latest_complete(save)
-    if (run_dir / records.DONE_MARKER).exists() or (latest is not None and latest >= iters):
+    if records.already_finished(run_dir, save, iters):
         if rank == 0:
-            print(f"training already finished: {iters} iterations, checkpoint {layout.iter_dir(save, latest or iters)}")
-            print(records.COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+            records.print_already_finished(iters, save)
         return 0
 
     ignored = [f"+{k}" for k in _unknown_keys(cfg)]
     if ignored and rank == 0:
         log.warning("the local engine ignores keys added for Megatron Bridge: %s", ", ".join(ignored))
 
+    ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
     dataset, kind = build_dataset(cfg, spec, mode)
     log.info("data: %d %s samples; world %d, mbs %d, grad accum %d, %d iterations", len(dataset), kind, world, mbs,
@@ -335,6 +358,10 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
     )
     progress = records.ProgressLog(run_dir, tokens_per_step=gbs * seq)
+    if rank == 0:
+        dropped = progress.start(latest or 0)  # resuming from `latest`: the steps after it are redone
+        if dropped:
+            log.info("progress.ndjson: %d line(s) past the resumed step %d superseded", dropped, latest or 0)
 
     class _Trainer(Trainer):
         nan_step = get(cfg, "pipeline.local.fault_inject_nan_step")
@@ -357,7 +384,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
                        data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                              else tokenizer.eos_token_id),
                        processing_class=tokenizer,
-                       callbacks=_callbacks(run_dir, save, spec, mode, progress, state))
+                       callbacks=_callbacks(run_dir, save, spec, mode, progress, state)
+                       + fault_tolerance.callbacks(ft, cfg))
     resume = str(layout.iter_dir(save, latest)) if latest is not None else None
     if resume and rank == 0:
         log.info("resuming from %s", resume)
@@ -368,18 +396,10 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         shutil.rmtree(save / ".staging", ignore_errors=True)
     if state.get("stopping") and step < iters:
         if rank == 0:
-            (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)
-            if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
-                write_text(os.environ["PIPELINE_SAVE_REQUEST_FILE"] + ".saved", f"{step}\n")
-            progress.summarize("preempted", step, time.time() - t0)
-            print(f"saved checkpoint at iteration {step} of {iters} and exited for requeue", flush=True)
+            records.finish_preempted(run_dir, progress, step, iters, time.time() - t0)
         return 0
     if rank == 0:
-        summary = progress.summarize("completed", step, time.time() - t0)
-        write_text(run_dir / records.DONE_MARKER, f"{step}\n")
-        print(f"training finished: {step} iterations; loss {summary['first_loss']} -> {summary['final_loss']}; "
-              f"checkpoints in {save}; records in {run_dir}", flush=True)
-        print(records.COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
+        records.finish_completed(run_dir, save, progress, step, time.time() - t0)
     return 0
 
 
