@@ -59,7 +59,12 @@ def load_cluster(name: str) -> ClusterProfile:
     path = Path(name) if name.endswith(".yaml") else cluster_dir() / f"{name}.yaml"
     if not path.is_file():
         raise UserError(f"unknown cluster profile '{name}'; available: {', '.join(available())}")
-    data: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        raise UserError(f"cluster profile {path} is not readable YAML: {str(exc).splitlines()[0][:200]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"cluster profile {path} must be a mapping of fields")
     fields = {f.name for f in dataclasses.fields(ClusterProfile)}
     unknown = set(data) - fields
     if unknown:

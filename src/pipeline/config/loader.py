@@ -55,9 +55,13 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (invalid UTF-8); expected a YAML config") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: the top level must be a mapping of sections (train, model, dataset, ...)")
     return data
