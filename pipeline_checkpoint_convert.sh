@@ -16,7 +16,7 @@ export PIPELINE_ROOT
 source "$PIPELINE_ROOT/src/pipeline/common/lib.sh"
 
 if [[ $# -eq 0 ]]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  usage "$0"
   exit 2
 fi
 run_in_env python -m pipeline.checkpoint.cli "$@"

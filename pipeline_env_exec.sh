@@ -14,7 +14,7 @@ export PIPELINE_ROOT
 source "$PIPELINE_ROOT/src/pipeline/common/lib.sh"
 
 if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  usage "$0"
   [[ $# -eq 0 ]] && exit 2 || exit 0
 fi
 require_env

@@ -4,7 +4,8 @@
 # Usage:
 #   bash pipeline_env_setup.sh                  # every step; completed steps are skipped with a message
 #   bash pipeline_env_setup.sh --force          # redo every step
-#   bash pipeline_env_setup.sh --only STEP      # run one step (with --force to redo it)
+#   bash pipeline_env_setup.sh --only STEP      # run one step (with --force to redo it); the reference's names
+#                                               # slingshot (= nccl-plugin) and sif (= pull) work too
 #   bash pipeline_env_setup.sh --with-tests     # also install the test requirements
 #   bash pipeline_env_setup.sh --list           # list the steps of the configured runtime
 #
@@ -42,13 +43,18 @@ while [[ $# -gt 0 ]]; do
     --only=*) ONLY="${1#--only=}" ;;
     --with-tests) WITH_TESTS=1 ;;
     --list) printf '%s\n' "${STEPS[@]}"; exit 0 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) usage "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" 2 ;;
   esac
   shift
 done
+# The reference system's step names: slingshot (the NCCL network plugin for Slingshot), sif (the image pull).
+case "$ONLY" in
+  slingshot) ONLY=nccl-plugin ;;
+  sif) ONLY=pull ;;
+esac
 if [[ -n "$ONLY" ]]; then
-  printf '%s\n' "${STEPS[@]}" | grep -qx -- "$ONLY" || die "unknown step '$ONLY' (one of: ${STEPS[*]})" 2
+  printf '%s\n' "${STEPS[@]}" | grep -qx -- "$ONLY" || die "unknown step '$ONLY' (one of: ${STEPS[*]}; aliases slingshot = nccl-plugin, sif = pull)" 2
 fi
 
 STEP_DIR="$(env_steps_dir)"

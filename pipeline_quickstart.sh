@@ -19,7 +19,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --tiny) MODEL=tiny-nemotronh-moe; CONFIG=configs/local/tiny_moe_sft.yaml; HF_MODEL=pipeline/tiny-nemotronh-moe
             MAX_TOKENS=16; EXTRA_COHERENCE=(--allow-empty) ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -122,6 +122,6 @@ case "${1:-}" in
   stop) stop ;;
   status) SLURM_CONF="$CONF" sinfo -N ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
+  -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0" ;;
   *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 # Shared shell helpers for the pipeline_* launchers. Source it after setting PIPELINE_ROOT:
 #   PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 #   source "$PIPELINE_ROOT/src/pipeline/common/lib.sh"
-# It loads pipeline_env_config.env and defines log_info/log_warn/log_error, die, require_env,
+# It loads pipeline_env_config.env and defines log_info/log_warn/log_error, die, usage, require_env,
 # run_in_env.
 
 : "${PIPELINE_ROOT:?PIPELINE_ROOT must be set before sourcing lib.sh}"
@@ -16,6 +16,10 @@ log_info()  { echo "$(_log_tag) INFO $*" >&2; }
 log_warn()  { echo "$(_log_tag) WARN $*" >&2; }
 log_error() { echo "$(_log_tag) ERROR $*" >&2; }
 die() { local code="${2:-1}"; echo "error: $1" >&2; exit "$code"; }
+
+# usage FILE: print FILE's header comment (its usage) - every comment line after the shebang up to the first
+# line of code, without "#SBATCH" directives and without the "# " prefix.
+usage() { awk 'NR == 1 && /^#!/ { next } /^#SBATCH/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$1"; }
 
 # Marker directory of completed env setup steps.
 env_steps_dir() { echo "$PIPELINE_VENV/.pipeline_steps"; }

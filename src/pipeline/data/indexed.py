@@ -85,10 +85,8 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
                      limit, force, quiet) -> dict:
-    from tqdm.auto import tqdm
-
     from pipeline.data.prepare import fingerprint_diff, read_marker
-    from pipeline.common.log import progress_disabled
+    from pipeline.common.log import Progress
     from pipeline.data.chat import load_tokenizer
     from pipeline.data.sources import iter_texts
 
@@ -116,7 +114,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     if limit:
         texts = itertools.islice(texts, limit)
     part = 0
-    bar = tqdm(desc="tokenize", unit="doc", disable=progress_disabled(quiet))
+    bar = Progress("tokenize", unit="doc", quiet=quiet, logger=log)
     while True:
         batch = list(itertools.islice(texts, docs_per_part))
         if not batch:

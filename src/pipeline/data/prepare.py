@@ -176,12 +176,14 @@ class Timer:
         return _Ctx()
 
 
-def _tqdm(it, quiet: bool, **kw):
-    from tqdm.auto import tqdm
+def _progress(it, quiet: bool, desc: str, unit: str, total: int):
+    """A bar on a terminal; a line every PIPELINE_PROGRESS_INTERVAL seconds in a log file."""
+    from pipeline.common.log import Progress
 
-    from pipeline.common.log import progress_disabled
-
-    return tqdm(it, disable=progress_disabled(quiet), **kw)
+    with Progress(desc, total=total, unit=unit, quiet=quiet, logger=log) as p:
+        for x in it:
+            yield x
+            p.update(1)
 
 
 def export_fingerprint(opts: PrepareOptions) -> dict:
@@ -283,7 +285,7 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
                 convs = _read_jsonl(opts.dataset_root / SPLIT_FILES[split])
             n_chunks = max(1, -(-len(convs) // opts.chunk_size))
             totals = collections.Counter()
-            for c in _tqdm(range(n_chunks), opts.quiet, desc=f"tokenize {split}", unit="chunk"):
+            for c in _progress(range(n_chunks), opts.quiet, f"tokenize {split}", "chunk", n_chunks):
                 chunk_path = out_dir / f"chunk_{c:05d}.parquet"
                 if chunk_path.exists():
                     meta = pq.read_metadata(chunk_path).metadata or {}
