@@ -69,3 +69,11 @@ def test_training_submission_without_the_environment(senv, tmp_path):
     assert "Traceback" not in res.stderr, res.stderr
     assert "warning: preflight skipped: the pipeline environment is not available here" in res.stderr
     assert re.search(r"Job \d+ to start", res.stderr), res.stderr
+
+
+def test_options_shown_optional_but_required_by_sbatch(senv):
+    """--help shows '--wrap[=command string]' and '--export[=names]', yet sbatch takes their value after a space:
+    isambard_sbatch must pass the value along, not mistake it for the script."""
+    res = run([str(ROOT / "isambard_sbatch"), "--test-only", "--export", "ALL", "-o", "/dev/null", "--wrap",
+               "echo hi"], env=senv)
+    assert res.returncode == 0 and re.search(r"Job \d+ to start", res.stderr), res.stderr

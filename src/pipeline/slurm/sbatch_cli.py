@@ -44,8 +44,10 @@ CRUD = ("--mark-bad", "--list-bad", "--update-bad", "--unmark-bad", "--prune-bad
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
 
 
-# Value options that sbatch accepts but that Slurm 22.05's --help/--usage do not list (from the sbatch manual).
-UNLISTED_VALUE_OPTS = {"--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq", "--batch",
+# Value options that sbatch accepts but that Slurm 22.05's --help/--usage do not list (from the sbatch manual),
+# and two that --help shows as "[=...]" although sbatch requires their value (--wrap CMD, --export NAMES work
+# with a space; checked on the local Slurm).
+UNLISTED_VALUE_OPTS = {"--wrap", "--export", "--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq", "--batch",
                        "--tres-per-task", "--kill-on-invalid-dep", "--resv-ports", "--mpi", "--prefer",
                        "--distribution", "--clusters", "--cpus-per-gpu", "--gpus-per-node", "-r", "--relative"}
 UNLISTED_FLAGS = {"--test-only", "--exclusive", "--mem-per-cpu", "--parsable"}
