@@ -181,3 +181,62 @@ def test_upload_all_with_coherence_reports_each_export(trained, tmp_path):
         assert len(rep["results"][0]["rows"]) == 8
         done = json.loads((copy / "converted_checkpoints" / f"iter_{it:07d}.done").read_text())
         assert done["verdict"] == "PASS" and "coherence_exit_code" in done
+
+
+def _copy_ckpt(ckpt, dst):
+    shutil.copytree(ckpt, dst, ignore=shutil.ignore_patterns("hf", "converted_checkpoints", "in_progress_checkpoints",
+                                                             "hf_verification_FAILED.json", ".hf.*"))
+    return dst
+
+
+def _wait_for(path, proc, timeout=300):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None and time.time() < deadline, "the first export ended before taking its lock"
+        time.sleep(0.05)
+
+
+def test_two_exports_of_one_iteration_never_publish_a_broken_export(trained, tmp_path):
+    """One export paused while holding the iteration's lock: a second is refused with one line; the first then
+    publishes a complete, verified hf/; a third finds it done. A writer killed outright leaves a lock whose
+    process is gone: the next export takes it over and publishes."""
+    from pipeline.checkpoint.export import published_export
+
+    env, ckpt = trained
+    copy = _copy_ckpt(ckpt, tmp_path / "ck")
+    cmd = ["bash", "pipeline_checkpoint_convert.sh", "export", str(copy), "--hf-model", "pipeline/tiny-qwen3-moe",
+           "--no-reasoning", "--iteration", "20"]
+    lock = copy / "in_progress_checkpoints" / "iter_0000020.lock"
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    _wait_for(lock, first)
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        second = run(cmd, env=env)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert "iter_0000020 is being exported by pid" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-2000:]
+    hf = copy / "iter_0000020" / "hf"
+    rec = published_export(hf)
+    assert rec is not None and rec["verdict"] == "PASS"
+    assert (hf / "model.safetensors").stat().st_size > 1000
+    third = run(cmd, env=env)
+    assert third.returncode == 0 and "already exported and verified" in third.stderr
+    assert not lock.exists() and not list((copy / "iter_0000020").glob(".hf.*"))
+
+    # killed outright while holding the lock: the next export takes over the dead writer's lock
+    copy2 = _copy_ckpt(ckpt, tmp_path / "ck2")
+    cmd2 = [*cmd[:3], str(copy2), *cmd[4:]]
+    lock2 = copy2 / "in_progress_checkpoints" / "iter_0000020.lock"
+    dead = subprocess.Popen(cmd2, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    _wait_for(lock2, dead)
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait()
+    again = run(cmd2, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "taking over stale lock" in again.stderr
+    assert published_export(copy2 / "iter_0000020" / "hf") is not None

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import write_json, write_text
+from pipeline.common.io import apply_umask_modes, write_json, write_text
 from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.checkpoint import layout
@@ -173,6 +173,7 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
                     target = layout.iter_dir(save, st.global_step)
                     if target.exists():
                         shutil.rmtree(target)
+                    apply_umask_modes(staged)  # safetensors writes its file 0600: the team must read checkpoints
                     os.replace(staged, target)
                     layout.write_tracker(save, st.global_step)
                     log.info("saved checkpoint %s", target)
