@@ -153,3 +153,18 @@ def test_keys_and_types_bridge_would_swallow(capsys):
     assert main([NANO, "--model", "nano", "--mode", "pretrain", "--dry-run", "--nodes", "16", "--no-path-checks"]) == 2
     assert any("'dataset.dataset_root' is not a field of Megatron Bridge's nano pretrain config" in e
                for e in errors(capsys))
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("logger.wandb_exp_name=2024", "logger.wandb_exp_name=2024 must be a string (quote it: logger.wandb_exp_name='2024')"),
+    ("model.sequence_parallel=maybe", "model.sequence_parallel='maybe' must be a boolean"),
+    ("optimizer.lr=1e-3,1e-4", "is a sweep (a,b / choice() / range() / glob())"),
+    ("train.train_iters=range(1,3)", "is a sweep"),
+    ("logger.wandb_exp_name=a/b", "cannot name a run directory"),
+])
+def test_typed_values_and_sweeps_on_the_local_engine(capsys, override, needle):
+    argv = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run",
+            "--no-path-checks", override]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err

@@ -75,10 +75,15 @@ def parse_overrides(overrides: list[str]):
     parsed = []
     for o in overrides:
         try:
-            parsed.extend(parser.parse_overrides([o]))
+            ovs = parser.parse_overrides([o])
         except HydraException as exc:
             msg = " ".join(str(exc).split())
             raise UserError(f"malformed override '{o}': {msg[:200]}") from None
+        for ov in ovs:
+            if ov.is_sweep_override():
+                raise UserError(f"override '{o}' is a sweep (a,b / choice() / range() / glob()): a launch is one run; "
+                                "submit one run per value (quote a literal comma: key='a,b'; a list is key=[a,b])")
+        parsed.extend(ovs)
     return parsed
 
 

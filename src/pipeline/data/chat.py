@@ -36,7 +36,14 @@ def load_tokenizer(name_or_path: str | Path):
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"cannot load tokenizer '{name_or_path}': {str(exc).splitlines()[0][:200]}") from None
+        import os
+
+        hint = ""
+        if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(str(path)).exists():
+            hint = (f"; {path} is not in the Hugging Face cache (HF_HOME={os.environ.get('HF_HOME', '~/.cache/huggingface')})"
+                    " and the Hub is off (HF_HUB_OFFLINE=1): run once with HF_HUB_OFFLINE=0 where the Hub is "
+                    "reachable, or pass --tokenizer with a local tokenizer directory")
+        raise UserError(f"cannot load tokenizer '{name_or_path}': {str(exc).splitlines()[0][:200]}{hint}") from None
     if not tok.is_fast:
         raise UserError(f"tokenizer '{name_or_path}' is not a fast tokenizer (offsets are needed for loss masks)")
     if tok.chat_template is None:

@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="load + chat template + tokenise + export + pack")
     p.add_argument("--dataset", required=True, help="HF dataset id ORG/NAME, a local dir/.jsonl/.parquet, or chatterbot-corpus")
     p.add_argument("--seq-length", type=int, required=True, help="packed sequence length S")
-    p.add_argument("--tokenizer", default="smollm2-135m", help="registry model name, local dir or HF id")
+    p.add_argument("--tokenizer", help="registry model name, local dir or HF id (default: --model's tokenizer)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="the model the data is for (registry name: nano, super, smollm2-135m, ...): its tokenizer is "
+                        "used unless --tokenizer is given (default smollm2-135m, the local quickstart's)")
     p.add_argument("--dataset-root", type=Path, help="output root (default: $PIPELINE_DATA_ROOT/<org>__<name>)")
     p.add_argument("--pad-seq-to-mult", type=int, default=1, help="pad every sequence to this multiple (CP: >= 2*CP)")
     p.add_argument("--context-parallel-size", type=int, default=1, help="validate the pad multiple against this CP")
@@ -112,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.data.sources import dataset_dirname
 
         root = args.dataset_root or _data_root() / dataset_dirname(args.dataset)
+        if args.tokenizer is None:
+            from pipeline.config.models import get_model
+
+            spec = get_model(args.model)
+            args.tokenizer = spec.tokenizer_from or spec.name
+            print(f"tokenizer: {args.tokenizer} ({get_model(args.tokenizer).hf_id}), the tokenizer of --model "
+                  f"{args.model}; pass --tokenizer to choose another", file=sys.stderr)
         opts = prep.PrepareOptions(
             dataset=args.dataset, dataset_root=root, seq_length=args.seq_length, tokenizer=args.tokenizer,
             pad_seq_to_mult=args.pad_seq_to_mult, context_parallel_size=args.context_parallel_size,

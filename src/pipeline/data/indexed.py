@@ -132,7 +132,10 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
         part += 1
     bar.close()
     if part == 0:
-        raise UserError(f"corpus '{source}' has no documents (field '{text_field}')")
+        chat = Path(source).is_dir() and (Path(source) / "training.jsonl").exists()
+        hint = (f"; {source} looks like a prepared chat dataset (training.jsonl with 'messages'): tokenize makes a "
+                "pretraining corpus from text; for SFT data use prepare (or pack)") if chat else ""
+        raise UserError(f"corpus '{source}' has no documents (field '{text_field}'){hint}")
     lengths = []
     with atomic_path(prefix.with_suffix(".bin")) as tmp, open(tmp, "wb") as out:
         for p in range(part):

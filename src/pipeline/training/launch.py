@@ -87,7 +87,9 @@ def resolve_cluster(args, cfg: dict, spec: ModelSpec) -> ClusterProfile:
 
 
 def default_run_dir(cfg: dict, config_path: str) -> Path:
-    name = get(cfg, "logger.wandb_exp_name") or Path(config_path).stem
+    name = str(get(cfg, "logger.wandb_exp_name") or Path(config_path).stem)
+    if name in (".", "..") or "/" in name or "\0" in name:
+        raise UserError(f"logger.wandb_exp_name={name!r} cannot name a run directory (no '/', not '.' or '..')")
     return Path(os.environ.get("PIPELINE_RUNS_DIR") or ROOT / "runs") / name
 
 

@@ -224,8 +224,7 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     recompute = get(cfg, "model.recompute_granularity")
     plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
     _hazards(cfg, plan, local)
-    if not local:
-        _check_bridge_keys(cfg, spec, mode, peft, plan)
+    _check_bridge_keys(cfg, spec, mode, peft, plan)
     plan.memory_budget_gb = cluster.memory_budget_gb
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
         hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
@@ -327,7 +326,10 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
     from pipeline.config.models import recipe_mode
 
     table = _bridge_fields()
-    key = f"{spec.name}/{recipe_mode(mode, peft)}"
+    # The local engine reads the same section and field names (our schema mirrors Bridge's): its values are
+    # type-checked against the Nano recipe's fields; unknown '+' keys are only warned about there (it ignores them).
+    types_only = spec.is_local
+    key = f"{'nano' if types_only else spec.name}/{recipe_mode(mode, peft)}"
     sections = table["recipes"].get(key)
     if sections is None:
         return
@@ -337,6 +339,8 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
         for k, v in node.items():
             dotted = f"{where}.{k}" if where else k
             if k not in fields:
+                if types_only:
+                    continue
                 close = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.75)
                 hint = f" (did you mean '{(where + '.') if where else ''}{close[0]}'?)" if close else ""
                 if dotted in ("dataset.dataset_root", "dataset.offline_packing_specs") and "data_path" in fields:
@@ -356,8 +360,9 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
             ok = {"bool": isinstance(v, bool), "int": isinstance(v, int) and not isinstance(v, bool),
                   "float": isinstance(v, (int, float)) and not isinstance(v, bool), "str": isinstance(v, str)}[kind]
             if not ok:
-                plan.problems.append(f"{dotted}={v!r} must be {'a boolean (true/false)' if kind == 'bool' else 'an integer' if kind == 'int' else 'a number' if kind == 'float' else 'a string'}"
-                                     f" (Megatron Bridge's {owner}.{k} is {kind})")
+                want = {"bool": "a boolean (true/false)", "int": "an integer", "float": "a number",
+                        "str": f"a string (quote it: {dotted}='{v}')"}[kind]
+                plan.problems.append(f"{dotted}={v!r} must be {want} ({owner}.{k} is {kind} in Megatron Bridge's config)")
 
     walk(strip_suite_only(cfg), sections, "", "ConfigContainer")
 
