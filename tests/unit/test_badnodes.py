@@ -230,3 +230,41 @@ def test_exclusion_of_100000_logged_nodes_is_a_short_argument(tmp_path, monkeypa
         assert sorted(expand(open(value).read().strip())) == sparse
     else:
         assert sorted(expand(value)) == sparse
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["pipeline_checkpoint_submit.sbatch", "export", "/nonexistent", "--hf-model", "a/b", "--no-reasoning"],
+     "checkpoint directory /nonexistent does not exist"),
+    (["pipeline_checkpoint_submit.sbatch", "export", "/tmp", "--hf-model", "a/b"], "--reasoning or --no-reasoning"),
+    (["pipeline_checkpoint_submit.sbatch", "exprot", "/tmp"], "must be export, import or upload-all"),
+    (["pipeline_data_submit.sbatch", "prepare", "--dataset", "/nope.jsonl", "--seq-length", "256"],
+     "dataset /nope.jsonl does not exist"),
+    (["pipeline_data_submit.sbatch", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "2e9"],
+     "--seq-length '2e9' must be an integer"),
+    (["pipeline_data_submit.sbatch", "/nope", "tok", "256"], "dataset root /nope does not exist"),
+    (["pipeline_coherence_submit.sbatch", "/nope/hf"], "model /nope/hf does not exist"),
+    (["pipeline_coherence_submit.sbatch", "m", "--backend", "endpoint", "--discovery-file", "/nope.endpoint"],
+     "discovery file /nope.endpoint does not exist"),
+    (["pipeline_env_submit.sbatch", "install"], "must be setup or validate"),
+])
+def test_each_pipeline_is_checked_before_anything_is_queued(monkeypatch, tmp_path, argv, needle):
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        sbatch_cli.build_submission(argv)
+
+
+def test_export_submission_checks_the_iteration(monkeypatch, tmp_path):
+    from pipeline.checkpoint import layout
+
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with pytest.raises(UserError, match="iteration 200 does not exist"):
+        sbatch_cli.build_submission(["pipeline_checkpoint_submit.sbatch", "export", str(ck), "--hf-model", "a/b",
+                                     "--no-reasoning", "--iteration", "200"])
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        sbatch_cli.build_submission(["pipeline_checkpoint_submit.sbatch", "export", str(ck), "--hf-model", "a/b",
+                                     "--no-reasoning"])
+    assert layout.read_tracker(ck) is None

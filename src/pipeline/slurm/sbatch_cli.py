@@ -191,6 +191,70 @@ def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | N
     return Path(out).resolve()
 
 
+def _value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _looks_local(path: str) -> bool:
+    """A local path (to check now), not a hub id ORG/NAME."""
+    return path.startswith(("/", ".", "~")) or Path(path).exists() or path.count("/") != 1
+
+
+def submit_checks(script: str, args: list[str]) -> None:
+    """Cheap checks of a pipeline submission's arguments before anything is queued (paths exist, the action is
+    known, numbers are numbers): a mistake is one line now, not a failed job hours later. Standard library
+    only: isambard_sbatch runs on login nodes without the pipeline environment."""
+    name = Path(script).name
+    if name == "pipeline_env_submit.sbatch":
+        if not args or args[0] not in ("setup", "validate"):
+            raise UserError(f"{name}: the action must be setup or validate (got {args[0] if args else 'none'!r})")
+    elif name == "pipeline_data_submit.sbatch":
+        if not args:
+            raise UserError(f"{name} needs prepare|tokenize|pack ARGS (or DATASET_ROOT TOKENIZER SEQ [PAD])")
+        if args[0] == "prepare":
+            ds, seq = _value(args, "--dataset"), _value(args, "--seq-length")
+            if ds is None or seq is None:
+                raise UserError(f"{name} prepare needs --dataset and --seq-length")
+            if ds != "chatterbot-corpus" and _looks_local(ds) and not Path(ds).exists():
+                raise UserError(f"{name} prepare: dataset {ds} does not exist")
+            if not seq.isdigit() or not 2 <= int(seq) <= 1_048_576:
+                raise UserError(f"{name} prepare: --seq-length {seq!r} must be an integer in [2, 1048576]")
+        elif args[0] in ("tokenize", "pack") or len(args) >= 3:
+            rest = args[1:] if args[0] in ("tokenize", "pack") else args
+            if not rest or not Path(rest[0]).exists():
+                raise UserError(f"{name}: dataset root {rest[0] if rest else '(none)'} does not exist")
+            if args[0] != "tokenize" and len(rest) >= 3 and not rest[2].isdigit():
+                raise UserError(f"{name}: the sequence length {rest[2]!r} must be an integer")
+    elif name == "pipeline_checkpoint_submit.sbatch":
+        if not args or args[0] not in ("export", "import", "upload-all"):
+            raise UserError(f"{name}: the action must be export, import or upload-all")
+        if args[0] in ("export", "upload-all"):
+            if len(args) < 2 or not Path(args[1]).is_dir():
+                raise UserError(f"{name} {args[0]}: checkpoint directory {args[1] if len(args) > 1 else '(none)'} "
+                                "does not exist")
+            if _value(args, "--hf-model") is None or not ({"--reasoning", "--no-reasoning"} & set(args)):
+                raise UserError(f"{name} {args[0]} needs --hf-model ID and --reasoning or --no-reasoning")
+            it = _value(args, "--iteration")
+            if args[0] == "export":
+                from pipeline.checkpoint import layout
+
+                layout.resolve_iteration(Path(args[1]), int(it) if it and it.isdigit() else None)
+    elif name == "pipeline_coherence_submit.sbatch":
+        if not args:
+            raise UserError(f"{name} needs MODEL [options]")
+        model, backend = args[0], _value(args, "--backend") or "hf"
+        disc = _value(args, "--discovery-file")
+        if backend == "endpoint" and disc is not None and not Path(disc).is_file():
+            raise UserError(f"{name}: discovery file {disc} does not exist (is the serving job running?)")
+        if backend in ("hf", "megatron") and _looks_local(model) and not Path(model).exists():
+            raise UserError(f"{name}: model {model} does not exist (a local directory, or a hub id ORG/NAME)")
+
+
 def cluster_nodes() -> set[str] | None:
     """Node names Slurm knows (sbatch rejects an --exclude naming an unknown node), or None if unknown."""
     import subprocess
@@ -243,6 +307,8 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
         cmd.append("--exclude=" + render_exclude(excluded))
     if script is not None:
         cmd += [script, *script_args]
+    if script is not None:
+        submit_checks(script, script_args)
     if script is not None and Path(script).name == TRAINING_SCRIPT:
         name = training_preflight(script_args, opts)
         if option_value(opts, "--job-name", "-J") is None:
