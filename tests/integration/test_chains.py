@@ -1,0 +1,48 @@
+"""Auto-requeue chains are per run: two runs' chains side by side on the local Slurm. The singleton key is the
+job name, which isambard_sbatch derives from the run's name (training-<logger.wandb_exp_name>), so the successor
+of one run starts while the other run is still training (with one shared name it would wait for it)."""
+
+import json
+import re
+import time
+
+import pytest
+
+from conftest import ROOT, run
+from .test_slurm import job_log, job_state, senv, slurm, submit, wait_job, _wait_for_step  # noqa: F401
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+TRAIN = ["pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft",
+         "checkpoint.save_interval=1000"]
+
+
+def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    env = {**senv, "PIPELINE_AUTO_REQUEUE": "1"}
+    a1 = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=30", "logger.wandb_exp_name=chain_a",
+                "+pipeline.local.fault_inject_step_sleep=0.3")
+    b1 = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=60", "logger.wandb_exp_name=chain_b",
+                "+pipeline.local.fault_inject_step_sleep=0.8")
+    for job, name in ((a1, "chain_a"), (b1, "chain_b")):
+        assert f"JobName=training-{name}" in run(["scontrol", "show", "job", job, "-o"], env=env).stdout
+    _wait_for_step(tmp_path / "runs" / "chain_a", 5)
+    run(["scancel", "--batch", "--signal=USR1", a1], env=env, check=True)  # preempt run A's first link
+    assert wait_job(env, a1) == "COMPLETED"
+    a2 = re.search(r"successor job (\d+)", job_log("training", a1)).group(1)
+    # run A's successor runs while run B's first job is still training: the chains do not block each other
+    deadline, overlap = time.time() + 240, False
+    while time.time() < deadline and not overlap:
+        overlap = job_state(env, a2) == "RUNNING" and job_state(env, b1) == "RUNNING"
+        if job_state(env, a2) in ("COMPLETED", "FAILED") or job_state(env, b1) in ("COMPLETED", "FAILED"):
+            break
+        time.sleep(1)
+    assert overlap, (job_state(env, a2), job_state(env, b1))
+    assert wait_job(env, a2) == "COMPLETED" and wait_job(env, b1) == "COMPLETED"
+    for first, last, name, iters in ((a1, a2, "chain_a", 30), (b1, b1, "chain_b", 60)):
+        log = job_log("training", last)
+        assert "[after training is done]" in log and "cancelling successor" in log, log[-2000:]
+        nxt = re.search(r"successor job (\d+)", log).group(1)
+        assert wait_job(env, nxt) == "CANCELLED"
+        assert json.loads((tmp_path / "runs" / name / "metrics_summary.json").read_text())["final_step"] == iters
+    assert "resuming from" in job_log("training", a2)
