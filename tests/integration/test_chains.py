@@ -46,3 +46,19 @@ def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
         assert wait_job(env, nxt) == "CANCELLED"
         assert json.loads((tmp_path / "runs" / name / "metrics_summary.json").read_text())["final_step"] == iters
     assert "resuming from" in job_log("training", a2)
+
+
+def test_spent_requeue_budget_ends_failed_and_says_how_to_continue(senv, tmp_path):
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    env = {**senv, "PIPELINE_MAX_REQUEUES": "0"}
+    job = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=200", "logger.wandb_exp_name=budget",
+                 "+pipeline.local.fault_inject_step_sleep=0.3")
+    _wait_for_step(tmp_path / "runs" / "budget", 5)
+    run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True)
+    assert wait_job(env, job) == "FAILED"  # not COMPLETED: the run is unfinished
+    log = job_log("training", job)
+    assert "PIPELINE_MAX_REQUEUES=0 is used up" in log
+    assert "isambard_sbatch --nodes=1 pipeline_training_submit.sbatch configs/local/tiny_moe_sft.yaml" in log
+    summary = json.loads((tmp_path / "runs" / "budget" / "metrics_summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["final_step"] < 200
