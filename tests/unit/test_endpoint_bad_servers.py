@@ -51,6 +51,24 @@ def make_handler(mode: str):
                     self._send(json.dumps({"choices": []}).encode())
                 elif mode == "list":
                     self._send(b"[1, 2, 3]")
+                elif mode == "header_drip":  # the status line, then one header byte a second
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    for _ in range(60):
+                        self.wfile.write(b"X")
+                        self.wfile.flush()
+                        time.sleep(1)
+                elif mode == "error_drip":  # an HTTP error whose body drips
+                    self.wfile.write(b"HTTP/1.1 500 Oops\r\nContent-Length: 1000\r\n\r\n")
+                    for _ in range(60):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(1)
+                elif mode == "inf_tokens":
+                    self._send(b'{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1e999}}')
+                elif mode == "neg_tokens":
+                    self._send(b'{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": -5}}')
+                elif mode == "nested":
+                    self._send(b"[" * 100000)
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
@@ -73,12 +91,18 @@ def server(request):
     ("huge", "sent more than 1048576 bytes"),
     ("shape", "without choices[0].message.content"),
     ("list", "answered list, not a JSON object"),
+    ("header_drip", "in time"),
+    ("error_drip", "answered HTTP 500"),
+    ("inf_tokens", "is not a token count"),
+    ("neg_tokens", "is not a token count"),
+    ("nested", "did not answer JSON"),
 ], indirect=["server"])
 def test_broken_servers_are_one_line_errors(server, needle, tmp_path, pipeline_env):
     t0 = time.time()
     res = run([PY, "pipeline_coherence_test.py", "m", "--backend", "endpoint", "--endpoint-url", server,
-               "--no-wandb", "--timeout", "3", "--output-dir", str(tmp_path)], env=pipeline_env, timeout=120)
-    assert time.time() - t0 < 60
+               "--no-wandb", "--timeout", "3", "--deadline", "6", "--output-dir", str(tmp_path)], env=pipeline_env,
+              timeout=120)
+    assert time.time() - t0 < 30  # the deadline holds wherever the server stalls
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.count("\n") == 1 and needle in res.stderr, res.stderr
     assert not list(tmp_path.iterdir())  # no report from a broken run
@@ -88,7 +112,24 @@ def test_broken_servers_are_one_line_errors(server, needle, tmp_path, pipeline_e
     (["--endpoint-url", "file:///etc/passwd"], "must start with http:// or https://"),
     (["--endpoint-url", "http://127.0.0.1:9", "--timeout", "0"], "--timeout must be a positive number"),
     (["--endpoint-url", "http://127.0.0.1:9", "--deadline", "nan"], "--deadline must be a positive number"),
+    (["--endpoint-url", "http://[::1"], "is not a valid URL"),
+    (["--endpoint-url", "http://"], "has no host"),
+    (["--discovery-file", "/tmp"], "is a directory"),
 ])
 def test_bad_endpoint_arguments(args, needle, pipeline_env):
     res = run([PY, "pipeline_coherence_test.py", "m", "--backend", "endpoint", "--no-wandb", *args], env=pipeline_env)
+    assert res.returncode == 2 and needle in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\xff\xfe\x00", "is not readable text"),
+    (b'{"url": 5}', "holds no http(s) URL"),
+    (b'{"url": ["http://x"]}', "holds no http(s) URL"),
+    (b'{"url": "http://[::1"}', "is not a valid URL"),
+])
+def test_bad_discovery_files(content, needle, tmp_path, pipeline_env):
+    f = tmp_path / "serve.endpoint"
+    f.write_bytes(content)
+    res = run([PY, "pipeline_coherence_test.py", "m", "--backend", "endpoint", "--discovery-file", str(f),
+               "--no-wandb"], env=pipeline_env)
     assert res.returncode == 2 and needle in res.stderr and res.stderr.count("\n") == 1, res.stderr

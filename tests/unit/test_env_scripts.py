@@ -47,6 +47,11 @@ def test_validate_lists_named_checks():
     (["export", "/nonexistent", "--hf-model", "a/b", "--no-reasoning"], "checkpoint directory /nonexistent does not exist"),
     (["export", "/tmp", "--no-reasoning"], "the following arguments are required: --hf-model"),
     (["export", "/tmp", "--hf-model", "a/b"], "one of the arguments --reasoning --no-reasoning is required"),
+    (["upload-all", "/tmp", "--hf-model", "a/b", "--no-reasoning"], "holds no iter_NNNNNNN checkpoints"),
+    (["upload-all", "/tmp", "--hf-model", "a/b", "--no-reasoning", "--poll", "--interval", "-5"],
+     "--interval -5.0 must be a number of seconds"),
+    (["upload-all", "/tmp", "--hf-model", "a/b", "--no-reasoning", "--poll", "--idle-timeout", "nan"],
+     "--idle-timeout nan must be a number of seconds"),
 ])
 def test_convert_bad_input(args, needle, pipeline_env):
     res = run(["bash", "pipeline_checkpoint_convert.sh", *args], env=pipeline_env)

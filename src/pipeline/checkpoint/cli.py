@@ -140,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.ckpt_dir.is_dir():
         raise UserError(f"checkpoint directory {args.ckpt_dir} does not exist")
+    import math
+
+    for flag, v in (("--interval", args.interval), ("--idle-timeout", args.idle_timeout)):
+        if v is not None and not (math.isfinite(v) and 0 < v <= 7 * 86400):
+            raise UserError(f"{flag} {v} must be a number of seconds in (0, 604800]")
+    if not args.poll and not layout.list_iterations(args.ckpt_dir) and layout.read_tracker(args.ckpt_dir) is None:
+        raise UserError(f"{args.ckpt_dir} holds no iter_NNNNNNN checkpoints (is it the run's checkpoints/ folder? "
+                        "--poll waits for the first one)")
     conv, failed = upload_all(args.ckpt_dir, convert, poll=args.poll, interval=args.interval,
                               idle_timeout=args.idle_timeout)
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")

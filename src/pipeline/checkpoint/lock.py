@@ -47,15 +47,42 @@ class Lock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                if not self._stale():
+                stale = self._stale_content()
+                if stale is None:
                     return False
+                # Take over atomically: move the stale lock aside, then check it is the one judged stale (two
+                # processes taking over at once: the loser moved the winner's fresh lock, and puts it back).
+                aside = self.path.with_name(f"{self.path.name}.{os.getpid()}.stale")
+                try:
+                    os.replace(self.path, aside)
+                except FileNotFoundError:
+                    continue
+                try:
+                    moved = aside.read_text()
+                except OSError:
+                    moved = ""
+                if moved != stale:
+                    try:
+                        os.link(aside, self.path)  # restore the live lock unless a newer one is already there
+                    except OSError:
+                        pass
+                    aside.unlink(missing_ok=True)
+                    return False
+                aside.unlink(missing_ok=True)
                 log.warning("taking over stale lock %s", self.path)
-                self.path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(me, f)
             return True
         return False
+
+    def _stale_content(self) -> str | None:
+        """The lock file's text when its owner is gone (or it is older than the TTL), else None."""
+        try:
+            text = self.path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return "" if self._stale() else None
+        return text if self._stale() else None
 
     def _stale(self) -> bool:
         try:
@@ -73,7 +100,13 @@ class Lock:
             return True
 
     def release(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """Remove the lock only while it is still ours (another host may have taken it over after the TTL)."""
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+            self.path.unlink(missing_ok=True)
 
     def holder(self) -> str:
         try:

@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
+import signal
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -59,20 +62,42 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
 
 def read_discovery_file(path: Path) -> str:
     """A serving job's discovery file: a URL on one line, or JSON with a 'url' (or 'host' + 'port') field."""
+    if path.is_dir():
+        raise UserError(f"discovery file {path} is a directory, not the file a serving job writes")
     if not path.is_file():
         raise UserError(f"discovery file {path} does not exist (is the serving job running?)")
-    text = path.read_text().strip()
+    try:
+        text = path.read_bytes()[:65536].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        raise UserError(f"discovery file {path} is not readable text") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         data = text
     if isinstance(data, dict):
         url = data.get("url") or (f"http://{data['host']}:{data['port']}" if "host" in data and "port" in data else None)
     else:
-        url = str(data)
-    if not url or not url.startswith(("http://", "https://")):
+        url = data
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise UserError(f"discovery file {path} holds no http(s) URL")
-    return url.rstrip("/")
+    return check_url(url.rstrip("/"), f"discovery file {path}")
+
+
+def check_url(url: str, where: str = "endpoint URL") -> str:
+    """An http(s) URL with a host and a valid port, or one line naming what is wrong."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UserError(f"{where}: {url[:100]!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise UserError(f"{where}: {url[:100]!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise UserError(f"{where}: {url[:100]!r} has no host")
+    del port
+    return url
 
 
 MAX_RESPONSE_BYTES = 1 << 20  # a chat completion of a few thousand tokens is a few tens of KB
@@ -80,6 +105,26 @@ MAX_RESPONSE_BYTES = 1 << 20  # a chat completion of a few thousand tokens is a 
 
 class _Deadline(Exception):
     pass
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float):
+    """Raise _Deadline after ``seconds`` wherever the request is (connect, headers, body), with SIGALRM in the main
+    thread; elsewhere only the socket timeouts and the read loop's check bound it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame):  # noqa: ARG001
+        raise _Deadline()
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _request(url: str, payload: dict | None, timeout: float, deadline: float | None = None) -> dict:
@@ -93,20 +138,21 @@ def _request(url: str, payload: dict | None, timeout: float, deadline: float | N
         end = min(end, deadline)
     if end <= time.monotonic():
         raise _Deadline()
-    with urllib.request.urlopen(req, timeout=max(0.1, min(timeout, end - time.monotonic()))) as resp:
-        body = bytearray()
-        while True:
-            if time.monotonic() > end:
-                raise _Deadline()
-            chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
-            if not chunk:
-                break
-            body += chunk
-            if len(body) > MAX_RESPONSE_BYTES:
-                raise UserError(f"endpoint {url} sent more than {MAX_RESPONSE_BYTES} bytes; refusing the reply")
+    with _alarm(end - time.monotonic()):  # bounds the headers and an error body too, not only our read loop
+        with urllib.request.urlopen(req, timeout=max(0.1, min(timeout, end - time.monotonic()))) as resp:
+            body = bytearray()
+            while True:
+                if time.monotonic() > end:
+                    raise _Deadline()
+                chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+                if not chunk:
+                    break
+                body += chunk
+                if len(body) > MAX_RESPONSE_BYTES:
+                    raise UserError(f"endpoint {url} sent more than {MAX_RESPONSE_BYTES} bytes; refusing the reply")
     try:
         out = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise UserError(f"endpoint {url} did not answer JSON (got {bytes(body[:60])!r}...): is it an "
                         "OpenAI-compatible server?") from None
     if not isinstance(out, dict):
@@ -117,9 +163,7 @@ def _request(url: str, payload: dict | None, timeout: float, deadline: float | N
 def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_tokens: int, reasoning: bool,
                       timeout: float = 120.0, deadline: float | None = None) -> list[Generation]:
     """``timeout``: seconds per request; ``deadline``: seconds for the whole run (default: timeout per prompt)."""
-    base = base_url.rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise UserError(f"endpoint URL {base_url!r} must start with http:// or https://")
+    base = check_url(base_url.rstrip("/"))
     root = base[:-3] if base.endswith("/v1") else base
     end = time.monotonic() + (deadline if deadline is not None else timeout * max(1, len(prompts)))
     try:
@@ -142,7 +186,12 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
         try:
             resp = _request(f"{root}/v1/chat/completions", payload, timeout, deadline=end)
         except urllib.error.HTTPError as exc:
-            raise UserError(f"endpoint {root} answered HTTP {exc.code}: {exc.read(200)!r}") from None
+            try:
+                with _alarm(2.0):
+                    detail = exc.read(200)
+            except (_Deadline, OSError, http.client.HTTPException):
+                detail = b""
+            raise UserError(f"endpoint {root} answered HTTP {exc.code}: {detail!r}") from None
         except (_Deadline, socket.timeout, TimeoutError):
             raise UserError(f"endpoint {root} did not answer prompt {len(out) + 1} of {len(prompts)} in time "
                             f"(--timeout {timeout:g} s per request, {end - time.monotonic() + 0:.0f} s of the "
@@ -154,9 +203,13 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
             text = (choice.get("message") or {}).get("content") or ""
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
-            n = (resp.get("usage") or {}).get("completion_tokens") or len(text.split())
-            out.append((text.strip(), int(n), choice.get("finish_reason") == "stop"))
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            n = (resp.get("usage") or {}).get("completion_tokens")
+            if n is None:
+                n = len(text.split())
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 10_000_000:
+                raise ValueError(f"usage.completion_tokens={str(n)[:20]} is not a token count")
+            out.append((text.strip(), n, choice.get("finish_reason") == "stop"))
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError) as exc:
             raise UserError(f"endpoint {root} answered a chat completion without choices[0].message.content "
                             f"({type(exc).__name__}: {str(exc)[:80]})") from None
     return out

@@ -29,6 +29,11 @@ def cli_main(fn: F) -> F:
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130
+        except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         return 0 if rc is None else rc
 
     return wrapper  # type: ignore[return-value]

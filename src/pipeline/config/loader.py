@@ -52,6 +52,8 @@ def _merge_known(base: dict, update: dict, where: str, known: list[str], path: s
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"config file {path} is a directory; pass a YAML file (e.g. configs/local/tiny_moe_sft.yaml)")
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")
     try:

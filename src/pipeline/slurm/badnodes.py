@@ -216,7 +216,12 @@ class BadNodeLog:
     def _validate(self, nodes: str) -> list[str]:
         if not is_hostlist(nodes):
             raise UserError(f"invalid node name or hostlist {nodes!r}: expected names like nid001234 or nid[001-004]")
-        return expand(nodes)
+        names = list(dict.fromkeys(expand(nodes)))  # each node once, in order
+        bad = [n for n in names if not is_node_name(n)]  # e.g. an expansion longer than a host name may be
+        if bad:
+            raise UserError(f"invalid node name {bad[0][:80]!r} in {nodes[:80]!r}: names are at most 63 characters of "
+                            "letters, digits, '-', '_' and '.'")
+        return names
 
     def mark(self, nodes: str, reason: str = "") -> list[str]:
         names = self._validate(nodes)
@@ -237,6 +242,8 @@ class BadNodeLog:
                     data = b"\n" + data
                 os.write(fd, data)
                 os.fsync(fd)
+            except OSError as exc:  # a full or over-quota shared filesystem
+                raise UserError(f"cannot append to the bad-node log {self.path}: {exc.strerror or exc}") from None
             finally:
                 os.close(fd)
         return names
@@ -292,6 +299,8 @@ def from_env(root: Path | None = None) -> BadNodeLog:
         path = str(root / ".slurm" / "bad_nodes.log")
     ttl = os.environ.get("BAD_NODES_TTL_DAYS") or os.environ.get("PIPELINE_BAD_NODES_TTL_DAYS") or "7"
     try:
+        if not re.fullmatch(r"\s*[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*", ttl):
+            raise ValueError(ttl)  # float() also takes "7_0", "inf", "nan"
         ttl_days = float(ttl)
     except ValueError:
         raise UserError(f"BAD_NODES_TTL_DAYS={ttl!r} is not a number") from None
