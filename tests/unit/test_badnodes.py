@@ -268,3 +268,25 @@ def test_export_submission_checks_the_iteration(monkeypatch, tmp_path):
         sbatch_cli.build_submission(["pipeline_checkpoint_submit.sbatch", "export", str(ck), "--hf-model", "a/b",
                                      "--no-reasoning"])
     assert layout.read_tracker(ck) is None
+
+
+def test_getopt_like_parsing():
+    table = (frozenset({"-N", "--nodes", "-J", "--job-name", "--comment", "-x", "--exclude", "-o", "--output"}),
+             frozenset({"-H", "--hold", "--parsable"}))
+    opts, ex, script, rest = sbatch_cli.split_sbatch_args(
+        ["--hold", "-HN", "2", "--comment", "-N5", "--job", "x", "-xn1", "--", "s.sbatch", "-N", "9"], table)
+    assert opts == ["--hold", "-H", "-N", "2", "--comment=-N5", "--job-name=x"] and ex == ["n1"]
+    assert script == "s.sbatch" and rest == ["-N", "9"]
+    assert sbatch_cli.option_value(opts, "--nodes", "-N") == "2"  # not the comment's "-N5"
+    with pytest.raises(UserError, match="unknown sbatch option '-Z'"):
+        sbatch_cli.split_sbatch_args(["-HZ", "s.sbatch"], table)
+    with pytest.raises(UserError, match="ambiguous"):
+        sbatch_cli.split_sbatch_args(["--no", "s.sbatch"], (frozenset({"--nodes", "--nodelist"}), frozenset()))
+
+
+@pytest.mark.parametrize("node", ["n" * 62 + "[10-11]"])
+def test_expanded_names_are_checked_before_writing(tmp_path, node):
+    log = BadNodeLog(tmp_path / "bad.log")
+    with pytest.raises(UserError, match="at most 63 characters"):
+        log.mark(node, "x")
+    assert not (tmp_path / "bad.log").exists() or (tmp_path / "bad.log").read_text() == ""

@@ -168,3 +168,21 @@ def test_typed_values_and_sweeps_on_the_local_engine(capsys, override, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["+train.train_iter=5"], "'train.train_iter' is not a config key of either engine (did you mean 'train.train_iters'?)"),
+    (["logger.wandb_exp_name=" + "x" * 300], "cannot name a run directory"),
+    (["logger.wandb_exp_name=''"], "logger.wandb_exp_name is empty"),
+    (["train.train_iters=99999999999999999999999"], "is out of range"),
+])
+def test_more_local_engine_refusals(capsys, extra, needle):
+    argv = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run",
+            "--no-path-checks", *extra]
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_config_path_that_is_a_directory(capsys):
+    assert main(["configs", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run"]) == 2
+    assert "config file configs is a directory" in capsys.readouterr().err

@@ -1,38 +1,127 @@
-"""Cluster profiles (``configs/cluster/<name>.yaml``): GPUs per node, device memory, launcher, NCCL env."""
+"""Cluster profiles (``configs/cluster/<name>.yaml``): everything that differs between a laptop and a cluster.
+
+GPUs per node, device memory, launcher and NCCL env (read by the training launcher), the Slurm placement that
+``isambard_sbatch`` adds to a submission (partition, account, time limit, exclusivity, GPUs per node), and the
+shell knobs of ``pipeline_env_config.env`` (runtime, container image, shared bad-node log, log and cache roots).
+
+Standard library only: the host's ``python3`` runs it before any environment exists::
+
+    python3 -m pipeline.config.cluster env NAME     # KEY=VALUE lines for pipeline_env_config.env
+    python3 -m pipeline.config.cluster show NAME    # the profile's fields
+
+The profiles are written in a flat YAML subset (``key: value`` lines, one nested mapping for ``env``) parsed
+here by hand, so the same parser serves the shell (no PyYAML on a login node) and the training launcher.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, cli_main
 
 ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+RUNTIMES = ("venv", "apptainer", "charliecloud")
+# Slurm time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME = re.compile(r"^(\d+|\d+:\d\d|\d+:\d\d:\d\d|\d+-\d+|\d+-\d+:\d\d|\d+-\d+:\d\d:\d\d)$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,-]+$")  # partition / account (a partition may be a comma list)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Shell knobs of pipeline_env_config.env that come from the profile: knob -> profile field.
+KNOBS = {
+    "PIPELINE_RUNTIME": "runtime",
+    "PIPELINE_SIF": "sif",
+    "PIPELINE_BAD_NODES_LOG": "bad_nodes_log",
+    "PIPELINE_LOG_DIR": "log_dir",
+    "PIPELINE_CACHE_DIR": "cache_dir",
+}
+# The record of which knobs a profile filled (``NAME:KEY,KEY``), so that sourcing the env config again with
+# another profile selected refills them, while a knob the user exported keeps winning.
+FILLED = "PIPELINE_PROFILE_FILLED"
+DEFAULT_PROFILE = "local_cpu"
 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterProfile:
     name: str
     description: str = ""
+    # How jobs run and where shared files live (relative paths are under the checkout).
+    runtime: str = "venv"
+    sif: str = ".cache/containers/nemo-26.06.sif"
+    bad_nodes_log: str = ".slurm/bad_nodes.log"
+    log_dir: str = "logs"
+    cache_dir: str = ".cache"
+    # Hardware.
     gpus_per_node: int = 0
     procs_per_node: int = 1
     gpu_memory_gb: float = 0.0
     host_memory_gb: float = 0.0
     cpus_per_node: int = 1
+    # Slurm placement added by isambard_sbatch unless the user or the script's #SBATCH header sets it.
     partition: str | None = None
     account: str | None = None
-    time_limit: str = "01:00:00"
+    time_limit: str | None = None
     exclusive: bool = False
+    # Launcher.
     launcher: str = "torchrun"
     ft_section_timeouts: str = "setup:600,step:180,checkpointing:420"
     ft_out_of_section_timeout: int = 300
     max_restarts: int = 3
     rdzv_port: int = 29500
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"cluster profile '{self.name}'"
+
+        def bad(field: str, why: str) -> UserError:
+            return UserError(f"{where}: {field} {getattr(self, field)!r} {why}")
+
+        if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9_.-]+$", self.name):
+            raise UserError(f"{where}: name must be letters, digits, '_', '.', '-'")
+        if self.runtime not in RUNTIMES:
+            raise bad("runtime", f"is not one of {', '.join(RUNTIMES)}")
+        for f in ("gpus_per_node", "procs_per_node", "cpus_per_node", "ft_out_of_section_timeout",
+                  "max_restarts", "rdzv_port"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(f, "must be an integer")
+        for f in ("gpu_memory_gb", "host_memory_gb"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise bad(f, "must be a number >= 0")
+        if self.gpus_per_node < 0:
+            raise bad("gpus_per_node", "must be >= 0 (0: a CPU machine)")
+        if self.procs_per_node < 1 or self.cpus_per_node < 1:
+            raise UserError(f"{where}: procs_per_node and cpus_per_node must be >= 1")
+        if self.max_restarts < 0:
+            raise bad("max_restarts", "must be >= 0")
+        if not 1 <= self.rdzv_port <= 65535:
+            raise bad("rdzv_port", "must be a port number (1-65535)")
+        if self.time_limit is not None and (not isinstance(self.time_limit, str) or not _TIME.match(self.time_limit)):
+            raise bad("time_limit", "is not a Slurm time (quote it: \"HH:MM:SS\", \"D-HH:MM:SS\" or minutes)")
+        for f in ("partition", "account"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, str) or not _SLURM_NAME.match(v)):
+                raise bad(f, "is not a Slurm name (letters, digits, '_', '.', '-', ','), or null for the default")
+        if not isinstance(self.exclusive, bool):
+            raise bad("exclusive", "must be true or false")
+        if self.launcher not in ("torchrun", "ft_launcher"):
+            raise bad("launcher", "must be torchrun or ft_launcher")
+        for f in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "ft_section_timeouts"):
+            v = getattr(self, f)
+            if not isinstance(v, str) or any(ord(c) < 32 or ord(c) == 127 for c in v):
+                raise bad(f, "must be a one-line string")
+        for f in ("sif", "bad_nodes_log", "log_dir", "cache_dir"):
+            if not getattr(self, f):
+                raise bad(f, "must not be empty")
+        if not isinstance(self.env, dict):
+            raise UserError(f"{where}: env must be a mapping of NAME: value")
+        for k, v in self.env.items():
+            if not _ENV_KEY.match(str(k)) or any(ord(c) < 32 for c in str(v)):
+                raise UserError(f"{where}: env {k!r}: names are [A-Za-z_][A-Za-z0-9_]*, values one line")
 
     @property
     def has_gpus(self) -> bool:
@@ -46,6 +135,14 @@ class ClusterProfile:
     def memory_budget_gb(self) -> float:
         return self.gpu_memory_gb if self.has_gpus else self.host_memory_gb
 
+    def path(self, field: str, root: Path | None = None) -> str:
+        """A path field, absolute (relative ones are under the checkout)."""
+        return str((root or ROOT) / getattr(self, field))
+
+    def knob_values(self, root: Path | None = None) -> dict[str, str]:
+        """The shell knobs this profile fills (PIPELINE_RUNTIME, PIPELINE_SIF, ...), paths made absolute."""
+        return {k: (getattr(self, f) if f == "runtime" else self.path(f, root)) for k, f in KNOBS.items()}
+
 
 def cluster_dir() -> Path:
     return ROOT / "configs" / "cluster"
@@ -55,20 +152,213 @@ def available() -> list[str]:
     return sorted(p.stem for p in cluster_dir().glob("*.yaml"))
 
 
+# --- the flat YAML subset -------------------------------------------------------------------------------------
+
+def _scalar(text: str, where: str):
+    """One YAML scalar of the subset: null/~, true/false, integers, floats, quoted or plain strings."""
+    t = text.strip()
+    if t.startswith('"'):
+        m = re.match(r'^"((?:[^"\\]|\\.)*)"\s*(#.*)?$', t)
+        if not m:
+            raise UserError(f"{where}: unterminated double-quoted string")
+        return re.sub(r'\\(.)', lambda e: {"n": "\n", "t": "\t"}.get(e.group(1), e.group(1)), m.group(1))
+    if t.startswith("'"):
+        m = re.match(r"^'((?:[^']|'')*)'\s*(#.*)?$", t)
+        if not m:
+            raise UserError(f"{where}: unterminated single-quoted string")
+        return m.group(1).replace("''", "'")
+    t = re.split(r"\s+#", t, maxsplit=1)[0].strip()  # a comment starts at " #"
+    if t and t[0] in "[{&*!|>@`%":
+        raise UserError(f"{where}: {t[:40]!r}: only plain scalars are supported in a cluster profile "
+                        "(quote the value)")
+    if t in ("", "~", "null", "Null", "NULL"):
+        return None
+    if t in ("true", "True", "TRUE"):
+        return True
+    if t in ("false", "False", "FALSE"):
+        return False
+    if re.match(r"^[-+]?\d+$", t):
+        return int(t)
+    if re.match(r"^[-+]?(\d+\.\d*|\.\d+)([eE][-+]?\d+)?$", t):
+        return float(t)
+    return t
+
+
+def parse_profile_text(text: str, source: str) -> dict:
+    """The mapping of a profile file: ``key: value`` lines; ``env:`` alone on its line opens one nested mapping
+    of indented ``NAME: value`` lines. Anything else (lists, flow style, anchors, multi-line) is one-line error."""
+    data: dict = {}
+    nested: dict | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        where = f"{source}:{n}"
+        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
+            raise UserError(f"{where}: tabs are not allowed for indentation")
+        line = raw.rstrip()
+        if not line.strip() or line.lstrip().startswith("#") or line.strip() == "---":
+            continue
+        indented = line[0] == " "
+        m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:(?:\s+(.*))?$", line)
+        if not m:
+            raise UserError(f"{where}: expected 'key: value' (a cluster profile is flat YAML), got {line.strip()[:60]!r}")
+        key, value = m.group(1), (m.group(2) or "")
+        if indented:
+            if nested is None:
+                raise UserError(f"{where}: unexpected indentation (only the env: mapping is nested)")
+            if key in nested:
+                raise UserError(f"{where}: duplicate key {key!r}")
+            nested[key] = _scalar(value, where)
+            continue
+        if key in data:
+            raise UserError(f"{where}: duplicate key {key!r}")
+        if value.strip() == "" or value.strip().startswith("#"):
+            data[key] = nested = {}  # a mapping follows (or nothing: an empty mapping, like YAML's null)
+            continue
+        nested = None
+        data[key] = _scalar(value, where)
+    return {k: (None if v == {} and k != "env" else v) for k, v in data.items()}
+
+
 def load_cluster(name: str) -> ClusterProfile:
     path = Path(name) if name.endswith(".yaml") else cluster_dir() / f"{name}.yaml"
     if not path.is_file():
         raise UserError(f"unknown cluster profile '{name}'; available: {', '.join(available())}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
-        raise UserError(f"cluster profile {path} is not readable YAML: {str(exc).splitlines()[0][:200]}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"cluster profile {path} must be a mapping of fields")
+        data = parse_profile_text(path.read_text(encoding="utf-8"), str(path))
+    except (UnicodeDecodeError, OSError) as exc:
+        raise UserError(f"cluster profile {path} is not readable text: {str(exc).splitlines()[0][:200]}") from None
     fields = {f.name for f in dataclasses.fields(ClusterProfile)}
     unknown = set(data) - fields
     if unknown:
         raise UserError(f"{path}: unknown keys {sorted(unknown)} (valid: {sorted(fields)})")
     data.setdefault("name", path.stem)
+    if data.get("name") is None:
+        data["name"] = path.stem
+    if not isinstance(data.get("env") or {}, dict):
+        raise UserError(f"{path}: env must be a mapping of NAME: value lines")
     data["env"] = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
+    for k in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "time_limit"):
+        if isinstance(data.get(k), int) and not isinstance(data.get(k), bool):
+            data[k] = str(data[k])  # time_limit: 60 is sixty minutes
+    for k in ("gpu_memory_gb", "host_memory_gb"):
+        if isinstance(data.get(k), int) and not isinstance(data.get(k), bool):
+            data[k] = float(data[k])
     return ClusterProfile(**data)
+
+
+# --- the sbatch options a profile adds -------------------------------------------------------------------------
+
+def _given(opts: list[str] | tuple[str, ...], *names: str) -> bool:
+    """Whether any of the sbatch options ``names`` (long or short spelling) appears in ``opts``."""
+    for a in opts:
+        for n in names:
+            if a == n or (n.startswith("--") and a.startswith(n + "=")) or (
+                    not n.startswith("--") and a.startswith(n) and len(n) == 2):
+                return True
+    return False
+
+
+def profile_sbatch_options(profile, user_opts: list[str], script_opts: list[str] | tuple[str, ...] = ()
+                           ) -> list[str]:
+    """The sbatch options the cluster profile adds to a submission (pure; sorted): --gpus-per-node (when > 0),
+    --partition, --account, --time, --exclusive - each only when neither the user's command line nor the
+    script's own #SBATCH header sets it (user > script header > profile). The values were validated by
+    ClusterProfile, and the result is an argv list, never shell text."""
+    given = [*user_opts, *script_opts]
+    out = []
+    if profile.gpus_per_node > 0 and not _given(given, "--gpus-per-node", "--gpus", "-G", "--gres"):
+        out.append(f"--gpus-per-node={profile.gpus_per_node}")
+    if profile.partition and not _given(given, "--partition", "-p"):
+        out.append(f"--partition={profile.partition}")
+    if profile.account and not _given(given, "--account", "-A"):
+        out.append(f"--account={profile.account}")
+    if profile.time_limit and not _given(given, "--time", "-t"):
+        out.append(f"--time={profile.time_limit}")
+    if profile.exclusive and not _given(given, "--exclusive", "--oversubscribe", "-s"):
+        out.append("--exclusive")
+    return sorted(out)
+
+
+def script_directives(script: str | None) -> list[str]:
+    """The options of a batch script's #SBATCH header (sbatch reads them up to the first command)."""
+    import shlex
+
+    if script is None or not Path(script).is_file():
+        return []
+    out: list[str] = []
+    try:
+        for line in Path(script).read_text(errors="replace").splitlines()[1:]:
+            if line.startswith("#SBATCH"):
+                try:
+                    out += shlex.split(line[len("#SBATCH"):], comments=True)
+                except ValueError:
+                    continue
+            elif line.strip() and not line.startswith("#"):
+                break
+    except OSError:
+        return []
+    return out
+
+
+# --- the shell side ---------------------------------------------------------------------------------------------
+
+def selected_name(environ: dict[str, str] | None = None) -> str:
+    """The profile the shell knobs come from: PIPELINE_CLUSTER, else local_cpu."""
+    environ = os.environ if environ is None else environ
+    return environ.get("PIPELINE_CLUSTER") or DEFAULT_PROFILE
+
+
+def user_set(environ: dict[str, str]) -> dict[str, str]:
+    """The profile knobs the user set: exported, and not a value that a profile filled earlier (an earlier
+    sourcing of pipeline_env_config.env records those in PIPELINE_PROFILE_FILLED as ``NAME:KEY,KEY``)."""
+    prev_name, _, keys = environ.get(FILLED, "").partition(":")
+    filled = set(keys.split(",")) if keys else set()
+    prev: dict[str, str] = {}
+    if filled:
+        try:
+            prev = load_cluster(prev_name).knob_values()
+        except UserError:
+            prev = {}
+    return {k: environ[k] for k in KNOBS if k in environ and not (k in filled and prev.get(k) == environ[k])}
+
+
+def effective_knobs(profile: ClusterProfile, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Each profile knob as a job would see it: the user's exported value wins, else the profile's."""
+    environ = os.environ if environ is None else environ
+    return {**profile.knob_values(), **user_set(environ)}
+
+
+def env_lines(name: str, environ: dict[str, str] | None = None) -> list[str]:
+    """``KEY=VALUE`` lines for pipeline_env_config.env: every profile knob (the user's value where set) and the
+    record of what the profile filled. Values are printed raw - the reader assigns them with ``declare``, which
+    never evaluates them - so a value may not hold a newline (refused by the profile's validation)."""
+    environ = os.environ if environ is None else environ
+    profile = load_cluster(name)
+    mine = user_set(environ)
+    values = effective_knobs(profile, environ)
+    filled = [k for k in KNOBS if k not in mine]
+    lines = [f"{k}={v}" for k, v in values.items()]
+    lines.append(f"{FILLED}={profile.name}:{','.join(filled)}")
+    for line in lines:
+        if "\n" in line or "\0" in line:
+            raise UserError(f"cluster profile '{name}': a value holds a newline: {line.splitlines()[0]!r}")
+    return lines
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) not in (1, 2) or argv[0] not in ("env", "show"):
+        print(__doc__.split("\n\n")[1] if argv and argv[0] in ("-h", "--help") else
+              "usage: python3 -m pipeline.config.cluster env|show [NAME]", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    name = argv[1] if len(argv) == 2 and argv[1] else selected_name()
+    if argv[0] == "env":
+        print("\n".join(env_lines(name)))
+    else:
+        for f in dataclasses.fields(ClusterProfile):
+            print(f"{f.name}: {getattr(load_cluster(name), f.name)!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pipeline.common.errors import UserError, cli_main
+from pipeline.config.cluster import profile_sbatch_options, script_directives  # pure; shared with the dry run
 from pipeline.slurm.badnodes import from_env, is_future, printable
 from pipeline.slurm.hostlist import compress, expand, is_hostlist
 
@@ -85,49 +86,93 @@ def sbatch_option_table() -> tuple[frozenset[str], frozenset[str]] | None:
     return frozenset(values), frozenset(flags | UNLISTED_FLAGS)
 
 
+def _table(table=None) -> tuple[frozenset[str], frozenset[str] | None]:
+    return table if table is not None else (sbatch_option_table() or (frozenset(VALUE_OPTS), None))
+
+
 def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[str]] | None = None
                       ) -> tuple[list[str], list[str], str | None, list[str]]:
-    """(sbatch options without excludes, user excludes, script, script args). Which options take a value comes
-    from the installed sbatch (``sbatch_option_table``); an option it does not know is refused with one line."""
-    values, flags = table if table is not None else (sbatch_option_table() or (frozenset(VALUE_OPTS), None))
-    opts, excludes = [], []
+    """(sbatch options without excludes, user excludes, script, script args), parsed the way sbatch's getopt
+    does: which options take a value comes from the installed sbatch (``sbatch_option_table``); clustered short
+    options (``-HN 2``), unique abbreviations of long options (``--job`` for ``--job-name``) and ``--`` work;
+    an option sbatch does not know is refused with one line. The options come back normalised (``--long=value``,
+    ``-S value``, flags alone), which sbatch reads the same way."""
+    values, flags = _table(table)
+    known = sorted(values | (flags or frozenset()))
+    opts: list[str] = []
+    excludes: list[str] = []
+
+    def add(name: str, value: str | None) -> None:
+        if name in ("-x", "--exclude"):
+            excludes.append(value or "")
+        elif value is None:
+            opts.append(name)
+        elif name.startswith("--"):
+            opts.append(f"{name}={value}")
+        else:
+            opts.extend([name, value])
+
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--":
+            return opts, excludes, (argv[i + 1] if i + 1 < len(argv) else None), argv[i + 2:]
         if not a.startswith("-") or a == "-":
             return opts, excludes, a, argv[i + 1:]
-        name = a.split("=", 1)[0] if a.startswith("--") else a[:2]
-        if name in ("-x", "--exclude"):
-            if a in ("-x", "--exclude"):
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if flags is not None and name not in values and name not in flags:
+                matches = [k for k in known if k.startswith(name) and k.startswith("--")]
+                if len(matches) != 1:
+                    what = f"ambiguous ({', '.join(matches[:5])})" if matches else "not in this Slurm's sbatch --help"
+                    raise UserError(f"unknown sbatch option {a!r} ({what}); check the spelling")
+                name = matches[0]
+            if name in values and not eq:
                 if i + 1 >= len(argv):
-                    raise UserError(f"{a} needs a value")
-                excludes.append(argv[i + 1])
-                i += 2
-                continue
-            excludes.append(a.split("=", 1)[1] if a.startswith("--") else a[2:])
-        elif a in values:
-            if i + 1 >= len(argv):
-                raise UserError(f"{a} needs a value")
-            opts += [a, argv[i + 1]]
-            i += 2
+                    raise UserError(f"{name} needs a value")
+                val, i = argv[i + 1], i + 1
+            add(name, val if (eq or name in values) else None)
+            i += 1
             continue
-        elif flags is not None and name not in values and name not in flags:
-            raise UserError(f"unknown sbatch option {a!r} (not in this Slurm's sbatch --help); check the spelling")
-        else:
-            opts.append(a)
+        # short options, possibly clustered: a value-taking letter takes the rest of the token or the next argument
+        j = 1
+        while j < len(a):
+            name = "-" + a[j]
+            if name in values:
+                val = a[j + 1:]
+                if not val:
+                    if i + 1 >= len(argv):
+                        raise UserError(f"{name} needs a value")
+                    val, i = argv[i + 1], i + 1
+                add(name, val)
+                break
+            if flags is not None and name not in flags:
+                raise UserError(f"unknown sbatch option {name!r} in {a!r} (not in this Slurm's sbatch --help)")
+            add(name, None)
+            j += 1
         i += 1
     return opts, excludes, None, []
 
 
 def option_value(opts: list[str], *names: str) -> str | None:
-    for i, a in enumerate(opts):
-        for n in names:
-            if a == n and i + 1 < len(opts):
+    """The value of an option in normalised ``opts`` (as split_sbatch_args returns them); values of other
+    options are never mistaken for options."""
+    values, _ = _table()
+    i = 0
+    while i < len(opts):
+        a = opts[i]
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if name in names and eq:
+                return val
+            i += 1
+            continue
+        if a in values:
+            if a in names and i + 1 < len(opts):
                 return opts[i + 1]
-            if n.startswith("--") and a.startswith(n + "="):
-                return a.split("=", 1)[1]
-            if not n.startswith("--") and a.startswith(n) and len(a) > len(n):
-                return a[len(n):]
+            i += 2
+            continue
+        i += 1
     return None
 
 
@@ -171,24 +216,36 @@ def run_job_name(run_name: str | None, config: str) -> str:
     return "training-" + (re.sub(r"[^A-Za-z0-9._-]", "_", base)[:100] or "run")
 
 
-def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | None) -> Path | None:
-    """Where the job's output goes: the user's --output, else the script's ``#SBATCH --output`` line."""
+def _script_directive(script: str | None, *names: str) -> str | None:
+    """The value of an ``#SBATCH`` option in the batch script's header (first one found), if any."""
     import re
 
-    pattern = option_value(opts, "--output", "-o")
-    if pattern is None and script is not None and Path(script).is_file():
-        try:
-            for line in Path(script).read_text(errors="replace").splitlines()[:80]:
-                m = re.match(r"#SBATCH\s+(?:--output[= ]|-o\s*)(\S+)", line)
-                if m:
-                    pattern = m.group(1)
-                    break
-        except OSError:
-            return None
-    if pattern is None:
-        pattern = "slurm-%j.out"
-    out = pattern.replace("%%", "\0").replace("%j", job_id).replace("%x", job_name or "").replace("\0", "%")
-    return Path(out).resolve()
+    if script is None or not Path(script).is_file():
+        return None
+    try:
+        lines = Path(script).read_text(errors="replace").splitlines()[:100]
+    except OSError:
+        return None
+    for line in lines:
+        for n in names:  # "--output=X", "--output X", "-o X", "-oX"
+            hit = re.match(rf"#SBATCH\s+{re.escape(n)}(?:=|\s+|(?<=-[A-Za-z]))(\S+)", line)
+            if hit:
+                return hit.group(1)
+    return None
+
+
+def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | None) -> Path | None:
+    """Where the job's output goes: the user's --output, else the script's ``#SBATCH --output``, else sbatch's
+    default; relative to --chdir when given; %j %A %x %u %% substituted (%a stays: one file per array task)."""
+    import getpass
+
+    pattern = option_value(opts, "--output", "-o") or _script_directive(script, "--output", "-o") or "slurm-%j.out"
+    name = job_name or option_value(opts, "--job-name", "-J") or _script_directive(script, "--job-name", "-J") \
+        or (Path(script).name if script else "wrap")
+    out = (pattern.replace("%%", "\0").replace("%j", job_id).replace("%A", job_id).replace("%x", name)
+           .replace("%u", getpass.getuser()).replace("\0", "%"))
+    base = option_value(opts, "--chdir", "-D")
+    return (Path(base) / out if base else Path(out)).resolve()
 
 
 def _value(args: list[str], flag: str) -> str | None:
@@ -224,15 +281,28 @@ def submit_checks(script: str, args: list[str]) -> None:
                 raise UserError(f"{name} prepare: dataset {ds} does not exist")
             if not seq.isdigit() or not 2 <= int(seq) <= 1_048_576:
                 raise UserError(f"{name} prepare: --seq-length {seq!r} must be an integer in [2, 1048576]")
-        elif args[0] in ("tokenize", "pack") or len(args) >= 3:
+        else:
             rest = args[1:] if args[0] in ("tokenize", "pack") else args
-            if not rest or not Path(rest[0]).exists():
-                raise UserError(f"{name}: dataset root {rest[0] if rest else '(none)'} does not exist")
-            if args[0] != "tokenize" and len(rest) >= 3 and not rest[2].isdigit():
+            need = 3  # tokenize: ROOT TOKENIZER OUTPUT_NAME; pack: ROOT TOKENIZER SEQ [PAD]
+            if len(rest) < need:
+                raise UserError(f"{name}: {args[0] if args[0] in ('tokenize', 'pack') else 'pack'} needs DATASET_ROOT "
+                                f"TOKENIZER {'OUTPUT_NAME' if args[0] == 'tokenize' else 'SEQ_LENGTH [PAD]'} "
+                                f"(the actions are prepare, tokenize, pack)")
+            if not Path(rest[0]).exists():
+                raise UserError(f"{name}: dataset root {rest[0]} does not exist (the actions are prepare, tokenize, "
+                                "pack; or DATASET_ROOT TOKENIZER SEQ [PAD] to pack)")
+            if args[0] != "tokenize" and not rest[2].isdigit():
                 raise UserError(f"{name}: the sequence length {rest[2]!r} must be an integer")
     elif name == "pipeline_checkpoint_submit.sbatch":
         if not args or args[0] not in ("export", "import", "upload-all"):
             raise UserError(f"{name}: the action must be export, import or upload-all")
+        if args[0] == "import" and (len(args) < 2 or args[1].startswith("-")):
+            raise UserError(f"{name} import needs HF_ID (a registry name or ORG/NAME) as its first argument")
+        for flag in ("--iteration", "--tp", "--pp", "--ep"):
+            v = _value(args, flag)
+            if v is not None and (not v.isdigit() or (flag != "--iteration" and int(v) < 1)):
+                raise UserError(f"{name}: {flag} {v!r} must be a {'non-negative' if flag == '--iteration' else 'positive'}"
+                                " integer")
         if args[0] in ("export", "upload-all"):
             if len(args) < 2 or not Path(args[1]).is_dir():
                 raise UserError(f"{name} {args[0]}: checkpoint directory {args[1] if len(args) > 1 else '(none)'} "
@@ -249,6 +319,12 @@ def submit_checks(script: str, args: list[str]) -> None:
             raise UserError(f"{name} needs MODEL [options]")
         model, backend = args[0], _value(args, "--backend") or "hf"
         disc = _value(args, "--discovery-file")
+        if backend not in ("hf", "endpoint", "megatron"):
+            raise UserError(f"{name}: --backend must be hf, endpoint or megatron (got {backend!r})")
+        if backend == "endpoint" and disc is None and _value(args, "--endpoint-url") is None:
+            raise UserError(f"{name}: the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
+        if backend == "megatron" and _value(args, "--hf-model") is None:
+            raise UserError(f"{name}: the megatron backend needs --hf-model ID")
         if backend == "endpoint" and disc is not None and not Path(disc).is_file():
             raise UserError(f"{name}: discovery file {disc} does not exist (is the serving job running?)")
         if backend in ("hf", "megatron") and _looks_local(model) and not Path(model).exists():
@@ -282,6 +358,32 @@ def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm")) -> st
     return str(path)
 
 
+def submission_profile(script: str | None, script_args: list[str]):
+    """The cluster profile of a submission, in the training launcher's order: a training job's ``--cluster
+    NAME``, else PIPELINE_CLUSTER (which pipeline_env_config.env's knobs came from), else a training config's
+    ``pipeline.cluster`` (read without YAML: a login node may have no venv), else local_cpu."""
+    import re
+
+    from pipeline.config.cluster import DEFAULT_PROFILE, load_cluster
+
+    name = None
+    for i, a in enumerate(script_args):
+        if a == "--cluster" and i + 1 < len(script_args):
+            name = script_args[i + 1]
+        elif a.startswith("--cluster="):
+            name = a.split("=", 1)[1]
+    name = name or os.environ.get("PIPELINE_CLUSTER")
+    if not name and script is not None and Path(script).name == TRAINING_SCRIPT and script_args:
+        try:
+            text = Path(script_args[0]).read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = re.search(r"^pipeline:[ \t]*(?:#.*)?\n(?:[ \t]+.*\n|[ \t]*#.*\n|[ \t]*\n)*?[ \t]+cluster:[ \t]*"
+                      r"[\"']?([A-Za-z0-9_.-]+)", text, re.M)
+        name = m.group(1) if m and m.group(1) != "null" else None
+    return load_cluster(name or DEFAULT_PROFILE)
+
+
 def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
     log = from_env()
@@ -302,7 +404,8 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
                   f"{', '.join(unknown[:5])}", file=sys.stderr)
         bad = [n for n in bad if n in known]
     excluded = sorted(set(user_nodes) | set(bad))
-    cmd = ["sbatch", *opts]
+    cmd = ["sbatch", *opts, *profile_sbatch_options(submission_profile(script, script_args), opts,
+                                                     script_directives(script))]
     if excluded:
         cmd.append("--exclude=" + render_exclude(excluded))
     if script is not None:

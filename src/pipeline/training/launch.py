@@ -87,9 +87,13 @@ def resolve_cluster(args, cfg: dict, spec: ModelSpec) -> ClusterProfile:
 
 
 def default_run_dir(cfg: dict, config_path: str) -> Path:
-    name = str(get(cfg, "logger.wandb_exp_name") or Path(config_path).stem)
-    if name in (".", "..") or "/" in name or "\0" in name:
-        raise UserError(f"logger.wandb_exp_name={name!r} cannot name a run directory (no '/', not '.' or '..')")
+    raw = get(cfg, "logger.wandb_exp_name")
+    if raw is not None and str(raw).strip() == "":
+        raise UserError("logger.wandb_exp_name is empty: give the run a name (or leave it unset to use the config's)")
+    name = str(raw or Path(config_path).stem)
+    if name in (".", "..") or "/" in name or "\0" in name or len(name.encode()) > 200:
+        raise UserError(f"logger.wandb_exp_name={name[:60]!r}{'...' if len(name) > 60 else ''} cannot name a run "
+                        "directory (no '/', not '.' or '..', at most 200 bytes)")
     return Path(os.environ.get("PIPELINE_RUNS_DIR") or ROOT / "runs") / name
 
 
@@ -159,10 +163,51 @@ def _set_values(d: dict) -> dict:
     return out
 
 
-def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str], overrides: list[str]) -> str:
+def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str], overrides: list[str],
+                cluster: ClusterProfile | None = None) -> str:
+    """The isambard_sbatch command that submits this run. With a cluster profile: the profile is selected for the
+    job (PIPELINE_CLUSTER=NAME, unless it already is), and a comment line names the Slurm options isambard_sbatch
+    adds from it and the runtime, image and bad-node log the job gets."""
+    env, note = [], ""
+    if cluster is not None:
+        from pipeline.config.cluster import effective_knobs, profile_sbatch_options, script_directives
+
+        if os.environ.get("PIPELINE_CLUSTER") != cluster.name:
+            env = [f"PIPELINE_CLUSTER={shlex.quote(cluster.name)}"]
+        opts = profile_sbatch_options(cluster, [f"--nodes={nodes}"],
+                                      script_directives(str(ROOT / "pipeline_training_submit.sbatch")))
+        k = effective_knobs(cluster)
+        note = (f"\n# isambard_sbatch adds from cluster profile {cluster.name}: {' '.join(opts) or '(nothing)'}; the job "
+                f"runs with runtime {k['PIPELINE_RUNTIME']}, image {shlex.quote(k['PIPELINE_SIF'])}, bad-node log "
+                f"{shlex.quote(os.environ.get('BAD_NODES_LOG') or k['PIPELINE_BAD_NODES_LOG'])}, partition "
+                f"{cluster.partition or '(cluster default)'}, gpus per node {cluster.gpus_per_node} "
+                "(exported variables win)")
     parts = ["isambard_sbatch", f"--nodes={nodes}", "pipeline_training_submit.sbatch", config, model, mode, *flags,
              *overrides]
-    return " ".join(shlex.quote(p) for p in parts)
+    return " ".join([*env, *(shlex.quote(p) for p in parts)]) + note
+
+
+def profile_lines(cluster: ClusterProfile) -> str:
+    """The cluster profile's facts for the dry run: what the job runs in and where Slurm places it."""
+    from pipeline.config.cluster import effective_knobs, user_set
+
+    k, mine = effective_knobs(cluster), user_set(dict(os.environ))
+    src = lambda key: " (exported)" if key in mine else ""
+    bad_log = os.environ.get("BAD_NODES_LOG")
+    return "\n".join([
+        f"cluster profile: {cluster.name} ({cluster.description})" if cluster.description else
+        f"cluster profile: {cluster.name}",
+        f"runtime: {k['PIPELINE_RUNTIME']}{src('PIPELINE_RUNTIME')}",
+        f"image: {k['PIPELINE_SIF']}{src('PIPELINE_SIF')}",
+        f"bad-node log: {bad_log + ' (BAD_NODES_LOG)' if bad_log else k['PIPELINE_BAD_NODES_LOG']}"
+        f"{'' if bad_log else src('PIPELINE_BAD_NODES_LOG')}",
+        f"log dir: {k['PIPELINE_LOG_DIR']}{src('PIPELINE_LOG_DIR')}; cache dir: {k['PIPELINE_CACHE_DIR']}"
+        f"{src('PIPELINE_CACHE_DIR')}",
+        f"slurm: partition {cluster.partition or '(cluster default)'}, account {cluster.account or '(user default)'}, "
+        f"gpus per node {cluster.gpus_per_node}, time limit {cluster.time_limit or '(Slurm default)'} (when the "
+        f"script sets none), "
+        f"exclusive {'yes' if cluster.exclusive else 'no'}",
+    ])
 
 
 def plan_from_args(argv: list[str]):
@@ -222,12 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         import yaml
 
+        print("== cluster profile ==")
+        print(profile_lines(cluster))
         print("== resolved config (set values; the full one is written to <run_dir>/config.yaml) ==")
         print(yaml.safe_dump(_set_values(cfg), sort_keys=False).rstrip())
         print("== launch command (per node) ==")
         print(" ".join(shlex.quote(c) for c in cmd))
         print("== sbatch line ==")
-        print(sbatch_line(args.config, args.model, args.mode, nodes, launcher_flags, overrides))
+        print(sbatch_line(args.config, args.model, args.mode, nodes, launcher_flags, overrides, cluster))
         return 0
     if needs_fan_out(alloc):
         # By hand inside a multi-node salloc: this shell runs on one node only. Start the launcher on every node

@@ -79,6 +79,9 @@ def _int(cfg: dict, key: str, plan: Plan, required: bool = True) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         plan.problems.append(f"{key}={v!r} must be an integer")
         return 0
+    if v > 2**62:
+        plan.problems.append(f"{key}={v} is out of range")
+        return 0
     if v < 1 and not key.endswith("train_iters"):
         plan.problems.append(f"{key}={v} must be >= 1")
         return 0
@@ -339,13 +342,14 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
         for k, v in node.items():
             dotted = f"{where}.{k}" if where else k
             if k not in fields:
-                if types_only:
-                    continue
                 close = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.75)
                 hint = f" (did you mean '{(where + '.') if where else ''}{close[0]}'?)" if close else ""
                 if dotted in ("dataset.dataset_root", "dataset.offline_packing_specs") and "data_path" in fields:
                     hint = (" (packed SFT data is for sft; pretraining on Megatron Bridge reads indexed .bin/.idx "
                             "data: set +dataset.data_path=[PREFIX] from pipeline_data_prepare.py tokenize)")
+                if types_only:  # the local engine ignores '+' keys: a key no engine knows is a typo
+                    plan.problems.append(f"'{dotted}' is not a config key of either engine{hint}")
+                    continue
                 plan.problems.append(f"'{dotted}' is not a field of Megatron Bridge's {spec.name} {recipe_mode(mode, peft)}"
                                      f" config ({owner}){hint}: Bridge would drop it without an error")
                 continue
