@@ -338,9 +338,21 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
         return
     classes = table["classes"]
 
+    from pipeline.config.schema import SCHEMA
+
+    def in_schema(dotted: str) -> bool:
+        node = SCHEMA
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
     def walk(node: dict, fields: dict, where: str, owner: str) -> None:
         for k, v in node.items():
             dotted = f"{where}.{k}" if where else k
+            if k not in fields and types_only and in_schema(dotted):
+                continue  # a key of our schema: the local engine reads it (e.g. dataset_root for indexed data)
             if k not in fields:
                 close = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.75)
                 hint = f" (did you mean '{(where + '.') if where else ''}{close[0]}'?)" if close else ""
