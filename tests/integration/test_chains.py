@@ -12,13 +12,17 @@ from conftest import ROOT, run
 from .test_slurm import job_log, job_state, senv, slurm, submit, wait_job, _wait_for_step  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+def prepare_chat(env) -> None:
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "600", "--quiet"], env={**env, "PATH": f"{ROOT}/.venv/bin:{env['PATH']}"}, check=True)
+
+
 TRAIN = ["pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft",
          "checkpoint.save_interval=1000"]
 
 
 def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
-    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
-         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    prepare_chat(senv)
     env = {**senv, "PIPELINE_AUTO_REQUEUE": "1"}
     a1 = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=30", "logger.wandb_exp_name=chain_a",
                 "+pipeline.local.fault_inject_step_sleep=0.3")
@@ -49,8 +53,7 @@ def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
 
 
 def test_spent_requeue_budget_ends_failed_and_says_how_to_continue(senv, tmp_path):
-    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
-         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    prepare_chat(senv)
     env = {**senv, "PIPELINE_MAX_REQUEUES": "0"}
     job = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=200", "logger.wandb_exp_name=budget",
                  "+pipeline.local.fault_inject_step_sleep=0.3")

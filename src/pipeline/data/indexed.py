@@ -85,7 +85,7 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
                      limit, force, quiet) -> dict:
-    from pipeline.data.prepare import fingerprint_diff, read_marker
+    from pipeline.data.prepare import fingerprint_diff, read_marker, reuse_if_current
     from pipeline.common.log import Progress
     from pipeline.data.chat import load_tokenizer
     from pipeline.data.sources import iter_texts
@@ -93,12 +93,9 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     prefix = out_dir / f"{output_name}_text_document"
     count_path = out_dir / "token_count.json"
     if not force and count_path.exists() and prefix.with_suffix(".bin").exists() and prefix.with_suffix(".idx").exists():
-        old = read_marker(count_path)
-        diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
-        if not diff:
-            log.info("tokenize: already done (%s), skipping", prefix)
+        old = reuse_if_current(count_path, fp, "tokenize", prefix)
+        if old is not None:
             return old
-        log.info("tokenize: redoing, %s (%s)", diff, prefix)
     parts_dir = out_dir / ".parts"
     started = parts_dir / "_FINGERPRINT.json"
     if parts_dir.exists() and (force or fingerprint_diff((read_marker(started) or {}).get("fingerprint"), fp)):

@@ -87,6 +87,18 @@ def fingerprint_diff(old: dict | None, new: dict) -> str:
     return "; ".join(parts)
 
 
+def reuse_if_current(marker: Path, fp: dict, what: str, where: Path) -> dict | None:
+    """A finished stage's record when it was made from the same fingerprint (logged as skipped), else None
+    (logged as redone, naming the difference)."""
+    old = read_marker(marker)
+    diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
+    if not diff:
+        log.info("%s: already done (%s), skipping", what, where)
+        return old
+    log.info("%s: redoing, %s (%s)", what, diff, where)
+    return None
+
+
 def read_marker(path: Path) -> dict | None:
     """A stage's JSON marker, or None when it is absent or unreadable (then the stage is redone)."""
     try:
@@ -207,12 +219,9 @@ def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -
     stats_path = root / "export_stats.json"
     fp = export_fingerprint(opts)
     if not opts.force and stats_path.exists() and all((root / f).exists() for f in SPLIT_FILES.values()):
-        old = read_marker(stats_path)
-        diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
-        if not diff:
-            log.info("stage export: already done (%s), skipping", root)
+        old = reuse_if_current(stats_path, fp, "stage export", root)
+        if old is not None:
             return old
-        log.info("stage export: redoing, %s (%s)", diff, root)
     with timer.stage("export"):
         convs, stats = load_conversations(opts.dataset, limit=opts.limit)
         dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_")}
@@ -266,13 +275,10 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
         done = out_dir / "_DONE.json"
         started = out_dir / "_FINGERPRINT.json"
         if not opts.force and done.exists():
-            old = read_marker(done)
-            diff = fingerprint_diff((old or {}).get("fingerprint"), fp)
-            if not diff:
-                log.info("stage tokenize[%s]: already done (%s), skipping", split, out_dir)
+            old = reuse_if_current(done, fp, f"stage tokenize[{split}]", out_dir)
+            if old is not None:
                 result[split] = old
                 continue
-            log.info("stage tokenize[%s]: redoing, %s (%s)", split, diff, out_dir)
         with timer.stage("tokenize"):
             # Chunks are reused only when they were made from this very fingerprint.
             if out_dir.exists() and (opts.force or fingerprint_diff(

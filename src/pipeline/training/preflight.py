@@ -22,6 +22,7 @@ compares this estimate with that measurement.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from pathlib import Path
@@ -309,6 +310,7 @@ def unwritable_dir(path: Path) -> str | None:
 BRIDGE_FIELDS = Path(__file__).resolve().parents[1] / "config" / "bridge_fields.json"
 
 
+@functools.lru_cache(maxsize=1)
 def _bridge_fields() -> dict:
     import json
 
