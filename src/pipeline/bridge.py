@@ -24,8 +24,9 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 

@@ -45,7 +45,7 @@ say "pip install --target $MEG (Python 3.12 wheels, --no-deps --ignore-requires-
     --target "$MEG" -r "$HERE/megatron.txt" 2>&1 | grep -v "is ignored: it is neither" || true
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$MEG" > "$SITE/megatron-harness.pth"
-test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core" || { say "ERROR: megatron not installed in $MEG"; exit 1; }
+{ test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core"; } || { say "ERROR: megatron not installed in $MEG"; exit 1; }
 
 echo "$KEY" > "$STAMP"
 say "done in $((SECONDS - t0)) s"

@@ -24,12 +24,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytestmark = [pytest.mark.bridge, pytest.mark.slow]
 
@@ -86,18 +84,18 @@ def drive(harness, ops: list[dict], timeout: int = 600) -> list[dict]:
 
 def our_config(model: str, mode: str, peft: str | None, config: str = QUICKSTART, overrides=()) -> dict:
     """What the project resolves (the dry run's plan): the login-node preflight must pass it."""
-    from pipeline.training.launch import plan_from_args
+    from pipeline.cli.train import plan_from_argv
 
     argv = [config, "--model", model, "--mode", mode, "--dry-run", "--no-path-checks", "--nodes", "16",
             *(["--peft", peft] if peft else []), *overrides]
-    *_, cfg, _run_dir, plan, _ov = plan_from_args(argv)
-    assert plan.ok, plan.problems
-    return cfg
+    lp = plan_from_argv(argv)
+    assert lp.preflight.ok, lp.preflight.problems
+    return lp.cfg
 
 
 # ---- a: every shipped config, every Bridge model x mode, through Bridge's recipe + override code -------------
 def test_build_config_every_model_and_mode(harness):
-    """Our resolved config (plan_from_args: the dry run's plan, preflight passed) -> pipeline.bridge.build_config
+    """Our resolved config (plan_from_argv: the dry run's plan, preflight passed) -> pipeline.bridge.build_config
     -> Bridge's recipe ConfigContainer + process_config_with_overrides; every leaf of the YAML our side hands
     Bridge is read back from the container with a getattr chain and must be equal."""
     ops = []
@@ -167,23 +165,23 @@ def test_misspelled_and_wrong_type_keys(harness):
     assert bool_type["raised"] is False and bool_type["read_back"] == {"model.sequence_parallel": "maybe"}
 
     # The project: the login-node preflight must reject what Bridge swallows.
-    from pipeline.training.launch import plan_from_args
+    from pipeline.cli.train import plan_from_argv
 
     base = [QUICKSTART, "--model", "nano", "--mode", "sft", "--dry-run", "--no-path-checks", "--nodes", "16"]
     with pytest.raises(UserError, match="tensor_model_paralel_size"):
-        plan_from_args([*base, "model.tensor_model_paralel_size=2"])
+        plan_from_argv([*base, "model.tensor_model_paralel_size=2"])
     for bad in ("model.tensor_model_parallel_size=two", "train.train_iters=forty"):
-        *_, plan, _ov = plan_from_args([*base, bad])
+        plan = plan_from_argv([*base, bad]).preflight
         assert not plan.ok and any("must be an integer" in p for p in plan.problems), (bad, plan.problems)
     # What Bridge swallows, the login-node preflight refuses (checked against config/bridge_fields.json, which
     # test_recorded_field_table_is_current proves equal to the real ConfigContainer).
-    *_, plan, _ov = plan_from_args([*base, "+model.tensor_model_paralel_size=2"])
+    plan = plan_from_argv([*base, "+model.tensor_model_paralel_size=2"]).preflight
     assert not plan.ok and any("'model.tensor_model_paralel_size' is not a field of Megatron Bridge's nano sft"
                                in p and "did you mean 'model.tensor_model_parallel_size'" in p for p in plan.problems)
-    *_, plan, _ov = plan_from_args([*base, "model.sequence_parallel=maybe"])
+    plan = plan_from_argv([*base, "model.sequence_parallel=maybe"]).preflight
     assert not plan.ok and any("model.sequence_parallel='maybe' must be a boolean" in p for p in plan.problems)
-    *_, plan, _ov = plan_from_args([QUICKSTART, "--model", "nano", "--mode", "pretrain", "--dry-run",
-                                    "--no-path-checks", "--nodes", "16"])
+    plan = plan_from_argv([QUICKSTART, "--model", "nano", "--mode", "pretrain", "--dry-run",
+                           "--no-path-checks", "--nodes", "16"]).preflight
     assert not plan.ok and {p.split("'")[1] for p in plan.problems if "is not a field" in p} == {
         "dataset.dataset_root", "dataset.offline_packing_specs"}
 

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, run
-from .test_slurm import job_log, job_state, senv, slurm, submit, wait_job, _wait_for_step  # noqa: F401
+from tests.helpers import ROOT, run
+
+from .test_slurm import _wait_for_step, job_log, job_state, submit, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def prepare_chat(env) -> None:
@@ -43,7 +44,7 @@ def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
         time.sleep(1)
     assert overlap, (job_state(env, a2), job_state(env, b1))
     assert wait_job(env, a2) == "COMPLETED" and wait_job(env, b1) == "COMPLETED"
-    for first, last, name, iters in ((a1, a2, "chain_a", 30), (b1, b1, "chain_b", 60)):
+    for _first, last, name, iters in ((a1, a2, "chain_a", 30), (b1, b1, "chain_b", 60)):
         log = job_log("training", last)
         assert "[after training is done]" in log and "cancelling successor" in log, log[-2000:]
         nxt = re.search(r"successor job (\d+)", log).group(1)

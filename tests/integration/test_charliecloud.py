@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 pytestmark = pytest.mark.slow
 PY = str(ROOT / ".venv/bin/python")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 PY = str(ROOT / ".venv/bin/python")

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 pytestmark = pytest.mark.slow
 ARGS = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--disable-ft",

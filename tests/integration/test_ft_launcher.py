@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
-from .test_slurm import job_log, senv, slurm, submit, wait_job  # noqa: F401 (fixtures)
+from .test_slurm import job_log, submit, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SUBMIT = ["--nodes=1", "--time=10", "pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml",

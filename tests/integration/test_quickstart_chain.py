@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run
+from tests.helpers import run
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,9 @@ def test_quickstart_tiny_chain_and_rerun(pipeline_env, tmp_path):
 def test_pretrain_on_indexed_corpus(pipeline_env, tmp_path):
     corpus = tmp_path / "data" / "pretrain_corpus"
     corpus.mkdir(parents=True)
-    import chatterbot_corpus
     from pathlib import Path
+
+    import chatterbot_corpus
 
     for f in sorted((Path(chatterbot_corpus.__file__).parent / "data" / "english").glob("*.yml")):
         (corpus / (f.stem + ".txt")).write_text(f.read_text())

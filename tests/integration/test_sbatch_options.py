@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 pytestmark = [pytest.mark.slurm]
 CONF = Path(os.environ.get("PIPELINE_SLURM_BASE", "/tmp/pslurm")) / "etc" / "slurm.conf"

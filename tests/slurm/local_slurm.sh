@@ -108,12 +108,14 @@ stop() {
     scancel --quiet --user "$(id -un)" 2>/dev/null || true
     for _ in $(seq 1 20); do [[ -z "$(squeue -h 2>/dev/null)" ]] && break; sleep 0.5; done
   fi
-  for n in "${NODES[@]}"; do pid_alive "$BASE/run/slurmd-$n.pid" && kill "$(cat "$BASE/run/slurmd-$n.pid")" || true; done
-  pid_alive "$BASE/run/slurmctld.pid" && kill "$(cat "$BASE/run/slurmctld.pid")" || true
+  for n in "${NODES[@]}"; do
+    if pid_alive "$BASE/run/slurmd-$n.pid"; then kill "$(cat "$BASE/run/slurmd-$n.pid")" || true; fi
+  done
+  if pid_alive "$BASE/run/slurmctld.pid"; then kill "$(cat "$BASE/run/slurmctld.pid")" || true; fi
   sleep 1
   # Job steps orphaned by a dead slurmd ignore SIGTERM: end them by PID.
   for p in $(pgrep -f "slurmstepd: \[" || true); do kill -9 "$p" 2>/dev/null || true; done
-  pid_alive "$BASE/run/munged.pid" && kill "$(cat "$BASE/run/munged.pid")" || true
+  if pid_alive "$BASE/run/munged.pid"; then kill "$(cat "$BASE/run/munged.pid")" || true; fi
   log "stopped"
 }
 

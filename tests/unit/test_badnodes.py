@@ -5,10 +5,10 @@ import datetime as dt
 
 import pytest
 
-from conftest import ROOT, run
+from pipeline.cli import sbatch as sbatch_cli
 from pipeline.common.errors import UserError
-from pipeline.slurm import sbatch_cli
 from pipeline.slurm.badnodes import BadNodeLog, Entry
+from tests.helpers import ROOT, run
 
 
 def test_50_concurrent_marks_leave_50_valid_entries(tmp_path, pipeline_env):
@@ -31,7 +31,7 @@ def test_50_concurrent_marks_leave_50_valid_entries(tmp_path, pipeline_env):
 def test_ttl_prune_update_unmark(tmp_path):
     log = BadNodeLog(tmp_path / "bad.log", ttl_days=7)
     log.mark("nid[001-002]", "GPU ECC")
-    old = Entry(dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(days=8), "nid999", "bob",
+    old = Entry(dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(days=8), "nid999", "bob",
                 "login2", "old news")
     with open(log.path, "a") as f:
         f.write(old.line() + "\n")
@@ -90,7 +90,7 @@ SBATCH = str(ROOT / "isambard_sbatch")
 
 
 def _team_log(path):
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     old = (now - dt.timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     new = (now - dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     path.write_bytes(
@@ -215,7 +215,7 @@ def test_hostlist_compress_round_trips_and_fits_argument_limits():
 
 def test_exclusion_of_100000_logged_nodes_is_a_short_argument(tmp_path, monkeypatch):
     log = tmp_path / "bad.log"
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     log.write_text("".join(f"{now}\tnid{i:06d}\tu\th\tr\n" for i in range(100_000)))
     monkeypatch.setenv("BAD_NODES_LOG", str(log))
     monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)

@@ -5,16 +5,16 @@ import shutil
 
 import pytest
 
-from conftest import ROOT
-from pipeline.training.conformance import check, fetch_wheel_source, pinned_version
 from pipeline.bridge import BRIDGE_API
+from pipeline.training.conformance import check, fetch_wheel_source, pinned_version
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="module")
 def wheel_source():
     try:
         return fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.skip(f"cannot download megatron-bridge=={pinned_version()} from PyPI: {exc}")
 
 

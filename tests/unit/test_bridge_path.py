@@ -10,14 +10,15 @@ import time
 
 import pytest
 
-from conftest import ROOT, run
 from pipeline import bridge
 from pipeline.checkpoint import layout
-from pipeline.coherence.cli import megatron_iteration
+from pipeline.cli.train import plan_from_argv
+from pipeline.coherence.run import megatron_iteration
 from pipeline.common.errors import UserError
 from pipeline.slurm.allocation import Allocation
 from pipeline.training import launch
 from pipeline.training.engines.megatron_bridge import SaveRequestWatcher
+from tests.helpers import ROOT, run
 
 PY = str(ROOT / ".venv/bin/python")
 
@@ -69,19 +70,20 @@ def test_bridge_refuses_a_checkpoint_root(tmp_path):
 
 
 def test_launcher_turns_on_megatron_exit_signal_handling():
-    *_, cfg, _, plan, _ = launch.plan_from_args([
+    lp = plan_from_argv([
         "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--nodes", "16",
         "--no-path-checks"])
-    assert plan.ok and cfg["train"]["exit_signal_handler"] is True
+    cfg = lp.cfg
+    assert lp.preflight.ok and cfg["train"]["exit_signal_handler"] is True
     from pipeline.bridge import bridge_overrides_yaml
 
     assert "exit_signal_handler: true" in bridge_overrides_yaml(cfg)
-    *_, cfg, _, _, _ = launch.plan_from_args([
+    cfg = plan_from_argv([
         "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--nodes", "16",
-        "--no-path-checks", "train.exit_signal_handler=false"])
+        "--no-path-checks", "train.exit_signal_handler=false"]).cfg
     assert cfg["train"]["exit_signal_handler"] is False  # the user's explicit choice wins
-    *_, cfg, _, _, _ = launch.plan_from_args(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
-                                              "--mode", "sft", "--no-path-checks"])
+    cfg = plan_from_argv(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
+                          "--mode", "sft", "--no-path-checks"]).cfg
     assert cfg["train"]["exit_signal_handler"] is None  # the local engine has its own handler
 
 
@@ -115,11 +117,11 @@ def test_multi_node_salloc_shell_fans_out():
 
 def test_import_runs_once_per_allocation(pipeline_env, tmp_path):
     env = {**pipeline_env, "SLURM_NODEID": "2", "PYTHONPATH": str(ROOT / "src")}
-    res = run([PY, "-m", "pipeline.checkpoint.cli", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+    res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
                "--output", str(tmp_path / "out")], env=env)
     assert res.returncode == 0 and "import runs once per allocation: node 2" in res.stdout
     assert not (tmp_path / "out").exists()
-    res = run([PY, "-m", "pipeline.checkpoint.cli", "import", "nano", "--output", str(tmp_path / "out")],
+    res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nano", "--output", str(tmp_path / "out")],
               env={**env, "SLURM_NODEID": "0"})
     assert res.returncode == 2 and res.stderr.startswith("error: importing nvidia/")  # node 0 does the work
     assert "cannot be imported here" in res.stderr and res.stderr.count("\n") == 1
@@ -128,12 +130,12 @@ def test_import_runs_once_per_allocation(pipeline_env, tmp_path):
 def test_model_parallel_export_starts_one_rank_per_gpu(pipeline_env, tmp_path):
     from pipeline.slurm.allocation import torchrun_standalone
 
-    assert torchrun_standalone(4, "pipeline.checkpoint.cli", ["export", "/c", "--tp", "2", "--ep", "2"]) == [
-        "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4", "-m", "pipeline.checkpoint.cli", "export", "/c",
+    assert torchrun_standalone(4, "pipeline.cli.checkpoint", ["export", "/c", "--tp", "2", "--ep", "2"]) == [
+        "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4", "-m", "pipeline.cli.checkpoint", "export", "/c",
         "--tp", "2", "--ep", "2"]
     megatron_iters(tmp_path)
     env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PATH": f"{ROOT}/.venv/bin:{os.environ['PATH']}"}
-    res = run([PY, "-m", "pipeline.checkpoint.cli", "export", str(tmp_path), "--hf-model", "x/y", "--no-reasoning",
+    res = run([PY, "-m", "pipeline.cli.checkpoint", "export", str(tmp_path), "--hf-model", "x/y", "--no-reasoning",
                "--iteration", "200", "--tp", "1", "--ep", "2"], env=env, timeout=300)
     # Without Megatron Bridge (this machine) the launcher stops before starting any rank, with one line naming
     # exactly the requested iteration.
@@ -145,7 +147,7 @@ def test_model_parallel_export_starts_one_rank_per_gpu(pipeline_env, tmp_path):
     (layout.iter_dir(local, 10) / "config.json").write_text("{}")
     _tiny_safetensors(layout.iter_dir(local, 10) / "model.safetensors")
     layout.write_tracker(local, 10)
-    res = run([PY, "-m", "pipeline.checkpoint.cli", "export", str(local), "--hf-model", "x/y", "--no-reasoning",
+    res = run([PY, "-m", "pipeline.cli.checkpoint", "export", str(local), "--hf-model", "x/y", "--no-reasoning",
                "--tp", "2"], env=env)
     assert res.returncode == 2 and "apply to Megatron checkpoints" in res.stderr
 

@@ -5,15 +5,19 @@ the sbatch options are rendered by a pure function in which the user's options w
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT, run
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import ClusterProfile, load_cluster, parse_profile_text
-from pipeline.config.cluster import profile_sbatch_options, script_directives
+from pipeline.config.cluster import (
+    ClusterProfile,
+    load_cluster,
+    parse_profile_text,
+    profile_sbatch_options,
+    script_directives,
+)
+from tests.helpers import ROOT, run
 
 GH = "/projects/a5k/public"
 SIF = f"{GH}/containers/nemo-26.06.sif"
@@ -53,8 +57,8 @@ def test_shell_knobs_come_from_the_selected_profile_and_exports_win():
                 f"{echo}", PIPELINE_RUNTIME="charliecloud", PIPELINE_SIF="/my/img 'x'.sif")
     assert out.startswith(f"charliecloud /my/img 'x'.sif {BAD_LOG} ")
     # values a profile filled are refilled when another profile is selected in a child process
-    out = shell(f"source pipeline_env_config.env; PIPELINE_CLUSTER=isambard_gh200 bash -c "
-                f"'source pipeline_env_config.env; echo $PIPELINE_RUNTIME $PIPELINE_SIF'")
+    out = shell("source pipeline_env_config.env; PIPELINE_CLUSTER=isambard_gh200 bash -c "
+                "'source pipeline_env_config.env; echo $PIPELINE_RUNTIME $PIPELINE_SIF'")
     assert out == f"apptainer {SIF}"
 
 
@@ -126,7 +130,7 @@ def test_dry_run_and_sbatch_line_show_the_profile(select):
         # PIPELINE_CLUSTER selects the container runtime, which this machine does not have (the launcher refuses
         # to start without it): run the launcher's Python as it runs inside the container, after the env config.
         argv = ["bash", "-c", f"export PIPELINE_ROOT={ROOT} PIPELINE_CLUSTER=isambard_gh200 PYTHONPATH={ROOT}/src; "
-                "source pipeline_env_config.env; exec \"$0\" -m pipeline.training.launch \"$@\"", sys.executable,
+                "source pipeline_env_config.env; exec \"$0\" -m pipeline.cli.train \"$@\"", sys.executable,
                 *argv[2:]]
     res = run(argv, env=clean_env(), timeout=300)
     assert res.returncode == 0, res.stderr

@@ -1,7 +1,7 @@
 """Data for the right model, and errors that say what to do: prepare --model picks the model's tokenizer
 (printed), an offline miss says how to allow the Hub, tokenize on a prepared chat root says what it is."""
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 PY = str(ROOT / ".venv/bin/python")
 

@@ -2,14 +2,13 @@
 in one line and exit 2 within the deadline, never a hang, a traceback or a 77 MB report."""
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 PY = str(ROOT / ".venv/bin/python")
 MODELS = json.dumps({"data": [{"id": "m"}]}).encode()

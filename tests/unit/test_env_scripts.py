@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 LAUNCHERS = [
     ["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft"],
@@ -20,10 +20,18 @@ def test_missing_environment_prints_fix(cmd, tmp_path, pipeline_env):
 
 
 @pytest.mark.parametrize("script", ["pipeline_env_setup.sh", "pipeline_training_launch.sh", "pipeline_env_exec.sh",
-                                    "pipeline_quickstart.sh"])
+                                    "pipeline_quickstart.sh", "pipeline_env_submit.sbatch", "pipeline_data_submit.sbatch",
+                                    "pipeline_training_submit.sbatch", "pipeline_checkpoint_submit.sbatch",
+                                    "pipeline_coherence_submit.sbatch"])
 def test_help(script):
+    """--help prints the script's whole header comment (its usage) and nothing else, with no Slurm needed."""
     res = run(["bash", script, "--help"])
-    assert res.returncode == 0 and "Usage" in res.stdout
+    assert res.returncode == 0 and "Usage" in res.stdout, res.stdout + res.stderr
+    lines = (ROOT / script).read_text().splitlines()[1:]
+    header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+    last = next(line for line in reversed(header) if not line.startswith("#SBATCH") and line.strip("# "))
+    assert res.stdout.rstrip().endswith(last.lstrip("#").strip()), res.stdout[-300:]
+    assert "set -euo" not in res.stdout and "#SBATCH" not in res.stdout
 
 
 @pytest.mark.parametrize("cmd,needle", [

@@ -5,7 +5,7 @@ imports nothing of the suite above ``pipeline.config`` and ``pipeline.common``."
 import ast
 from pathlib import Path
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 SRC = ROOT / "src"
 

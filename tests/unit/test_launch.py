@@ -3,13 +3,14 @@ the Bridge override YAML, and the coherence side-by-side report."""
 
 import yaml
 
-from pipeline.coherence.cli import markdown
+from pipeline.bridge import bridge_overrides_yaml
+from pipeline.cli.train import split_args
+from pipeline.coherence.run import markdown
 from pipeline.config.cluster import load_cluster
 from pipeline.config.loader import load_config
 from pipeline.config.models import get_model
 from pipeline.slurm.allocation import Allocation
-from pipeline.bridge import bridge_overrides_yaml
-from pipeline.training.launch import launch_command, split_args
+from pipeline.training.launch import launch_command
 
 
 def test_single_node_torchrun():

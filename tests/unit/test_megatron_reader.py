@@ -12,16 +12,16 @@ import types
 import numpy as np
 import pytest
 
-from conftest import ROOT
 from pipeline.data.indexed import tokenize_corpus
 from pipeline.training.conformance import fetch_wheel_source, pinned_version
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="module")
 def megatron_indexed_dataset():
     try:
         src = fetch_wheel_source(pinned_version("megatron-core"), ROOT / ".cache" / "wheels", "megatron-core")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.skip(f"cannot download megatron-core from PyPI: {exc}")
     saved = {k: v for k, v in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
     for name, sub in [("megatron", ""), ("megatron.core", "core"), ("megatron.core.datasets", "core/datasets")]:

@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 
-from pipeline.data.packing import (check_pad_multiple, lower_bound_bins, pack_sequences,
-                                   required_pad_multiple)
+from pipeline.data.packing import check_pad_multiple, lower_bound_bins, pack_sequences, required_pad_multiple
 
 
 def first_fit_decreasing_bins(lengths, capacity):

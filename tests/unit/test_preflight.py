@@ -3,7 +3,7 @@ line per problem naming the factors."""
 
 import pytest
 
-from pipeline.training.launch import main
+from pipeline.cli.train import main
 
 NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
 BASE = [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16", "--no-path-checks"]
@@ -132,10 +132,10 @@ def test_known_hazards_warn_and_lora_needs_less_memory(capsys):
     out = capsys.readouterr().out
     assert "warning: optimizer.lr=8e-05 with context_parallel_size=2" in out
     assert "warning: model.fp8='hybrid' on a MoE model" in out
-    from pipeline.training.launch import plan_from_args
+    from pipeline.cli.train import plan_from_argv
 
-    full = plan_from_args(BASE[:-1] + ["--no-path-checks"])[7].memory_gb
-    lora = plan_from_args(BASE[:-1] + ["--no-path-checks", "--peft", "lora"])[7].memory_gb
+    full = plan_from_argv(BASE[:-1] + ["--no-path-checks"]).preflight.memory_gb
+    lora = plan_from_argv(BASE[:-1] + ["--no-path-checks", "--peft", "lora"]).preflight.memory_gb
     assert lora["grads"] == lora["optimizer"] == 0 and lora["total"] < full["total"] - 30
 
 

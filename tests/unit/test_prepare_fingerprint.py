@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 
 def rows(n, tag=""):

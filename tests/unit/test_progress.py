@@ -32,7 +32,7 @@ def test_quiet_and_resumed_rate(caplog):
 
 def test_tokenize_logs_progress_lines_into_a_log_file(tmp_path, pipeline_env):
     """pipeline_data_prepare.py tokenize with its output going to a file (not a terminal): periodic lines."""
-    from conftest import ROOT, run
+    from tests.helpers import ROOT, run
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

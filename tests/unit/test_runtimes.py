@@ -4,8 +4,8 @@ lines are covered by rendering), and missing images hard-fail every launcher wit
 
 import pytest
 
-from conftest import ROOT, run
 from pipeline.env.runtimes import RuntimeConfig, check, render
+from tests.helpers import ROOT, run
 
 
 def cfg(tmp_path, runtime, **env):

@@ -12,11 +12,13 @@ and its directory holds its engine's completion files - never a directory still 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import read_json, write_text
+from pipeline.common.io import apply_umask_modes, read_json, write_json, write_text
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "pipeline_checkpoint.json"
@@ -51,6 +53,20 @@ def read_tracker(save: Path) -> int | None:
 
 def write_tracker(save: Path, iteration: int) -> None:
     write_text(Path(save) / TRACKER, f"{iteration}\n")
+
+
+def publish_iteration(staged: Path, save: Path, iteration: int, marker: dict) -> Path:
+    """Publish a fully written checkpoint directory as ``<save>/iter_NNNNNNN``: the marker inside, file modes
+    from the umask (safetensors writes 0600; the team must read checkpoints), one rename, then the tracker (last,
+    so a reader that trusts the tracker never sees a half-published iteration)."""
+    write_json(staged / MARKER, marker)
+    target = iter_dir(save, iteration)
+    if target.exists():
+        shutil.rmtree(target)
+    apply_umask_modes(staged)
+    os.replace(staged, target)
+    write_tracker(save, iteration)
+    return target
 
 
 def engine_of(d: Path) -> str | None:

@@ -115,7 +115,7 @@ class Lock:
             return "an unknown process"
         return f"pid {info.get('pid')} on {info.get('host')}"
 
-    def __enter__(self) -> "Lock":
+    def __enter__(self) -> Lock:
         return self
 
     def __exit__(self, *exc) -> None:

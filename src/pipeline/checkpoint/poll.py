@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pipeline.checkpoint import layout
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
@@ -49,7 +49,7 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
         try:
             try:
                 record = convert(layout.iter_dir(ckpt, it))
-            except Exception as exc:  # noqa: BLE001 - a failed conversion is recorded, the poller goes on
+            except Exception as exc:
                 log.error("conversion of %s failed: %s", name, exc)
                 write_json(done_dir / f"{name}.failed", {"iteration": it, "error": str(exc),
                                                         "record": getattr(exc, "record", None)})

@@ -12,7 +12,6 @@ import http.client
 import json
 import logging
 import signal
-import socket
 import threading
 import time
 import urllib.error
@@ -75,7 +74,8 @@ def read_discovery_file(path: Path) -> str:
     except (json.JSONDecodeError, RecursionError):
         data = text
     if isinstance(data, dict):
-        url = data.get("url") or (f"http://{data['host']}:{data['port']}" if "host" in data and "port" in data else None)
+        host_port = f"http://{data['host']}:{data['port']}" if "host" in data and "port" in data else None
+        url = data.get("url") or host_port
     else:
         url = data
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -115,7 +115,7 @@ def _alarm(seconds: float):
         yield
         return
 
-    def fire(signum, frame):  # noqa: ARG001
+    def fire(signum, frame):
         raise _Deadline()
 
     old = signal.signal(signal.SIGALRM, fire)
@@ -168,7 +168,7 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
     end = time.monotonic() + (deadline if deadline is not None else timeout * max(1, len(prompts)))
     try:
         models = _request(f"{root}/v1/models", None, timeout=min(10.0, timeout), deadline=end)
-    except (_Deadline, socket.timeout, TimeoutError):
+    except (_Deadline, TimeoutError):
         raise UserError(f"endpoint {root} did not answer /v1/models within {min(10.0, timeout):g} s") from None
     except (urllib.error.URLError, ConnectionError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
@@ -192,7 +192,7 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
             except (_Deadline, OSError, http.client.HTTPException):
                 detail = b""
             raise UserError(f"endpoint {root} answered HTTP {exc.code}: {detail!r}") from None
-        except (_Deadline, socket.timeout, TimeoutError):
+        except (_Deadline, TimeoutError):
             raise UserError(f"endpoint {root} did not answer prompt {len(out) + 1} of {len(prompts)} in time "
                             f"(--timeout {timeout:g} s per request, {end - time.monotonic() + 0:.0f} s of the "
                             "deadline left); is the server overloaded?") from None

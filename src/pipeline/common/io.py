@@ -21,8 +21,9 @@ import re
 import secrets
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pipeline.common.errors import UserError
 

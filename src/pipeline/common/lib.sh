@@ -24,8 +24,11 @@ usage() { awk 'NR == 1 && /^#!/ { next } /^#SBATCH/ { next } /^#/ { sub(/^# ?/, 
 # Marker directory of completed env setup steps.
 env_steps_dir() { echo "$PIPELINE_VENV/.pipeline_steps"; }
 
-# The runtime helper (standard library only, so the host's python3 runs it before any environment exists).
-_runtimes() { PYTHONPATH="$PIPELINE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m pipeline.env.runtimes "$@"; }
+# The host's python3 with this checkout's src/ on its path, for the standard-library-only helpers (runtimes,
+# requeue decisions) that run before, or without, any environment: the venv that has the suite installed may not
+# exist yet, and the container's Python is not the batch host's.
+host_python() { PYTHONPATH="$PIPELINE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$@"; }
+_runtimes() { host_python -m pipeline.env.runtimes "$@"; }
 
 # Refuse to start without a complete environment (venv, or container image + plugin + overlay), and say
 # how to make it. No silent fallback to another runtime.

@@ -83,7 +83,7 @@ class Progress:
         elif not self.quiet and self.n:
             self.log.info("%s (done in %.0f s)", self.line(time.monotonic()), time.monotonic() - self.t0)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -21,9 +21,10 @@ import re
 import sys
 from pathlib import Path
 
+from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 
-ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 RUNTIMES = ("venv", "apptainer", "charliecloud")
 # Slurm time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME = re.compile(r"^(\d+|\d+:\d\d|\d+:\d\d:\d\d|\d+-\d+|\d+-\d+:\d\d|\d+-\d+:\d\d:\d\d)$")
@@ -199,7 +200,8 @@ def parse_profile_text(text: str, source: str) -> dict:
         indented = line[0] == " "
         m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:(?:\s+(.*))?$", line)
         if not m:
-            raise UserError(f"{where}: expected 'key: value' (a cluster profile is flat YAML), got {line.strip()[:60]!r}")
+            raise UserError(f"{where}: expected 'key: value' (a cluster profile is flat YAML), "
+                            f"got {line.strip()[:60]!r}")
         key, value = m.group(1), (m.group(2) or "")
         if indented:
             if nested is None:

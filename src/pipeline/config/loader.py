@@ -99,7 +99,7 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
             raise UserError(f"override '{ov.input_line}': package syntax (@) is not supported here")
         parts = key.split(".")
         node = cfg
-        for i, p in enumerate(parts[:-1]):
+        for p in parts[:-1]:
             if p not in node or not isinstance(node[p], dict):
                 if ov.type in (OverrideType.ADD, OverrideType.FORCE_ADD) and p not in node:
                     node[p] = {}

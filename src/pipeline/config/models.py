@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.common import paths
 from pipeline.common.errors import UserError
 
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
@@ -255,8 +255,7 @@ def get_model(name: str) -> ModelSpec:
 
 
 def models_dir() -> Path:
-    root = os.environ.get("PIPELINE_ROOT") or str(Path(__file__).resolve().parents[3])
-    return Path(os.environ.get("PIPELINE_MODELS_DIR") or Path(root) / ".cache" / "models")
+    return paths.models_dir()
 
 
 def local_model_path(spec: ModelSpec) -> Path:

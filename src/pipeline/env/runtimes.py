@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from pipeline.common import paths
+
 RUNTIMES = ("venv", "apptainer", "charliecloud")
 # Environment passed into a container explicitly (apptainer runs with --cleanenv).
 PASS_ENV_PREFIXES = ("PIPELINE_", "HF_", "WANDB_", "NCCL_", "FI_", "SLURM_", "TORCH_", "CUDA_", "BAD_NODES_")
@@ -36,10 +38,9 @@ class RuntimeConfig:
     data_paths: tuple[Path, ...] = ()
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "RuntimeConfig":
+    def from_env(cls, env: dict[str, str] | None = None) -> RuntimeConfig:
         e = dict(os.environ if env is None else env)
-        root = Path(e.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
-        cache = Path(e.get("PIPELINE_CACHE_DIR") or root / ".cache")
+        root, cache = paths.repo_root(e), paths.cache_dir(e)
         data = tuple(Path(e[k]) for k in ("PIPELINE_DATA_ROOT", "PIPELINE_RUNS_DIR", "PIPELINE_LOG_DIR",
                                           "PIPELINE_MODELS_DIR", "HF_HOME", "WANDB_DIR") if e.get(k))
         return cls(

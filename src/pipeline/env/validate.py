@@ -17,12 +17,13 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from pipeline.common import paths
 from pipeline.common.errors import cli_main
 
-ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 SETUP = f"bash {ROOT}/pipeline_env_setup.sh"
 
 
@@ -321,7 +322,8 @@ CHECKS: list[Check] = [
     Check("ft-launcher", check_ft_launcher, f"{SETUP} --only overlay --force"),
     Check("gpu-visible", check_gpu, "run on a GPU node (isambard_sbatch pipeline_env_submit.sbatch validate)"),
     Check("nccl-plugin", check_nccl_plugin, f"{SETUP} --only nccl-plugin --force"),
-    Check("gpu-allreduce", check_gpu_allreduce, "check the node (nvidia-smi); if it is broken: isambard_sbatch --mark-bad"),
+    Check("gpu-allreduce", check_gpu_allreduce,
+          "check the node (nvidia-smi); if it is broken: isambard_sbatch --mark-bad"),
 ]
 
 
@@ -333,7 +335,7 @@ def run_checks(checks: list[Check]) -> tuple[int, int, int]:
         except Skip as exc:
             skipped += 1
             print(f"[{i:2d}/{len(checks)}] SKIP {check.name}: {exc}", flush=True)
-        except Exception as exc:  # noqa: BLE001 - a check reports any failure as FAIL
+        except Exception as exc:
             failed += 1
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"[{i:2d}/{len(checks)}] FAIL {check.name}: {msg}", flush=True)

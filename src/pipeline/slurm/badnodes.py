@@ -32,9 +32,10 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
+from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_bytes
 from pipeline.slurm.hostlist import expand, is_hostlist, is_node_name
@@ -62,7 +63,7 @@ class Entry:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
 def _clean_reason(reason: str) -> str:
@@ -82,7 +83,7 @@ def printable(text: str) -> str:
 def _user() -> str:
     try:
         return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no LOGNAME/USER and no passwd entry
+    except Exception:
         return "unknown"
 
 
@@ -94,7 +95,7 @@ def parse_line(line: str) -> Entry | None:
     if not is_node_name(node):
         return None
     try:
-        t = dt.datetime.strptime(ts, FMT).replace(tzinfo=dt.timezone.utc)
+        t = dt.datetime.strptime(ts, FMT).replace(tzinfo=dt.UTC)
     except ValueError:
         return None
     return Entry(t, node, user, host, reason)
@@ -295,7 +296,7 @@ def _split_lf(data: bytes) -> list[bytes]:
 def from_env(root: Path | None = None) -> BadNodeLog:
     path = os.environ.get("BAD_NODES_LOG") or os.environ.get("PIPELINE_BAD_NODES_LOG")
     if not path:
-        root = root or Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+        root = root or paths.repo_root()
         path = str(root / ".slurm" / "bad_nodes.log")
     ttl = os.environ.get("BAD_NODES_TTL_DAYS") or os.environ.get("PIPELINE_BAD_NODES_TTL_DAYS") or "7"
     try:

@@ -22,9 +22,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 
-ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 
 
 def pinned_version(package: str = "megatron-bridge") -> str:
@@ -132,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", type=Path, help="an unpacked megatron-bridge source tree (default: the pinned wheel)")
     args = p.parse_args(argv)
-    from pipeline.config.models import REGISTRY
     from pipeline.bridge import BRIDGE_API
+    from pipeline.config.models import REGISTRY
 
     root = args.source or fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
     problems = check(root, BRIDGE_API) + check_recipe_facts(root, REGISTRY)
@@ -168,7 +169,7 @@ def _attr_chain(node) -> list[str] | None:
     return None
 
 
-def recipe_values(src: "Source", module: str, func: str, depth: int = 0) -> dict[str, object]:
+def recipe_values(src: Source, module: str, func: str, depth: int = 0) -> dict[str, object]:
     """``section.field -> value`` that a recipe function sets unconditionally: top-level assignments of
     constants (``cfg.model.x = 1``), keyword arguments of the section constructors it calls, and the same
     inside the helper functions whose result it assigns (``cfg = _sft_common()``, ``cfg.model = _helper()``).
@@ -223,7 +224,7 @@ def recipe_values(src: "Source", module: str, func: str, depth: int = 0) -> dict
     return out
 
 
-def _defining_module(src: "Source", module: str, name: str, depth: int = 0) -> str:
+def _defining_module(src: Source, module: str, name: str, depth: int = 0) -> str:
     tree = src.module(module)
     if tree is None or depth > 6:
         return module

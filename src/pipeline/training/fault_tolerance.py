@@ -52,7 +52,7 @@ class FaultTolerance:
                  dict(client.cfg.rank_section_timeouts or {}), client.cfg.rank_out_of_section_timeout)
 
     @classmethod
-    def connect(cls) -> "FaultTolerance | None":
+    def connect(cls) -> FaultTolerance | None:
         """The client when this process runs under ft_launcher, else None."""
         under_ft = os.environ.get("PIPELINE_LAUNCHER") == "ft_launcher"
         if not os.environ.get(SOCKET_ENV):
@@ -81,7 +81,7 @@ class FaultTolerance:
             self.open.clear()
 
 
-def start(cfg: dict) -> FaultTolerance | None:  # noqa: ARG001 (cfg: room for per-run settings)
+def start(cfg: dict) -> FaultTolerance | None:
     """Connect to the rank monitor (under ft_launcher) and open the ``setup`` section."""
     ft = FaultTolerance.connect()
     if ft is not None:

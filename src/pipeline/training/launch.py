@@ -1,85 +1,120 @@
-"""pipeline_training_launch.sh CONFIG --model M --mode MODE [flags] [hydra overrides...]
-
-Resolves the config (recipe defaults < YAML < overrides), runs the preflight, writes the run records
-and replaces itself with the distributed launcher (torchrun, or ft_launcher for fault tolerance).
-Launcher flags start with ``--``; every other argument after the config is a Hydra override.
-
-  --model M            registry name (nano, super, smollm2-135m, tiny-nemotronh-moe, tiny-qwen3-moe)
-  --mode MODE          pretrain | cpt | sft
-  --peft lora          parameter-efficient fine-tuning (LoRA)
-  --disable-ft         plain torchrun instead of ft_launcher
-  --dry-run            print the plan, the resolved config, the launch command and the sbatch line; exit
-  --nodes N            plan for N nodes (default: the allocation's SLURM_JOB_NUM_NODES, else 1)
-  --cluster NAME       cluster profile (configs/cluster/NAME.yaml); default: the config's pipeline.cluster
-  --no-path-checks     skip dataset/checkpoint existence checks (planning away from the cluster)
-  --max-restarts K     launcher restarts after a failure (default: the cluster profile's)
-  --run-dir DIR        run records + checkpoints (default: $PIPELINE_RUNS_DIR/<logger.wandb_exp_name>)
+"""Training launch, typed: a :class:`LaunchRequest` (what the user asked for) becomes a :class:`LaunchPlan` (the
+resolved config, the cluster profile, the allocation, the run directory and the preflight's verdict), validated once;
+the command line (:mod:`pipeline.cli.train`), ``isambard_sbatch``'s submit-time check and the experiment layer all
+read the same plan. The pure pieces (launch command, srun fan-out, the sbatch line) are functions of their inputs.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.common.errors import UserError, cli_main
-from pipeline.config.cluster import ClusterProfile, load_cluster
+from pipeline.common import paths
+from pipeline.common.errors import UserError
+from pipeline.config.cluster import (
+    ClusterProfile,
+    effective_knobs,
+    load_cluster,
+    profile_sbatch_options,
+    script_directives,
+    user_set,
+)
 from pipeline.config.loader import get, load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.slurm.allocation import Allocation, current, rendezvous
+from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
 
 MODES = ("pretrain", "cpt", "sft")
-ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        raise UserError(f"{message} (see --help)")
+@dataclass(frozen=True)
+class LaunchRequest:
+    """A training launch as asked for: the config, the model, the mode, launcher options and Hydra overrides."""
+
+    config: str
+    model: str
+    mode: str
+    overrides: tuple[str, ...] = ()
+    peft: str | None = None
+    disable_ft: bool = False
+    nodes: int | None = None
+    cluster: str | None = None
+    path_checks: bool = True
+    max_restarts: int | None = None
+    run_dir: Path | None = None
+    allow_config_change: bool = False  # continue a run directory that recorded another config
+
+    @property
+    def launcher_flags(self) -> list[str]:
+        """The flags that reproduce this request on pipeline_training_submit.sbatch."""
+        return (["--disable-ft"] if self.disable_ft else []) + (["--peft", self.peft] if self.peft else [])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pipeline_training_launch.sh", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
-    p.add_argument("config")
-    p.add_argument("--model", required=True)
-    p.add_argument("--mode", required=True, choices=MODES)
-    p.add_argument("--peft", choices=["lora"])
-    p.add_argument("--disable-ft", action="store_true")
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--nodes", type=int)
-    p.add_argument("--cluster")
-    p.add_argument("--no-path-checks", action="store_true")
-    p.add_argument("--max-restarts", type=int)
-    p.add_argument("--run-dir", type=Path)
-    return p
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A request resolved and checked once: everything the launcher, the records and the engines need."""
+
+    request: LaunchRequest
+    spec: ModelSpec
+    cluster: ClusterProfile
+    alloc: Allocation
+    nodes: int
+    cfg: dict = field(repr=False)
+    run_dir: Path
+    preflight: Plan
+
+    @property
+    def max_restarts(self) -> int:
+        r = self.request.max_restarts
+        return self.cluster.max_restarts if r is None else r
+
+    def command(self) -> list[str]:
+        """The per-node torchrun / ft_launcher command line."""
+        return launch_command(self.spec, self.cluster, self.alloc, self.nodes, self.run_dir, self.request.disable_ft,
+                              self.max_restarts)
+
+    def sbatch_line(self) -> str:
+        req = self.request
+        return sbatch_line(req.config, req.model, req.mode, self.nodes, req.launcher_flags, list(req.overrides),
+                           self.cluster)
 
 
-def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Launcher flags (and their values) vs Hydra overrides (everything else after the config)."""
-    parser = build_parser()
-    takes_value = {a for act in parser._actions for a in act.option_strings if act.nargs is None
-                   and not isinstance(act, (argparse._StoreTrueAction, argparse._HelpAction))}
-    flags, overrides = [], []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--") or a == "-h":
-            flags.append(a)
-            if a in takes_value and "=" not in a and i + 1 < len(argv):
-                flags.append(argv[i + 1])
-                i += 1
-        elif not flags and not overrides and not a.startswith(("+", "~")) and "=" not in a:
-            flags.append(a)  # the config path
-        else:
-            overrides.append(a)
-        i += 1
-    return flags, overrides
+def plan_launch(req: LaunchRequest) -> LaunchPlan:
+    """Resolve (recipe defaults < YAML < overrides), place (cluster profile, allocation, run directory) and run the
+    preflight. A request that cannot be planned raises UserError; a plan whose preflight failed has
+    ``preflight.ok == False`` and its problems listed."""
+    if req.mode not in MODES:
+        raise UserError(f"--mode {req.mode!r} is not one of {', '.join(MODES)}")
+    spec = get_model(req.model)
+    if req.peft and spec.is_local:
+        raise UserError("--peft lora runs on the Megatron Bridge engine; the local engine trains full weights")
+    alloc = current()
+    if req.nodes is not None and req.nodes < 1:
+        raise UserError(f"--nodes {req.nodes} must be >= 1")
+    if req.max_restarts is not None and req.max_restarts < 0:
+        raise UserError(f"--max-restarts {req.max_restarts} must be >= 0")
+    nodes = req.nodes or alloc.nodes or 1
+    cfg = load_config(req.config, list(req.overrides), spec.recipe_defaults(req.mode, req.peft))
+    cluster = resolve_cluster(req.cluster, cfg, spec)
+    if alloc.gpus_on_node is not None and cluster.has_gpus and alloc.gpus_on_node != cluster.gpus_per_node:
+        raise UserError(f"the allocation has {alloc.gpus_on_node} GPUs per node but cluster profile "
+                        f"'{cluster.name}' says {cluster.gpus_per_node}: use --cluster or --gpus-per-node")
+    run_dir = (req.run_dir or default_run_dir(cfg, req.config)).resolve()
+    problem = unwritable_dir(run_dir)
+    if problem:
+        raise UserError(f"run directory {run_dir} {problem} (--run-dir, or PIPELINE_RUNS_DIR)")
+    cfg = finalize_config(cfg, spec, run_dir, req.config)
+    from pipeline.training.records import check_run_identity  # another config never resumes or finishes a run
+
+    check_run_identity(run_dir, cfg, allow_change=req.allow_config_change)
+    preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft)
+    return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight)
 
 
-def resolve_cluster(args, cfg: dict, spec: ModelSpec) -> ClusterProfile:
-    name = args.cluster or os.environ.get("PIPELINE_CLUSTER") or get(cfg, "pipeline.cluster") \
+def resolve_cluster(requested: str | None, cfg: dict, spec: ModelSpec) -> ClusterProfile:
+    name = requested or os.environ.get("PIPELINE_CLUSTER") or get(cfg, "pipeline.cluster") \
         or ("local_cpu" if spec.is_local else None)
     if name is None:
         raise UserError("no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
@@ -94,7 +129,7 @@ def default_run_dir(cfg: dict, config_path: str) -> Path:
     if name in (".", "..") or "/" in name or "\0" in name or len(name.encode()) > 200:
         raise UserError(f"logger.wandb_exp_name={name[:60]!r}{'...' if len(name) > 60 else ''} cannot name a run "
                         "directory (no '/', not '.' or '..', at most 200 bytes)")
-    return Path(os.environ.get("PIPELINE_RUNS_DIR") or ROOT / "runs") / name
+    return paths.runs_dir() / name
 
 
 def finalize_config(cfg: dict, spec: ModelSpec, run_dir: Path, config_path: str) -> dict:
@@ -118,7 +153,7 @@ def finalize_config(cfg: dict, spec: ModelSpec, run_dir: Path, config_path: str)
         if get(cfg, "logger.wandb_project") is None:
             cfg["logger"]["wandb_project"] = os.environ.get("WANDB_PROJECT", "pipeline-local")
         if get(cfg, "logger.wandb_save_dir") is None:
-            cfg["logger"]["wandb_save_dir"] = os.environ.get("WANDB_DIR") or str(ROOT)
+            cfg["logger"]["wandb_save_dir"] = os.environ.get("WANDB_DIR") or str(paths.repo_root())
     return cfg
 
 
@@ -149,15 +184,15 @@ def needs_fan_out(alloc: Allocation, env: dict[str, str] | None = None) -> bool:
 
 def fan_out_command(argv: list[str]) -> list[str]:
     """The exact srun line that starts this launcher once per node of the allocation."""
-    return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", str(ROOT / "pipeline_training_launch.sh"),
-            *argv]
+    return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash",
+            str(paths.repo_root() / "pipeline_training_launch.sh"), *argv]
 
 
-def _set_values(d: dict) -> dict:
+def set_values(d: dict) -> dict:
     """The config without unset (None) values and empty sections, for display."""
     out = {}
     for k, v in d.items():
-        v = _set_values(v) if isinstance(v, dict) else v
+        v = set_values(v) if isinstance(v, dict) else v
         if v is not None and v != {}:
             out[k] = v
     return out
@@ -170,17 +205,15 @@ def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str]
     adds from it and the runtime, image and bad-node log the job gets."""
     env, note = [], ""
     if cluster is not None:
-        from pipeline.config.cluster import effective_knobs, profile_sbatch_options, script_directives
-
         if os.environ.get("PIPELINE_CLUSTER") != cluster.name:
             env = [f"PIPELINE_CLUSTER={shlex.quote(cluster.name)}"]
         opts = profile_sbatch_options(cluster, [f"--nodes={nodes}"],
-                                      script_directives(str(ROOT / "pipeline_training_submit.sbatch")))
+                                      script_directives(str(paths.repo_root() / "pipeline_training_submit.sbatch")))
         k = effective_knobs(cluster)
-        note = (f"\n# isambard_sbatch adds from cluster profile {cluster.name}: {' '.join(opts) or '(nothing)'}; the job "
-                f"runs with runtime {k['PIPELINE_RUNTIME']}, image {shlex.quote(k['PIPELINE_SIF'])}, bad-node log "
-                f"{shlex.quote(os.environ.get('BAD_NODES_LOG') or k['PIPELINE_BAD_NODES_LOG'])}, partition "
-                f"{cluster.partition or '(cluster default)'}, gpus per node {cluster.gpus_per_node} "
+        note = (f"\n# isambard_sbatch adds from cluster profile {cluster.name}: {' '.join(opts) or '(nothing)'}; "
+                f"the job runs with runtime {k['PIPELINE_RUNTIME']}, image {shlex.quote(k['PIPELINE_SIF'])}, "
+                f"bad-node log {shlex.quote(os.environ.get('BAD_NODES_LOG') or k['PIPELINE_BAD_NODES_LOG'])}, "
+                f"partition {cluster.partition or '(cluster default)'}, gpus per node {cluster.gpus_per_node} "
                 "(exported variables win)")
     parts = ["isambard_sbatch", f"--nodes={nodes}", "pipeline_training_submit.sbatch", config, model, mode, *flags,
              *overrides]
@@ -189,8 +222,6 @@ def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str]
 
 def profile_lines(cluster: ClusterProfile) -> str:
     """The cluster profile's facts for the dry run: what the job runs in and where Slurm places it."""
-    from pipeline.config.cluster import effective_knobs, user_set
-
     k, mine = effective_knobs(cluster), user_set(dict(os.environ))
     src = lambda key: " (exported)" if key in mine else ""
     bad_log = os.environ.get("BAD_NODES_LOG")
@@ -208,101 +239,3 @@ def profile_lines(cluster: ClusterProfile) -> str:
         f"script sets none), "
         f"exclusive {'yes' if cluster.exclusive else 'no'}",
     ])
-
-
-def plan_from_args(argv: list[str]):
-    flags, overrides = split_args(argv)
-    args = build_parser().parse_args(flags)
-    spec = get_model(args.model)
-    if args.peft and spec.is_local:
-        raise UserError("--peft lora runs on the Megatron Bridge engine; the local engine trains full weights")
-    alloc = current()
-    if args.nodes is not None and args.nodes < 1:
-        raise UserError(f"--nodes {args.nodes} must be >= 1")
-    if args.max_restarts is not None and args.max_restarts < 0:
-        raise UserError(f"--max-restarts {args.max_restarts} must be >= 0")
-    nodes = args.nodes or alloc.nodes or 1
-    cfg = load_config(args.config, overrides, spec.recipe_defaults(args.mode, args.peft))
-    cluster = resolve_cluster(args, cfg, spec)
-    if alloc.gpus_on_node is not None and cluster.has_gpus and alloc.gpus_on_node != cluster.gpus_per_node:
-        raise UserError(f"the allocation has {alloc.gpus_on_node} GPUs per node but cluster profile "
-                        f"'{cluster.name}' says {cluster.gpus_per_node}: use --cluster or --gpus-per-node")
-    run_dir = (args.run_dir or default_run_dir(cfg, args.config)).resolve()
-    from pipeline.training.preflight import unwritable_dir
-
-    problem = unwritable_dir(run_dir)
-    if problem:
-        raise UserError(f"run directory {run_dir} {problem} (--run-dir, or PIPELINE_RUNS_DIR)")
-    cfg = finalize_config(cfg, spec, run_dir, args.config)
-    from pipeline.training.preflight import run_preflight
-
-    plan = run_preflight(cfg, spec, args.mode, cluster, nodes, path_checks=not args.no_path_checks, peft=args.peft)
-    return args, spec, cluster, alloc, nodes, cfg, run_dir, plan, overrides
-
-
-@cli_main
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
-    from pipeline.common.log import setup_logging
-    from pipeline.training import records
-    from pipeline.training.preflight import format_plan
-
-    setup_logging()
-    args, spec, cluster, alloc, nodes, cfg, run_dir, plan, overrides = plan_from_args(argv)
-    if not plan.ok:
-        for p in plan.problems:
-            print(f"error: {p}", file=sys.stderr)
-        print(f"preflight: {len(plan.problems)} problem(s); nothing was launched", file=sys.stderr)
-        return 2
-    restarts = cluster.max_restarts if args.max_restarts is None else args.max_restarts
-    cmd = launch_command(spec, cluster, alloc, nodes, run_dir, args.disable_ft, restarts)
-    launcher_flags = ["--disable-ft"] if args.disable_ft else []
-    if args.peft:
-        launcher_flags += ["--peft", args.peft]
-    print("== preflight: PASS ==")
-    print(format_plan(plan))
-    if args.dry_run:
-        import yaml
-
-        print("== cluster profile ==")
-        print(profile_lines(cluster))
-        print("== resolved config (set values; the full one is written to <run_dir>/config.yaml) ==")
-        print(yaml.safe_dump(_set_values(cfg), sort_keys=False).rstrip())
-        print("== launch command (per node) ==")
-        print(" ".join(shlex.quote(c) for c in cmd))
-        print("== sbatch line ==")
-        print(sbatch_line(args.config, args.model, args.mode, nodes, launcher_flags, overrides, cluster))
-        return 0
-    if needs_fan_out(alloc):
-        # By hand inside a multi-node salloc: this shell runs on one node only. Start the launcher on every node
-        # of the allocation (each then finds its node rank and the rendezvous), instead of waiting for ever.
-        fan = fan_out_command(argv)
-        print(f"{alloc.nodes}-node allocation and no job step: starting every node with: "
-              + " ".join(shlex.quote(c) for c in fan), flush=True)
-        os.execvp(fan[0], fan)
-    if alloc.node_rank == 0:
-        records.write_launch_records(run_dir, cfg=cfg, spec=spec, mode=args.mode, peft=args.peft, cluster=cluster,
-                                     alloc=alloc, nodes=nodes, plan=plan, command=["pipeline_training_launch.sh", *argv],
-                                     launch_cmd=cmd)
-    else:
-        records.wait_for_records(run_dir)
-    env = dict(os.environ)
-    env.update(cluster.env)
-    env.update({str(k): str(v) for k, v in (get(cfg, "env_vars") or {}).items()})
-    env["PIPELINE_RUN_DIR"] = str(run_dir)
-    env["PIPELINE_LAUNCHER"] = cmd[0]
-    print(f"run directory: {run_dir}", flush=True)
-    print("launching: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    try:
-        os.execvpe(cmd[0], cmd, env)
-    except FileNotFoundError:
-        raise UserError(f"{cmd[0]} not found on PATH: is the environment active? "
-                        f"(bash pipeline_env_setup.sh; on the cluster the container provides ft_launcher)") from None
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -99,7 +99,8 @@ def packed_data_paths(cfg: dict, tokenizer_name: str) -> dict[str, Path] | None:
         return None
     pad = get(cfg, "dataset.offline_packing_specs.pad_seq_to_mult") or 1
     paths = packed_paths(Path(root), tokenizer_name, int(pad), int(seq))
-    explicit = {"train": "packed_train_data_path", "validation": "packed_val_data_path", "metadata": "packed_metadata_path"}
+    explicit = {"train": "packed_train_data_path", "validation": "packed_val_data_path",
+                "metadata": "packed_metadata_path"}
     for k, key in explicit.items():
         v = get(cfg, f"dataset.offline_packing_specs.{key}")
         if v:
@@ -181,7 +182,8 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
         plan.dp = plan.world // mp
     if (plan.world // max(pp, 1)) % (ep * etp):
         plan.problems.append(f"world size / pp = {plan.world}/{pp} = {plan.world // pp} is not divisible by "
-                             f"ep({ep}) * etp({etp}) = {ep * etp}: expert groups cannot be formed; change ep or --nodes")
+                             f"ep({ep}) * etp({etp}) = {ep * etp}: expert groups cannot be formed; "
+                             "change ep or --nodes")
     if cluster.has_gpus:
         if tp * ep > gpn:
             plan.problems.append(f"tp({tp}) * ep({ep}) = {tp * ep} > gpus_per_node({gpn}) on '{cluster.name}': the "
@@ -233,7 +235,8 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
         hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
             if not local else "lower train.micro_batch_size or model.seq_length"
-        plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {'GPU' if cluster.has_gpus else 'host'}"
+        unit = "GPU" if cluster.has_gpus else "host"
+        plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {unit}"
                              f" > {plan.memory_budget_gb:g} GB on '{cluster.name}' "
                              f"(weights {plan.memory_gb['weights']}, grads {plan.memory_gb['grads']}, optimizer "
                              f"{plan.memory_gb['optimizer']}, activations {plan.memory_gb['activations']}, logits "
@@ -364,8 +367,9 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
                 if types_only:  # the local engine ignores '+' keys: a key no engine knows is a typo
                     plan.problems.append(f"'{dotted}' is not a config key of either engine{hint}")
                     continue
-                plan.problems.append(f"'{dotted}' is not a field of Megatron Bridge's {spec.name} {recipe_mode(mode, peft)}"
-                                     f" config ({owner}){hint}: Bridge would drop it without an error")
+                plan.problems.append(f"'{dotted}' is not a field of Megatron Bridge's {spec.name} "
+                                     f"{recipe_mode(mode, peft)} config ({owner}){hint}: Bridge would drop it without "
+                                     "an error")
                 continue
             kind = fields[k]
             if kind.startswith("class:"):
@@ -380,7 +384,8 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
             if not ok:
                 want = {"bool": "a boolean (true/false)", "int": "an integer", "float": "a number",
                         "str": f"a string (quote it: {dotted}='{v}')"}[kind]
-                plan.problems.append(f"{dotted}={v!r} must be {want} ({owner}.{k} is {kind} in Megatron Bridge's config)")
+                plan.problems.append(f"{dotted}={v!r} must be {want} ({owner}.{k} is {kind} in Megatron Bridge's "
+                                     "config)")
 
     walk(strip_suite_only(cfg), sections, "", "ConfigContainer")
 
@@ -441,7 +446,7 @@ def _note_epochs(train_path: Path, plan: Plan) -> None:
         import pyarrow.parquet as pq
 
         packs = pq.read_metadata(str(train_path)).num_rows
-    except Exception:  # noqa: BLE001 - an unreadable file is reported as a note, training will fail loudly
+    except Exception:
         plan.notes.append(f"could not read {train_path}")
         return
     seen = plan.gbs * plan.train_iters
@@ -459,7 +464,8 @@ def format_plan(plan: Plan) -> str:
     ]
     if plan.memory_gb:
         parts = ", ".join(f"{k} {v}" for k, v in plan.memory_gb.items() if k != "total")
-        lines.append(f"memory estimate: {plan.memory_gb['total']:.1f} GB per {'GPU' if plan.engine != 'local' else 'process'}"
+        unit = "GPU" if plan.engine != "local" else "process"
+        lines.append(f"memory estimate: {plan.memory_gb['total']:.1f} GB per {unit}"
                      f" of {plan.memory_budget_gb:g} GB ({parts})")
     lines += [f"note: {n}" for n in plan.notes]
     lines += [f"warning: {w}" for w in plan.warnings]

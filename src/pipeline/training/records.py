@@ -32,9 +32,11 @@ from typing import Any
 import yaml
 
 from pipeline.checkpoint import layout
+from pipeline.common import paths
+from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, write_json, write_text
 
-ROOT = Path(os.environ.get("PIPELINE_ROOT") or Path(__file__).resolve().parents[3])
+ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "pyarrow", "wandb", "hydra-core",
             "megatron-core", "megatron-bridge", "nvidia-resiliency-ext", "transformer-engine")
 DONE_MARKER = layout.TRAINING_DONE
@@ -70,6 +72,7 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
                          launch_cmd) -> None:
     from pipeline.training.preflight import plan_dict
 
+    runtime = os.environ.get("PIPELINE_RUNTIME", "venv")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
     write_json(run_dir / "launch.json", {"model": spec.name, "engine": spec.engine, "mode": mode, "peft": peft,
@@ -78,7 +81,7 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
     manifest_path = run_dir / "manifest.json"
     manifest = read_json(manifest_path) if manifest_path.exists() else {"run_dir": str(run_dir), "launches": []}
     manifest["launches"].append({
-        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "launch_command": launch_cmd,
         "git": git_state(),
@@ -89,10 +92,61 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
         "nodes": nodes,
         "cluster": cluster.name,
         "packages": package_versions(),
-        "container_image": os.environ.get("PIPELINE_IMAGE") if os.environ.get("PIPELINE_RUNTIME", "venv") != "venv" else None,
-        "runtime": os.environ.get("PIPELINE_RUNTIME", "venv"),
+        "container_image": os.environ.get("PIPELINE_IMAGE") if runtime != "venv" else None,
+        "runtime": runtime,
     })
     write_json(manifest_path, manifest)
+
+
+# ---- run identity: one run directory, one resolved config ----------------------------------------------
+# Keys that legitimately differ between launches of the same run (a requeue, an auto-requeue successor, a
+# continuation from another shell): where W&B writes its files ($WANDB_DIR), and the tests' fault injection,
+# which describes an attempt, not the run. Everything else is the run's identity.
+IDENTITY_IGNORED = ("logger.wandb_save_dir", "pipeline.local.fault_inject_")
+
+
+def flat_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train.train_iters": 40, ...}``: every leaf of a nested config under its dotted key."""
+    if not isinstance(cfg, dict):
+        return {prefix.rstrip("."): cfg} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(old: dict, new: dict, ignore: tuple[str, ...] = IDENTITY_IGNORED) -> dict[str, tuple[Any, Any]]:
+    """The dotted keys whose values differ (``{key: (old, new)}``), both configs normalised through YAML (as
+    ``config.yaml`` stores them); keys starting with an ``ignore`` prefix are left out."""
+    a = flat_config(yaml.safe_load(yaml.safe_dump(old)) or {})
+    b = flat_config(yaml.safe_load(yaml.safe_dump(new)) or {})
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not k.startswith(ignore)}
+
+
+def check_run_identity(run_dir: Path, cfg: dict, allow_change: bool = False) -> dict[str, tuple[Any, Any]]:
+    """Refuse (UserError, exit 2) to resume, or to call finished, a run directory whose recorded ``config.yaml``
+    differs from ``cfg``: a relaunch with other overrides under the same run name is another run. Returns the
+    differing keys (empty when the config is the same or the directory is new); ``allow_change`` lets them pass."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        old = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's recorded config is "
+                        "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
+    diff = config_diff(old if isinstance(old, dict) else {}, cfg)
+    if diff and not allow_change:
+        shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
+        more = f" (+{len(diff) - 8} more)" if len(diff) > 8 else ""
+        raise UserError(f"run directory {run_dir} holds a run with a different config ({shown}{more}); it is not "
+                        "resumed or finished with this one: give this run a new name (logger.wandb_exp_name=NEW) or "
+                        "pass --allow-config-change to continue it with the new config")
+    return diff
 
 
 def wait_for_records(run_dir: Path, timeout: float = 300) -> None:
@@ -221,7 +275,7 @@ def mark_done(run_dir: Path, save: str | Path | None, step: int) -> None:
         write_text(Path(save) / DONE_MARKER, f"{step}\n")
 
 
-def finish_preempted(run_dir: Path, progress: "ProgressLog", step: int, iters: int, seconds: float) -> None:
+def finish_preempted(run_dir: Path, progress: ProgressLog, step: int, iters: int, seconds: float) -> None:
     """A save-and-exit request was honoured: record it, tell the batch script the checkpoint is saved."""
     (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)
     if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
@@ -230,7 +284,7 @@ def finish_preempted(run_dir: Path, progress: "ProgressLog", step: int, iters: i
     print(f"saved checkpoint at iteration {step} of {iters} and exited for requeue", flush=True)
 
 
-def finish_completed(run_dir: Path, save: str | Path | None, progress: "ProgressLog", step: int,
+def finish_completed(run_dir: Path, save: str | Path | None, progress: ProgressLog, step: int,
                      seconds: float) -> dict:
     summary = progress.summarize("completed", step, seconds)
     mark_done(run_dir, save, step)

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
-from pipeline.common.io import apply_umask_modes, write_json, write_text
+from pipeline.common.io import write_text
 from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
-from pipeline.checkpoint import layout
-from pipeline.training import records
-from pipeline.training import fault_tolerance
+from pipeline.training import fault_tolerance, records
 
 log = logging.getLogger(__name__)
 
@@ -167,15 +166,9 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
             if st.is_world_process_zero:
                 staged = Path(args.output_dir) / f"checkpoint-{st.global_step}"
                 if staged.is_dir():
-                    write_json(staged / layout.MARKER, {
+                    target = layout.publish_iteration(staged, save, st.global_step, {
                         "engine": "local", "model": spec.name, "hf_id": spec.hf_id, "mode": mode,
                         "iteration": st.global_step, "run_dir": str(run_dir), "time": time.time()})
-                    target = layout.iter_dir(save, st.global_step)
-                    if target.exists():
-                        shutil.rmtree(target)
-                    apply_umask_modes(staged)  # safetensors writes its file 0600: the team must read checkpoints
-                    os.replace(staged, target)
-                    layout.write_tracker(save, st.global_step)
                     log.info("saved checkpoint %s", target)
             _barrier()
             return control
@@ -308,7 +301,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
 
     state: dict = {}
 
-    def _on_signal(signum, frame):  # noqa: ARG001
+    def _on_signal(signum, frame):
         state["signal"] = signum
 
     signal.signal(signal.SIGUSR1, _on_signal)
@@ -376,8 +369,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
 
     eval_ds = None
     if eval_interval:
-        from pipeline.training.preflight import packed_data_paths
         from pipeline.data.chat import tokenizer_model_name
+        from pipeline.training.preflight import packed_data_paths
 
         vp = packed_data_paths(cfg, tokenizer_model_name(spec.name))
         eval_ds = PackedSFTDataset(vp["validation"]) if vp and vp["validation"].exists() else None

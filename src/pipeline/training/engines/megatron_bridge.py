@@ -45,7 +45,7 @@ class SaveRequestWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="save-request-watcher", daemon=True)
 
-    def start(self) -> "SaveRequestWatcher":
+    def start(self) -> SaveRequestWatcher:
         self._thread.start()
         return self
 

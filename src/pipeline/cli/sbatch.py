@@ -48,8 +48,8 @@ TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
 # Value options that sbatch accepts but that Slurm 22.05's --help/--usage do not list (from the sbatch manual),
 # and two that --help shows as "[=...]" although sbatch requires their value (--wrap CMD, --export NAMES work
 # with a space; checked on the local Slurm).
-UNLISTED_VALUE_OPTS = {"--wrap", "--export", "--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq", "--batch",
-                       "--tres-per-task", "--kill-on-invalid-dep", "--resv-ports", "--mpi", "--prefer",
+UNLISTED_VALUE_OPTS = {"--wrap", "--export", "--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq",
+                       "--batch", "--tres-per-task", "--kill-on-invalid-dep", "--resv-ports", "--mpi", "--prefer",
                        "--distribution", "--clusters", "--cpus-per-gpu", "--gpus-per-node", "-r", "--relative"}
 UNLISTED_FLAGS = {"--test-only", "--exclusive", "--mem-per-cpu", "--parsable"}
 
@@ -190,15 +190,17 @@ def training_preflight(script_args: list[str], opts: list[str]) -> str | None:
     if cluster and "--cluster" not in rest:
         argv += ["--cluster", cluster]
     try:
-        from pipeline.training.launch import plan_from_args
+        from pipeline.cli.train import plan_from_argv  # the pipeline environment: not there on a bare login node
 
-        *_, cfg, _, plan, _ = plan_from_args(argv)
+        launch = plan_from_argv(argv)
     except ImportError as exc:  # a login node without the pipeline environment (the container posture)
         print(f"warning: preflight skipped: the pipeline environment is not available here ({exc}); it runs "
               "inside the job instead", file=sys.stderr)
         return None
+    plan, cfg = launch.preflight, launch.cfg
     if not plan.ok:
-        raise UserError("\n".join(plan.problems) + f"\npreflight: {len(plan.problems)} problem(s); nothing was submitted")
+        raise UserError("\n".join(plan.problems)
+                        + f"\npreflight: {len(plan.problems)} problem(s); nothing was submitted")
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"Preflight: PASS - world {plan.world} (tp {plan.tp} pp {plan.pp} cp {plan.cp} ep {plan.ep} dp {plan.dp}), "
@@ -301,8 +303,8 @@ def submit_checks(script: str, args: list[str]) -> None:
         for flag in ("--iteration", "--tp", "--pp", "--ep"):
             v = _value(args, flag)
             if v is not None and (not v.isdigit() or (flag != "--iteration" and int(v) < 1)):
-                raise UserError(f"{name}: {flag} {v!r} must be a {'non-negative' if flag == '--iteration' else 'positive'}"
-                                " integer")
+                kind = "non-negative" if flag == "--iteration" else "positive"
+                raise UserError(f"{name}: {flag} {v!r} must be a {kind} integer")
         if args[0] in ("export", "upload-all"):
             if len(args) < 2 or not Path(args[1]).is_dir():
                 raise UserError(f"{name} {args[0]}: checkpoint directory {args[1] if len(args) > 1 else '(none)'} "
@@ -436,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         elif action == "--list-bad":
             import datetime as dt
 
-            now = dt.datetime.now(dt.timezone.utc)
+            now = dt.datetime.now(dt.UTC)
             entries = log.entries()
             print(f"# {log.path} (TTL {log.ttl_days:g} days; * = excluded now, ! = dated in the future)")
             for e in entries:

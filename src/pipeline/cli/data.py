@@ -17,26 +17,14 @@ datasets with the same file name never share one. Bad input is one line "error: 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
+from pipeline.cli.parser import Parser
+from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is the suite's one line ``error: ...`` and exit 2."""
-
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message} (see --help)")
-
-
-def _data_root() -> Path:
-    root = os.environ.get("PIPELINE_ROOT") or str(Path(__file__).resolve().parents[3])
-    return Path(os.environ.get("PIPELINE_DATA_ROOT") or Path(root) / "data")
 
 
 def _print_summary(summary: dict) -> None:
@@ -56,8 +44,7 @@ def _print_summary(summary: dict) -> None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="pipeline_data_prepare.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="pipeline_data_prepare.py", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
 
     p = sub.add_parser("prepare", help="load + chat template + tokenise + export + pack")
@@ -114,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "prepare":
         from pipeline.data.sources import dataset_dirname
 
-        root = args.dataset_root or _data_root() / dataset_dirname(args.dataset)
+        root = args.dataset_root or paths.data_root() / dataset_dirname(args.dataset)
         if args.tokenizer is None:
             from pipeline.config.models import get_model
 
@@ -144,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--docs-per-part must be >= 1, got {args.docs_per_part}")
         if args.limit is not None and args.limit < 1:
             raise UserError(f"--limit must be >= 1, got {args.limit}")
-        out = args.output_dir or ((src if src.is_dir() else _data_root()) / args.output_name)
+        out = args.output_dir or ((src if src.is_dir() else paths.data_root()) / args.output_name)
         res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name, text_field=args.text_field,
                               docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet)
         print(json.dumps(res, indent=2))

@@ -17,22 +17,26 @@ it sets the exported chat template's enable_thinking default where the template 
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
+from pipeline import bridge
+from pipeline.checkpoint import export as ex
+from pipeline.checkpoint import layout
+from pipeline.checkpoint.poll import upload_all
+from pipeline.cli.parser import Parser
+from pipeline.coherence.run import CoherenceRun
+from pipeline.coherence.run import run as run_coherence
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
+from pipeline.config.models import REGISTRY, models_dir
+from pipeline.slurm.allocation import torchrun_standalone
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(f"{message} (see --help)")
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: Parser) -> None:
     p.add_argument("ckpt_dir", type=Path)
     p.add_argument("--hf-model", required=True, help="HF id the checkpoint belongs to (architecture + tokenizer)")
     g = p.add_mutually_exclusive_group(required=True)
@@ -43,10 +47,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="re-export even when a verified hf/ exists")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pipeline_checkpoint_convert.sh", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
+def build_parser() -> Parser:
+    parser = Parser(prog="pipeline_checkpoint_convert.sh", description=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     e = sub.add_parser("export", help="export one iteration to HF, verified")
     _add_common(e)
     e.add_argument("--iteration", type=int)
@@ -70,14 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging()
-    from pipeline.checkpoint import export as ex
-    from pipeline.checkpoint import layout
-
     if args.action == "import":
-        from pipeline.config.models import REGISTRY, models_dir
-
         node = int(os.environ.get("SLURM_NODEID") or 0)
         if node > 0:
             print(f"import runs once per allocation: node {node} leaves it to the first node")
@@ -99,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if rec.get("verdict") == "rank":  # a non-zero rank of a model-parallel export: rank 0 reports
             return rec
         if getattr(args, "coherence", False):
-            from pipeline.coherence.cli import main as coherence_main
-
-            rc = coherence_main([str(iter_path / "hf"), "--quiet"] + (["--reasoning"] if args.reasoning else []))
+            rc = run_coherence(CoherenceRun(model=str(iter_path / "hf"), reasoning=args.reasoning, quiet=True))
             rec = {**rec, "coherence_exit_code": rc}
         if args.push_to_hub:
             repo = getattr(args, "hub_repo", None) or f"{args.ckpt_dir.name}-{iter_path.name}"
@@ -115,12 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--tp/--pp/--ep must be >= 1 (got {args.tp}/{args.pp}/{args.ep})")
         if ranks > 1 and "LOCAL_RANK" not in os.environ:
             if layout.engine_of(iter_path) != "megatron":
-                raise UserError(f"--tp/--pp/--ep apply to Megatron checkpoints; {iter_path} is a local-engine checkpoint")
-            from pipeline import bridge
-            from pipeline.slurm.allocation import torchrun_standalone
-
+                raise UserError(f"--tp/--pp/--ep apply to Megatron checkpoints; {iter_path} is a local-engine "
+                                "checkpoint")
             bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")  # fail here, not on every rank
-            cmd = torchrun_standalone(ranks, "pipeline.checkpoint.cli", list(sys.argv[1:] if argv is None else argv))
+            cmd = torchrun_standalone(ranks, "pipeline.cli.checkpoint", argv)
             print("launching: " + " ".join(cmd), flush=True)
             os.execvp(cmd[0], cmd)
         try:
@@ -136,12 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exported: {iter_path / 'hf'}")
         return 0
 
-    from pipeline.checkpoint.poll import upload_all
-
     if not args.ckpt_dir.is_dir():
         raise UserError(f"checkpoint directory {args.ckpt_dir} does not exist")
-    import math
-
     for flag, v in (("--interval", args.interval), ("--idle-timeout", args.idle_timeout)):
         if v is not None and not (math.isfinite(v) and 0 < v <= 7 * 86400):
             raise UserError(f"{flag} {v} must be a number of seconds in (0, 604800]")

@@ -1,0 +1,163 @@
+"""pipeline_training_launch.sh CONFIG --model M --mode MODE [flags] [hydra overrides...]
+
+Resolves the config (recipe defaults < YAML < overrides), runs the preflight, writes the run records
+and replaces itself with the distributed launcher (torchrun, or ft_launcher for fault tolerance).
+Launcher flags start with ``--``; every other argument after the config is a Hydra override.
+
+  --model M            registry name (nano, super, smollm2-135m, tiny-nemotronh-moe, tiny-qwen3-moe)
+  --mode MODE          pretrain | cpt | sft
+  --peft lora          parameter-efficient fine-tuning (LoRA)
+  --disable-ft         plain torchrun instead of ft_launcher
+  --dry-run            print the plan, the resolved config, the launch command and the sbatch line; exit
+  --nodes N            plan for N nodes (default: the allocation's SLURM_JOB_NUM_NODES, else 1)
+  --cluster NAME       cluster profile (configs/cluster/NAME.yaml); default: the config's pipeline.cluster
+  --no-path-checks     skip dataset/checkpoint existence checks (planning away from the cluster)
+  --max-restarts K     launcher restarts after a failure (default: the cluster profile's)
+  --run-dir DIR        run records + checkpoints (default: $PIPELINE_RUNS_DIR/<logger.wandb_exp_name>)
+  --allow-config-change  continue a run directory whose recorded config differs (default: refused, exit 2)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline.cli.parser import Parser
+from pipeline.common.errors import UserError, cli_main
+from pipeline.common.log import setup_logging
+from pipeline.config.loader import get
+from pipeline.training import records
+from pipeline.training.launch import (
+    MODES,
+    LaunchPlan,
+    LaunchRequest,
+    fan_out_command,
+    needs_fan_out,
+    plan_launch,
+    profile_lines,
+    set_values,
+)
+from pipeline.training.preflight import format_plan
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="pipeline_training_launch.sh", description=__doc__)
+    p.add_argument("config")
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", required=True, choices=MODES)
+    p.add_argument("--peft", choices=["lora"])
+    p.add_argument("--disable-ft", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--cluster")
+    p.add_argument("--no-path-checks", action="store_true")
+    p.add_argument("--max-restarts", type=int)
+    p.add_argument("--run-dir", type=Path)
+    p.add_argument("--allow-config-change", action="store_true")
+    return p
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Launcher flags (and their values) vs Hydra overrides (everything else after the config)."""
+    parser = build_parser()
+    takes_value = {a for act in parser._actions for a in act.option_strings if act.nargs is None
+                   and not isinstance(act, (argparse._StoreTrueAction, argparse._HelpAction))}
+    flags, overrides = [], []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") or a == "-h":
+            flags.append(a)
+            if a in takes_value and "=" not in a and i + 1 < len(argv):
+                flags.append(argv[i + 1])
+                i += 1
+        elif not flags and not overrides and not a.startswith(("+", "~")) and "=" not in a:
+            flags.append(a)  # the config path
+        else:
+            overrides.append(a)
+        i += 1
+    return flags, overrides
+
+
+def parse_request(argv: list[str]) -> tuple[LaunchRequest, bool]:
+    """The launcher's command line -> (the request, whether it is a dry run)."""
+    flags, overrides = split_args(argv)
+    a = build_parser().parse_args(flags)
+    return LaunchRequest(config=a.config, model=a.model, mode=a.mode, overrides=tuple(overrides), peft=a.peft,
+                         disable_ft=a.disable_ft, nodes=a.nodes, cluster=a.cluster, path_checks=not a.no_path_checks,
+                         max_restarts=a.max_restarts, run_dir=a.run_dir,
+                         allow_config_change=a.allow_config_change), a.dry_run
+
+
+def plan_from_argv(argv: list[str]) -> LaunchPlan:
+    """The launcher's command line -> its plan (the dry run's, preflight included)."""
+    return plan_launch(parse_request(argv)[0])
+
+
+def print_dry_run(plan: LaunchPlan) -> None:
+    print("== cluster profile ==")
+    print(profile_lines(plan.cluster))
+    print("== resolved config (set values; the full one is written to <run_dir>/config.yaml) ==")
+    print(yaml.safe_dump(set_values(plan.cfg), sort_keys=False).rstrip())
+    print("== launch command (per node) ==")
+    print(" ".join(shlex.quote(c) for c in plan.command()))
+    print("== sbatch line ==")
+    print(plan.sbatch_line())
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    setup_logging()
+    request, dry_run = parse_request(argv)
+    plan = plan_launch(request)
+    if not plan.preflight.ok:
+        for p in plan.preflight.problems:
+            print(f"error: {p}", file=sys.stderr)
+        print(f"preflight: {len(plan.preflight.problems)} problem(s); nothing was launched", file=sys.stderr)
+        return 2
+    cmd = plan.command()
+    print("== preflight: PASS ==")
+    print(format_plan(plan.preflight))
+    if dry_run:
+        print_dry_run(plan)
+        return 0
+    if needs_fan_out(plan.alloc):
+        # By hand inside a multi-node salloc: this shell runs on one node only. Start the launcher on every node
+        # of the allocation (each then finds its node rank and the rendezvous), instead of waiting for ever.
+        fan = fan_out_command(argv)
+        print(f"{plan.alloc.nodes}-node allocation and no job step: starting every node with: "
+              + " ".join(shlex.quote(c) for c in fan), flush=True)
+        os.execvp(fan[0], fan)
+    run_dir = plan.run_dir
+    if plan.alloc.node_rank == 0:
+        records.write_launch_records(run_dir, cfg=plan.cfg, spec=plan.spec, mode=request.mode, peft=request.peft,
+                                     cluster=plan.cluster, alloc=plan.alloc, nodes=plan.nodes, plan=plan.preflight,
+                                     command=["pipeline_training_launch.sh", *argv], launch_cmd=cmd)
+    else:
+        records.wait_for_records(run_dir)
+    env = dict(os.environ)
+    env.update(plan.cluster.env)
+    env.update({str(k): str(v) for k, v in (get(plan.cfg, "env_vars") or {}).items()})
+    env["PIPELINE_RUN_DIR"] = str(run_dir)
+    env["PIPELINE_LAUNCHER"] = cmd[0]
+    print(f"run directory: {run_dir}", flush=True)
+    print("launching: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except FileNotFoundError:
+        raise UserError(f"{cmd[0]} not found on PATH: is the environment active? "
+                        f"(bash pipeline_env_setup.sh; on the cluster the container provides ft_launcher)") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""One coherence run, typed: generate on the prompts with a backend, score the responses, write the JSON and
+Markdown report (and W&B), print the summary. ``pipeline_coherence_test.py`` (:mod:`pipeline.cli.coherence`) and
+``upload-all --coherence`` (:mod:`pipeline.cli.checkpoint`) both call :func:`run` with a :class:`CoherenceRun`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import bridge
+from pipeline.checkpoint import layout
+from pipeline.coherence import backends
+from pipeline.coherence.metrics import score, summarize
+from pipeline.coherence.prompts import load_prompts
+from pipeline.common import paths
+from pipeline.common.errors import UserError
+from pipeline.common.io import write_json, write_text
+
+BACKENDS = ("hf", "endpoint", "megatron")
+
+
+@dataclass(frozen=True)
+class CoherenceRun:
+    """What to test and how; the defaults are the command line's."""
+
+    model: str
+    compare: list[str] = field(default_factory=list)
+    backend: str = "hf"
+    max_tokens: int = 128
+    prompts: Path | None = None
+    reasoning: bool = False
+    endpoint_url: str | None = None
+    discovery_file: Path | None = None
+    timeout: float = 120.0
+    deadline: float | None = None
+    hf_model: str | None = None
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    iteration: int | None = None
+    output_dir: Path | None = None
+    wandb_project: str = field(default_factory=lambda: os.environ.get("COHERENCE_WANDB_PROJECT", "pipeline-gen-tests"))
+    no_wandb: bool = False
+    allow_empty: bool = False
+    quiet: bool = False
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp * self.ep
+
+    def check(self) -> None:
+        """Refuse a layout that cannot run (one line each)."""
+        if min(self.tp, self.pp, self.ep) < 1:
+            raise UserError(f"--tp/--pp/--ep must be >= 1 (got {self.tp}/{self.pp}/{self.ep})")
+        if self.ranks > 1 and self.backend != "megatron":
+            raise UserError("--tp/--pp/--ep apply to the megatron backend only")
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r} (one of {', '.join(BACKENDS)})")
+
+
+def generate(cfg: CoherenceRun, model: str, prompts: list[str]):
+    if cfg.max_tokens < 1:
+        raise UserError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
+    for name in ("timeout", "deadline"):
+        v = getattr(cfg, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise UserError(f"--{name} must be a positive number of seconds, got {v}")
+    if cfg.backend == "hf":
+        return backends.hf_generate(model, prompts, cfg.max_tokens, cfg.reasoning)
+    if cfg.backend == "endpoint":
+        if cfg.discovery_file:
+            url = backends.read_discovery_file(cfg.discovery_file)
+        elif cfg.endpoint_url:
+            url = cfg.endpoint_url
+        else:
+            raise UserError("the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
+        return backends.endpoint_generate(url, model, prompts, cfg.max_tokens, cfg.reasoning,
+                                          timeout=cfg.timeout, deadline=cfg.deadline)
+    if not cfg.hf_model:
+        raise UserError("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
+    bridge.require_bridge("the megatron backend")
+    return bridge.generate(megatron_iteration(model, cfg.iteration), cfg.hf_model, prompts, cfg.max_tokens,
+                           tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, reasoning=cfg.reasoning)
+
+
+def megatron_iteration(model: str, iteration: int | None) -> Path:
+    """The exact iteration directory to generate from: a checkpoint root resolves to ``--iteration`` or its latest
+    complete iteration (never a later or half-written one); an ``iter_NNNNNNN`` directory must be complete."""
+    path = Path(model)
+    if path.name.startswith("iter_") and (path.parent / layout.TRACKER).exists():
+        if iteration is not None:
+            raise UserError(f"{path} is already an iteration directory; drop --iteration or pass the checkpoint root")
+        return layout.resolve_iteration(path.parent, int(path.name.split("_")[-1]))
+    return layout.resolve_iteration(path, iteration)
+
+
+def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, Any]:
+    t0 = time.time()
+    gens = generate(cfg, model, prompts)
+    rows = []
+    for prompt, (text, n_tok, finished) in zip(prompts, gens, strict=True):
+        rows.append({"prompt": prompt, "response": text, **score(text, n_tok, cfg.max_tokens, finished, cfg.reasoning)})
+    summary = summarize(rows)
+    summary["seconds"] = round(time.time() - t0, 2)
+    return {"model": model, "backend": cfg.backend, "rows": rows, "summary": summary}
+
+
+def _md_cell(s: str) -> str:
+    return re.sub(r"\s+", " ", s.replace("|", "\\|")).strip() or "*(empty)*"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Coherence test - {report['time']}", ""]
+    for res in report["results"]:
+        s = res["summary"]
+        lines += [f"## {res['model']} ({res['backend']})", "",
+                  "| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in s.items()], "",
+                  "| # | prompt | response | length | empty | truncated | repetitive | template leak |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for i, r in enumerate(res["rows"], 1):
+            lines.append(f"| {i} | {_md_cell(r['prompt'])} | {_md_cell(r['response'])} | {r['response_length']} | "
+                         f"{r['empty']} | {r['truncated']} | {r['repetitive']} | {r['template_leak'] or '-'} |")
+        lines.append("")
+    if len(report["results"]) > 1:
+        heads = [r["model"] for r in report["results"]]
+        lines += ["## Side by side", "", "| prompt | " + " | ".join(heads) + " |",
+                  "|---|" + "---|" * len(heads)]
+        for i, prompt in enumerate(report["prompts"]):
+            cells = [_md_cell(r["rows"][i]["response"]) for r in report["results"]]
+            lines.append(f"| {_md_cell(prompt)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append("Read a few generations yourself: empty_pct == 0 alone does not catch drift or off-topic output.")
+    return "\n".join(lines) + "\n"
+
+
+def log_wandb(report: dict, project: str, name: str) -> str | None:
+    import wandb
+
+    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    run = wandb.init(project=project, name=name, mode=mode, job_type="coherence",
+                     dir=os.environ.get("WANDB_DIR") or None, settings=wandb.Settings(silent=True))
+    cols = ["model", "prompt", "response", "response_length", "empty", "truncated", "repetitive", "template_leak"]
+    table = wandb.Table(columns=cols)
+    multi = len(report["results"]) > 1
+    for res in report["results"]:
+        for r in res["rows"]:
+            table.add_data(res["model"], r["prompt"], r["response"], r["response_length"], r["empty"],
+                           r["truncated"], r["repetitive"], r["template_leak"])
+        prefix = f"{Path(res['model']).name}/" if multi else ""
+        run.summary.update({f"{prefix}{k}": v for k, v in res["summary"].items()})
+    run.log({"generations": table})
+    path = run.dir
+    run.finish()
+    return path
+
+
+def default_output_dir(model: str) -> Path:
+    p = Path(model)
+    if p.is_dir():
+        return p / "coherence"
+    return paths.runs_dir() / "coherence" / model.replace("/", "__")
+
+
+def run(cfg: CoherenceRun) -> int:
+    """Generate, score and report; 1 when a response is empty (a broken model) unless ``allow_empty``."""
+    cfg.check()
+    prompts = load_prompts(cfg.prompts)
+    results = [run_model(cfg, m, prompts) for m in [cfg.model, *cfg.compare]]
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # model-parallel generation: every rank generated, rank 0 reports
+    report = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "prompts": prompts,
+              "max_tokens": cfg.max_tokens, "reasoning": cfg.reasoning, "results": results}
+    out_dir = cfg.output_dir or default_output_dir(cfg.model)
+    stem = f"coherence_{cfg.backend}"
+    if not cfg.no_wandb:
+        report["wandb_dir"] = log_wandb(report, cfg.wandb_project, f"coherence-{Path(cfg.model).name}")
+    write_json(out_dir / f"{stem}.json", report)
+    write_text(out_dir / f"{stem}.md", markdown(report))
+    for res in results:
+        s = res["summary"]
+        print(f"{res['model']}: {s['num_prompts']} prompts, empty {s['empty_pct']}%, truncated {s['truncated_pct']}%, "
+              f"repetitive {s['repetitive_pct']}%, template leaks {s['template_leak_pct']}%, "
+              f"mean length {s['mean_response_length']} chars")
+        if not cfg.quiet:
+            for r in res["rows"]:
+                print(f"  - {r['prompt']}\n    -> {r['response'][:200]!r}")
+    print(f"report: {out_dir / (stem + '.json')} and {out_dir / (stem + '.md')}"
+          + (f"; W&B: {report['wandb_dir']}" if report.get("wandb_dir") else ""))
+    empty = sum(r["empty"] for res in results for r in res["rows"])
+    if empty and not cfg.allow_empty:
+        print(f"error: {empty} empty response(s): the model is broken or its chat template is wrong", file=sys.stderr)
+        return 1
+    return 0

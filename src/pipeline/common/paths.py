@@ -1,0 +1,51 @@
+"""Every root of the suite, with one fallback rule: the environment variable when it is set and not empty, else a
+fixed place under the repository (``PIPELINE_ROOT``, else the checkout this package is installed from). Each
+function reads ``os.environ``, or the mapping it is given (a job's environment being built).
+
+``pipeline_env_config.env`` exports the same defaults for the shell side; this module is the Python side's only
+reader of these variables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+# src/pipeline/common/paths.py -> the checkout (the editable install points here).
+_CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+def _env_or(var: str, default: Path, env: Mapping[str, str] | None) -> Path:
+    value = (os.environ if env is None else env).get(var)
+    return Path(value) if value else default
+
+
+def repo_root(env: Mapping[str, str] | None = None) -> Path:
+    """The checkout: configs/, the pipeline_* scripts, runs/ and data/ by default."""
+    return _env_or("PIPELINE_ROOT", _CHECKOUT, env)
+
+
+def runs_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Run directories (``<runs>/<run name>/``): ``$PIPELINE_RUNS_DIR`` or ``<repo>/runs``."""
+    return _env_or("PIPELINE_RUNS_DIR", repo_root(env) / "runs", env)
+
+
+def data_root(env: Mapping[str, str] | None = None) -> Path:
+    """Prepared datasets: ``$PIPELINE_DATA_ROOT`` or ``<repo>/data``."""
+    return _env_or("PIPELINE_DATA_ROOT", repo_root(env) / "data", env)
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Downloads, images, built wheels: ``$PIPELINE_CACHE_DIR`` or ``<repo>/.cache``."""
+    return _env_or("PIPELINE_CACHE_DIR", repo_root(env) / ".cache", env)
+
+
+def models_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Materialised base models and imported checkpoints: ``$PIPELINE_MODELS_DIR`` or ``<repo>/.cache/models``."""
+    return _env_or("PIPELINE_MODELS_DIR", repo_root(env) / ".cache" / "models", env)
+
+
+def logs_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Slurm job logs: ``$PIPELINE_LOG_DIR`` or ``<repo>/logs``."""
+    return _env_or("PIPELINE_LOG_DIR", repo_root(env) / "logs", env)
