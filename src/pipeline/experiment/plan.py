@@ -1,0 +1,321 @@
+"""An experiment's runs as Slurm jobs: each phase of each run resolved to one ``isambard_sbatch`` line.
+
+A training phase is the training launcher's own plan (``plan_from_args``: recipe < YAML < overrides, the run
+directory, the preflight), so its resolved config is exactly the one the job will record. Later phases take
+their inputs from the planned outputs of the phase they start from (``from``):
+
+  train <- train      ``checkpoint.pretrained_checkpoint=<save>/iter_N`` (N: ``iteration``, default the last)
+  export <- train     ``export <save> --iteration <its last iteration>``, published as ``<save>/iter_N/hf``
+  coherence <- export ``<save>/iter_N/hf`` (or the iteration directory itself, from a training phase)
+
+and wait for it with ``--dependency=afterok:<job>``, so a failed phase stops the chain. isambard_sbatch checks a
+checkpoint or coherence submission's input paths before queueing; those inputs do not exist until the parent
+job has run, so a dependent export or coherence job runs its unchanged submit script inside ``--wrap`` (with the
+script's own ``#SBATCH`` options), and the checks happen in the job. ``upload_all`` rides along a training phase
+as ``upload-all --poll`` with ``--dependency=after:<job>`` (it starts when training starts).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.checkpoint import layout
+from pipeline.common import paths
+from pipeline.common.errors import UserError
+from pipeline.experiment.spec import Experiment, Phase, Run, render_override
+
+TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
+CHECKPOINT_SCRIPT = "pipeline_checkpoint_submit.sbatch"
+COHERENCE_SCRIPT = "pipeline_coherence_submit.sbatch"
+STATE_DIR = "_experiments"  # $PIPELINE_RUNS_DIR/_experiments/<experiment>/: submissions, plots, results
+
+
+def state_dir(exp: Experiment) -> Path:
+    return paths.runs_dir() / STATE_DIR / exp.name
+
+
+def lock_dir(exp: Experiment) -> Path:
+    """Locks live beside the experiment file (``locks/<experiment>/<label>.lock.yaml``): commit them with it."""
+    return exp.path.parent / "locks" / exp.name
+
+
+@dataclass
+class Job:
+    phase: str                   # the phase name ("<phase>.upload_all" for the rider)
+    kind: str                    # train | export | coherence | upload-all
+    script: str
+    args: list[str]
+    sbatch: list[str]
+    after: str | None = None     # the phase this job waits for
+    dep_type: str = "afterok"
+    wrap: bool = False
+    run_name: str | None = None  # training: run directory / W&B name
+    run_dir: Path | None = None
+    save: Path | None = None
+    iters: int | None = None
+    start_iter: int = 0          # a training phase started from iteration N of another: its steps follow N
+    cfg: dict | None = None
+    output: Path | None = None   # export: the published hf/; coherence: the report JSON
+    identity_diff: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    pre_create: Path | None = None  # a directory isambard_sbatch's checks need before queueing (the rider's)
+
+    def submit_argv(self, dep_job: str | None = None) -> list[str]:
+        """isambard_sbatch's arguments (without the program name)."""
+        opts = list(self.sbatch)
+        if self.after is not None:
+            opts.insert(0, f"--dependency={self.dep_type}:{dep_job if dep_job is not None else '$JOB'}")
+        if self.wrap:
+            return [*opts, "--wrap", shlex.join(["bash", self.script, *self.args])]
+        return [*opts, self.script, *self.args]
+
+    def saved_iterations(self) -> list[int]:
+        """The iterations a training phase will checkpoint: multiples of save_interval and the last one."""
+        if self.iters is None:
+            return []
+        every = int(((self.cfg or {}).get("checkpoint") or {}).get("save_interval") or self.iters)
+        return sorted({*range(every, self.iters + 1, max(1, every)), self.iters})
+
+
+@dataclass
+class RunPlan:
+    run: Run
+    jobs: list[Job]
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{j.phase}: {p}" for j in self.jobs for p in j.problems]
+
+    def job(self, phase: str) -> Job | None:
+        return next((j for j in self.jobs if j.phase == phase), None)
+
+
+def _merge_opts(*groups: list[str] | tuple[str, ...]) -> list[str]:
+    """sbatch options, a later ``--name[=value]`` replacing an earlier one of the same name."""
+    out: list[str] = []
+    for group in groups:
+        for opt in group:
+            name = opt.split("=", 1)[0]
+            if name.startswith("--"):
+                out = [o for o in out if o.split("=", 1)[0] != name]
+            out.append(opt)
+    return out
+
+
+def _directives(script: str) -> list[str]:
+    from pipeline.config.cluster import script_directives
+
+    return script_directives(str(paths.repo_root() / script))
+
+
+def _pipeline_flags(exp: Experiment) -> list[str]:
+    flags = list(exp.base.flags)
+    if exp.base.cluster and "--cluster" not in flags:
+        flags += ["--cluster", exp.base.cluster]
+    return flags
+
+
+def plan_run(exp: Experiment, run: Run, allow_config_change: bool = False) -> RunPlan:
+    """Every job of one run, in submission order; a problem is recorded on its job, never raised."""
+    jobs: list[Job] = []
+    by_phase: dict[str, Job] = {}
+    for phase in exp.phases:
+        src = by_phase.get(phase.start) if phase.start else None
+        if phase.start and (src is None or not src.args or src.iters is None):
+            job = Job(phase=phase.name, kind=phase.kind, script="", args=[], sbatch=[], after=phase.start)
+            job.problems.append(f"cannot be planned: phase {phase.start!r}, which it starts from, could not be planned")
+        elif phase.kind == "train":
+            job = _train_job(exp, run, phase, src, allow_config_change)
+        elif phase.kind == "export":
+            job = _export_job(exp, run, phase, src)
+        else:
+            job = _coherence_job(exp, run, phase, src)
+        jobs.append(job)
+        by_phase[phase.name] = job
+        if phase.kind == "train" and phase.upload_all is not None and job.args:
+            jobs.append(_upload_all_job(exp, run, phase, job))
+    return RunPlan(run=run, jobs=jobs)
+
+
+def _train_argv(exp: Experiment, overrides: dict[str, Any], name: str) -> list[str]:
+    return [*_pipeline_flags(exp), *(render_override(k, v) for k, v in overrides.items()),
+            f"logger.wandb_exp_name={name}"]
+
+
+def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_config_change: bool) -> Job:
+    from pipeline.training.launch import LaunchRequest, plan_launch
+    from pipeline.training.records import check_run_identity
+
+    name = exp.run_name(run, phase)
+    ov = {**run.overrides, **phase.overrides}
+    job = Job(phase=phase.name, kind="train", script=TRAINING_SCRIPT, args=[], run_name=name,
+              sbatch=_merge_opts([f"--nodes={exp.base.nodes}"], exp.base.sbatch, phase.sbatch),
+              after=src.phase if src else None)
+    if src is not None:
+        it = src.iters if phase.iteration in (None, "last") else int(phase.iteration)
+        saved = src.saved_iterations()
+        if it not in saved:
+            job.problems.append(f"iteration {it} of phase {src.phase!r} is never saved (it saves "
+                                f"{', '.join(map(str, saved[:10]))}): pick one of those or change its "
+                                "checkpoint.save_interval")
+            return job
+        ov["checkpoint.pretrained_checkpoint"] = str(layout.iter_dir(src.save, it))
+        job.start_iter = src.start_iter + it
+
+    def resolve(overrides: dict[str, Any]):
+        words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
+        req = LaunchRequest(config=exp.base.config, model=exp.base.model, mode=exp.base.mode, overrides=tuple(words),
+                            disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=exp.base.cluster,
+                            peft=_arg_value(exp.base.flags, "--peft"), allow_config_change=True)
+        launch = plan_launch(req)
+        return launch.cfg, launch.run_dir, launch.preflight
+
+    try:
+        with _at_root():
+            cfg, run_dir, plan = resolve(ov)
+            if phase.tokens is not None:
+                per_iter = int(cfg["train"]["global_batch_size"]) * int(cfg["model"]["seq_length"])
+                ov["train.train_iters"] = max(1, math.ceil(phase.tokens / per_iter))
+                cfg, run_dir, plan = resolve(ov)
+    except UserError as exc:
+        job.problems.append(str(exc).splitlines()[0])
+        return job
+    job.cfg, job.run_dir = cfg, Path(run_dir)
+    job.save = Path(cfg["checkpoint"]["save"]) if (cfg.get("checkpoint") or {}).get("save") else None
+    job.iters = int(cfg["train"]["train_iters"])
+    job.args = [exp.base.config, exp.base.model, exp.base.mode, *_train_argv(exp, ov, name)]
+    if allow_config_change:
+        job.args.insert(3, "--allow-config-change")
+    job.problems += list(plan.problems)
+    job.identity_diff = check_run_identity(job.run_dir, cfg, allow_change=True)
+    if job.identity_diff and not allow_config_change:
+        keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(job.identity_diff.items())[:6])
+        job.problems.append(f"run directory {job.run_dir} holds a run with a different config ({keys}): it is not "
+                            "resumed or finished with this one; rename the experiment or the run's axis values, or "
+                            "pass --allow-config-change to continue it with the new config")
+    if job.save is None and any(p.start == phase.name for p in exp.phases):
+        job.problems.append("checkpoint.save is null, but a later phase starts from this phase's checkpoints")
+    return job
+
+
+def _hf_reasoning(exp: Experiment, args: tuple[str, ...]) -> list[str]:
+    from pipeline.config.models import get_model
+
+    out = []
+    if "--hf-model" not in args and not any(a.startswith("--hf-model=") for a in args):
+        out += ["--hf-model", get_model(exp.base.model).hf_id]
+    if "--reasoning" not in args and "--no-reasoning" not in args:
+        out.append("--no-reasoning")
+    return out
+
+
+def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
+    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SCRIPT, args=[], after=src.phase, wrap=True,
+              sbatch=_merge_opts(_directives(CHECKPOINT_SCRIPT), exp.base.sbatch, phase.sbatch,
+                                 [f"--job-name=checkpoint-{exp.name}.{run.label}.{phase.name}"]))
+    if src.save is None:
+        job.problems.append(f"phase {src.phase!r} saves no checkpoints (checkpoint.save is null)")
+        return job
+    if "--iteration" in phase.args:
+        job.problems.append("the export's iteration is the last one of the phase it starts from; leave out --iteration")
+        return job
+    job.save, job.iters, job.start_iter = src.save, src.iters, src.start_iter
+    job.args = ["export", str(src.save), *_hf_reasoning(exp, phase.args), "--iteration", str(src.iters), *phase.args]
+    job.output = layout.iter_dir(src.save, src.iters) / "hf"
+    return job
+
+
+def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
+    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SCRIPT, args=[], after=src.phase, wrap=True,
+              sbatch=_merge_opts(_directives(COHERENCE_SCRIPT), exp.base.sbatch, phase.sbatch,
+                                 [f"--job-name=coherence-{exp.name}.{run.label}.{phase.name}"]))
+    if src.save is None or src.iters is None:
+        job.problems.append(f"phase {src.phase!r} produces no model to test")
+        return job
+    model = src.output if src.kind == "export" else layout.iter_dir(src.save, src.iters)
+    job.save, job.iters = src.save, src.iters
+    job.args = [str(model), *phase.args]
+    backend = _arg_value(phase.args, "--backend") or "hf"
+    out_dir = _arg_value(phase.args, "--output-dir")
+    job.output = (Path(out_dir) if out_dir else Path(model) / "coherence") / f"coherence_{backend}.json"
+    return job
+
+
+def _upload_all_job(exp: Experiment, run: Run, phase: Phase, train: Job) -> Job:
+    args = phase.upload_all or ()
+    return Job(phase=f"{phase.name}.upload_all", kind="upload-all", script=CHECKPOINT_SCRIPT,
+               args=["upload-all", str(train.save), *_hf_reasoning(exp, args), "--poll", *args],
+               sbatch=_merge_opts(exp.base.sbatch, phase.sbatch), after=phase.name, dep_type="after",
+               save=train.save, iters=train.iters, pre_create=train.save)
+
+
+def _arg_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+class _at_root:
+    """Relative config paths are relative to the repository root, as in every pipeline command."""
+
+    def __enter__(self):
+        import os
+
+        self.prev = os.getcwd()
+        os.chdir(paths.repo_root())
+
+    def __exit__(self, *exc):
+        import os
+
+        os.chdir(self.prev)
+
+
+def plan_experiment(exp: Experiment, runs: list[Run] | None = None, allow_config_change: bool = False) -> list[RunPlan]:
+    return [plan_run(exp, r, allow_config_change) for r in (exp.runs if runs is None else runs)]
+
+
+def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
+    """The exact shell lines that submit one run's chain (``--parsable`` ids in JOB_<n> variables)."""
+    out, var = [], {}
+    for i, job in enumerate(rp.jobs, 1):
+        if job.problems:
+            out.append(f"# {job.phase}: submit refuses: {'; '.join(job.problems)}")
+        if not job.args:
+            continue
+        dep = f"${{{var[job.after]}%%;*}}" if job.after in var else None
+        argv = job.submit_argv(dep_job="DEP" if dep else None)
+        words = ["isambard_sbatch", "--parsable", *argv]
+        line = " ".join(shlex.quote(w) for w in words)
+        if dep:
+            line = line.replace(shlex.quote(f"--dependency={job.dep_type}:DEP"), f'"--dependency={job.dep_type}:{dep}"')
+        if job.pre_create is not None:
+            out.append(f"mkdir -p {shlex.quote(str(job.pre_create))}")
+        name = f"JOB_{i}"
+        var[job.phase] = name
+        out.append(f"{name}=$({line})  # {job.phase}")
+    return out
+
+
+def set_values(d: Any) -> Any:
+    """The config without unset (None) values and empty sections, for display."""
+    if not isinstance(d, dict):
+        return d
+    out = {}
+    for k, v in d.items():
+        v = set_values(v)
+        if v is not None and v != {}:
+            out[k] = v
+    return out
+
+
+def require_ok(plans: list[RunPlan]) -> None:
+    problems = [f"{rp.run.label}: {p}" for rp in plans for p in rp.problems]
+    if problems:
+        raise UserError("\n".join(problems) + f"\npreflight: {len(problems)} problem(s); nothing was submitted")

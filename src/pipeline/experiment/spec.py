@@ -1,0 +1,470 @@
+"""The experiment file (YAML) and its expansion into named runs (pure: no Slurm, no training config loading).
+
+    name: lr_gbs                      # optional; default: the file's stem ([A-Za-z0-9._-])
+    base:
+      config: configs/local/tiny_moe_sft.yaml   # relative paths are relative to the repository root
+      model: tiny-qwen3-moe
+      mode: sft
+      nodes: 1                        # default 1
+      cluster: local_cpu              # optional launcher --cluster
+      flags: [--disable-ft]           # launcher flags
+      sbatch: [--time=30]             # extra sbatch options for every job
+      overrides:                      # Hydra overrides shared by every run (dotted key: value)
+        train.train_iters: 8
+    grid:                             # the product of the axes
+      optimizer.lr: [3.0e-3, 1.0e-3]  # an override axis: one run per value
+      size:                           # a named axis: a label per value, each a set of overrides
+        small: {train.global_batch_size: 2}
+        big: {train.global_batch_size: 4}
+    zip:                              # lists of equal length taken together: one more axis
+      optimizer.min_lr: [3.0e-4, 1.0e-4]
+      scheduler.lr_warmup_iters: [1, 2]
+    computed:                         # OmegaConf interpolation over the run's values and the base config
+      optimizer.min_lr: ${calc:'${optimizer.lr} / 10'}
+    phases:                           # optional; default: one training phase
+      - {name: pretrain, overrides: {...}, upload_all: true}
+      - {name: cooldown, from: pretrain, iteration: last, tokens: 4096, overrides: {scheduler.lr_decay_style: linear}}
+      - {name: export, kind: export, args: [--atol, "1e-2"]}
+      - {name: coherence, kind: coherence, args: [--max-tokens, "8"]}
+
+A run's label is built from the values of its axes (``lr0.003_small``), its name is ``<experiment>.<label>``
+and each training phase trains in its own run directory named ``<experiment>.<label>[.<phase>]`` (the phase
+is part of the name whenever the file has ``phases``), which is also its ``logger.wandb_exp_name``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import math
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.common.errors import UserError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+TOP_KEYS = {"name", "description", "base", "grid", "zip", "computed", "phases"}
+BASE_KEYS = {"config", "model", "mode", "nodes", "cluster", "flags", "sbatch", "overrides"}
+PHASE_KEYS = {"name", "kind", "from", "iteration", "tokens", "overrides", "args", "sbatch", "upload_all"}
+KINDS = ("train", "export", "coherence")
+# Short names of common override keys in run labels (the last dotted component otherwise).
+ABBREV = {"global_batch_size": "gbs", "micro_batch_size": "mbs", "train_iters": "iters", "seq_length": "seq",
+          "lr_warmup_iters": "warmup", "weight_decay": "wd", "min_lr": "minlr", "lr_decay_style": "decay",
+          "lr_decay_iters": "decayiters", "save_interval": "save", "adam_beta2": "beta2", "adam_beta1": "beta1",
+          "clip_grad": "clip", "seed": "seed"}
+RESERVED = ("logger.wandb_exp_name",)  # the experiment names every run itself
+
+
+@dataclass(frozen=True)
+class Base:
+    config: str
+    model: str
+    mode: str
+    nodes: int = 1
+    cluster: str | None = None
+    flags: tuple[str, ...] = ()
+    sbatch: tuple[str, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    kind: str = "train"
+    start: str | None = None            # ``from``: the phase whose outputs this one starts from
+    iteration: int | str | None = None  # train phase from a train phase: "last" or a saved iteration
+    tokens: int | None = None           # train phase: token budget (sets train.train_iters)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    args: tuple[str, ...] = ()          # export / coherence: extra arguments of the pipeline
+    sbatch: tuple[str, ...] = ()
+    upload_all: tuple[str, ...] | None = None  # train phase: upload-all --poll rides along (its extra arguments)
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    values: dict[str, Any]     # what differs between the runs (axis key -> value)
+    overrides: dict[str, Any]  # every override of the run: base < axes < computed
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: Path
+    base: Base
+    phases: tuple[Phase, ...]
+    runs: tuple[Run, ...]
+    explicit_phases: bool
+    description: str = ""
+
+    def run_name(self, run: Run, phase: Phase | None = None) -> str:
+        """The run directory / W&B name of a training phase (``<experiment>.<label>[.<phase>]``)."""
+        name = f"{self.name}.{run.label}"
+        return f"{name}.{phase.name}" if phase is not None and self.explicit_phases else name
+
+    def select(self, only: list[str] | None) -> list[Run]:
+        if not only:
+            return list(self.runs)
+        picked = []
+        for want in only:
+            hits = [r for r in self.runs if want in (r.label, f"{self.name}.{r.label}")]
+            if not hits:
+                names = ", ".join(r.label for r in self.runs[:12])
+                raise UserError(f"--only {want!r}: no such run in {self.path} (runs: {names}"
+                                f"{', ...' if len(self.runs) > 12 else ''})")
+            picked += [r for r in hits if r not in picked]
+        return picked
+
+    def phase(self, name: str) -> Phase:
+        return next(p for p in self.phases if p.name == name)
+
+
+# ---- computed values: OmegaConf interpolation with a small arithmetic resolver ----------------------------------
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
+        ast.UAdd: operator.pos}
+_FUNCS = {"min": min, "max": max, "int": int, "float": float, "round": round, "abs": abs, "ceil": math.ceil,
+          "floor": math.floor}
+
+
+def calc(expr: str) -> int | float:
+    """Evaluate arithmetic on numbers (``+ - * / // % **``, min, max, int, float, round, abs, ceil, floor)."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.operand))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \
+                and not node.keywords:
+            return _FUNCS[node.func.id](*(ev(a) for a in node.args))
+        raise ValueError(f"not allowed in calc: {ast.unparse(node)!r}")
+
+    try:
+        value = ev(ast.parse(str(expr).strip(), mode="eval"))
+        return float(f"{value:.12g}") if isinstance(value, float) else value  # 0.0003, not 0.00030000000000000003
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError) as exc:
+        raise ValueError(f"calc:{expr!r}: {exc}") from None
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("calc"):
+        OmegaConf.register_new_resolver("calc", calc)
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        d = out
+        parts = key.lstrip("+").split(".")
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+            if not isinstance(d, dict):
+                raise UserError(f"override {key} sets a key below {p}, which another override sets to a value")
+        d[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolve_values(values: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """Resolve every ``${...}`` in ``values`` (dotted key -> value) against ``context`` (the base config, nested)
+    merged with the values themselves; values without interpolation are returned as they are."""
+    todo = [k for k, v in values.items() if isinstance(v, str) and "${" in v]
+    if not todo:
+        return dict(values)
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _register_resolvers()
+    conf = OmegaConf.create(_deep_merge(context, nest(values)))
+    out = dict(values)
+    for k in todo:
+        try:
+            v = OmegaConf.select(conf, k.lstrip("+"), throw_on_missing=True)
+        except (OmegaConfBaseException, ValueError) as exc:
+            msg = str(exc).splitlines()[0]
+            raise UserError(f"computed value {k}={values[k]!r} does not resolve: {msg}") from None
+        out[k] = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+    return out
+
+
+# ---- names --------------------------------------------------------------------------------------------------
+def short_key(key: str) -> str:
+    last = key.lstrip("+~").split(".")[-1]
+    return ABBREV.get(last, last)
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, bool):
+        s = "true" if v else "false"
+    elif isinstance(v, float):
+        s = f"{v:g}"
+    elif v is None:
+        s = "null"
+    elif isinstance(v, (list, tuple)):
+        s = "-".join(fmt_value(x) for x in v)
+    else:
+        s = str(v)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", s).strip("-") or "x"
+
+
+def render_override(key: str, value: Any) -> str:
+    """``key=value`` in Hydra's override grammar (strings quoted when they need it)."""
+    if key.startswith("~"):
+        return key
+    return f"{key}={_hydra_value(value)}"
+
+
+def _hydra_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    if re.fullmatch(r"[A-Za-z0-9_./:+@-]+", s) and s.lower() not in ("true", "false", "null"):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# ---- loading ------------------------------------------------------------------------------------------------
+def _mapping(x: Any, where: str) -> dict:
+    if x is None:
+        return {}
+    if not isinstance(x, dict):
+        raise UserError(f"{where} must be a mapping (got {type(x).__name__})")
+    return x
+
+
+def _strs(x: Any, where: str) -> tuple[str, ...]:
+    if x is None:
+        return ()
+    if isinstance(x, str):
+        return (x,)
+    if not isinstance(x, list) or not all(isinstance(a, (str, int, float)) for a in x):
+        raise UserError(f"{where} must be a list of strings")
+    return tuple(str(a) for a in x)
+
+
+def _overrides(x: Any, where: str) -> dict[str, Any]:
+    d = _mapping(x, where)
+    for k in d:
+        if not isinstance(k, str) or not re.fullmatch(r"[+~]?[A-Za-z_][A-Za-z0-9_.]*", k):
+            raise UserError(f"{where}: {k!r} is not a dotted config key (like train.train_iters)")
+        if k.lstrip("+~") in RESERVED:
+            raise UserError(f"{where}: {k} is set by the experiment (each run is named <experiment>.<label>)")
+    return dict(d)
+
+
+def _check_unknown(d: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(d) - allowed)
+    if extra:
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, extra))} (valid: {', '.join(sorted(allowed))})")
+
+
+def load(path: str | Path, root: Path | None = None) -> Experiment:
+    """Read and expand an experiment file; every mistake is one UserError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"experiment file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    raw = _mapping(raw, str(path))
+    _check_unknown(raw, TOP_KEYS, str(path))
+    name = str(raw.get("name") or path.stem)
+    if not NAME_RE.match(name):
+        raise UserError(f"{path}: experiment name {name!r} must match [A-Za-z0-9][A-Za-z0-9._-]* (at most 80)")
+    b = _mapping(raw.get("base"), f"{path}: base")
+    _check_unknown(b, BASE_KEYS, f"{path}: base")
+    for need in ("config", "model", "mode"):
+        if not b.get(need):
+            raise UserError(f"{path}: base.{need} is required (base: config, model, mode)")
+    nodes = b.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise UserError(f"{path}: base.nodes must be a positive integer (got {nodes!r})")
+    base = Base(config=str(b["config"]), model=str(b["model"]), mode=str(b["mode"]), nodes=nodes,
+                cluster=str(b["cluster"]) if b.get("cluster") else None,
+                flags=_strs(b.get("flags"), f"{path}: base.flags"),
+                sbatch=_strs(b.get("sbatch"), f"{path}: base.sbatch"),
+                overrides=_overrides(b.get("overrides"), f"{path}: base.overrides"))
+    phases, explicit = _phases(raw.get("phases"), path)
+    axes = _axes(raw, path)
+    computed = _overrides(raw.get("computed"), f"{path}: computed")
+    context = _base_context(base, root)
+    runs = _expand(name, base, axes, computed, context)
+    return Experiment(name=name, path=path.resolve(), base=base, phases=phases, runs=tuple(runs),
+                      explicit_phases=explicit, description=str(raw.get("description") or ""))
+
+
+def _base_context(base: Base, root: Path | None) -> dict:
+    """The base training config (plain YAML) for interpolations such as ${model.seq_length}; {} if unreadable."""
+    p = Path(base.config)
+    if not p.is_absolute() and root is not None:
+        p = root / p
+    try:
+        cfg = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
+    if raw is None:
+        return (Phase(name="train"),), False
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{path}: phases must be a non-empty list")
+    out: list[Phase] = []
+    for i, p in enumerate(raw):
+        where = f"{path}: phases[{i}]"
+        p = _mapping(p, where)
+        _check_unknown(p, PHASE_KEYS, where)
+        name = str(p.get("name") or "")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}", name):
+            raise UserError(f"{where}: name {name!r} must match [A-Za-z0-9][A-Za-z0-9_-]*")
+        if any(q.name == name for q in out):
+            raise UserError(f"{where}: phase {name!r} appears twice")
+        kind = str(p.get("kind", "train"))
+        if kind not in KINDS:
+            raise UserError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        start = p.get("from", out[-1].name if out else None)
+        if i == 0 and p.get("from") is not None:
+            raise UserError(f"{where}: the first phase starts from nothing (remove 'from')")
+        if start is not None and not any(q.name == start for q in out):
+            raise UserError(f"{where}: from {start!r} is not an earlier phase")
+        src = next((q for q in out if q.name == start), None)
+        if kind == "train" and src is not None and src.kind != "train":
+            raise UserError(f"{where}: a training phase starts from a training phase (not {src.kind} {src.name!r})")
+        if kind == "export" and (src is None or src.kind != "train"):
+            raise UserError(f"{where}: an export phase needs 'from' a training phase")
+        if kind == "coherence" and src is None:
+            raise UserError(f"{where}: a coherence phase needs 'from' an export or training phase")
+        it = p.get("iteration", "last" if kind == "train" and src is not None else None)
+        if it is not None and it != "last" and (not isinstance(it, int) or isinstance(it, bool) or it < 1):
+            raise UserError(f"{where}: iteration must be 'last' or a positive integer (got {it!r})")
+        if it is not None and (kind != "train" or src is None):
+            raise UserError(f"{where}: iteration names the checkpoint a training phase starts from (needs 'from')")
+        tokens = p.get("tokens")
+        if tokens is not None and (kind != "train" or not isinstance(tokens, int) or isinstance(tokens, bool)
+                                   or tokens < 1):
+            raise UserError(f"{where}: tokens is a positive integer token budget of a training phase")
+        ua = p.get("upload_all")
+        if ua is not None and kind != "train":
+            raise UserError(f"{where}: upload_all rides along a training phase")
+        upload = None if ua in (None, False) else () if ua is True else _strs(ua, f"{where}: upload_all")
+        if kind != "train" and p.get("overrides"):
+            raise UserError(f"{where}: overrides belong to training phases; a {kind} phase takes args")
+        if kind == "train" and p.get("args"):
+            raise UserError(f"{where}: a training phase takes overrides, not args")
+        out.append(Phase(name=name, kind=kind, start=start, iteration=it, tokens=tokens,
+                         overrides=_overrides(p.get("overrides"), f"{where}: overrides"),
+                         args=_strs(p.get("args"), f"{where}: args"), sbatch=_strs(p.get("sbatch"), f"{where}: sbatch"),
+                         upload_all=upload))
+    if out[0].kind != "train":
+        raise UserError(f"{path}: the first phase must be a training phase")
+    return tuple(out), True
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One axis: its points, each a (label part, {key: value}) pair."""
+    keys: tuple[str, ...]
+    points: tuple[tuple[str | None, dict[str, Any]], ...]
+
+
+def _axes(raw: dict, path: Path) -> list[_Axis]:
+    axes: list[_Axis] = []
+    grid = _mapping(raw.get("grid"), f"{path}: grid")
+    for key, vals in grid.items():
+        where = f"{path}: grid.{key}"
+        if isinstance(vals, dict):  # a named axis: label -> overrides
+            if not vals:
+                raise UserError(f"{where}: a named axis needs at least one label")
+            pts = []
+            for label, ov in vals.items():
+                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+-]*", str(label)):
+                    raise UserError(f"{where}: label {label!r} must match [A-Za-z0-9][A-Za-z0-9.+-]*")
+                pts.append((str(label), _overrides(ov, f"{where}.{label}")))
+            keys = tuple(dict.fromkeys(k for _, ov in pts for k in ov))
+            axes.append(_Axis(keys=keys, points=tuple(pts)))
+        else:
+            _overrides({key: None}, f"{path}: grid")
+            if not isinstance(vals, list) or not vals:
+                raise UserError(f"{where}: an override axis is a non-empty list of values")
+            axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals)))
+    z = _overrides(raw.get("zip"), f"{path}: zip")
+    if z:
+        lens = {k: len(v) if isinstance(v, list) else -1 for k, v in z.items()}
+        if min(lens.values()) < 1 or len(set(lens.values())) != 1:
+            got = ", ".join(f"{k}: {n}" for k, n in lens.items())
+            raise UserError(f"{path}: zip needs lists of one length (got {got})")
+        n = next(iter(lens.values()))
+        axes.append(_Axis(keys=tuple(z), points=tuple((None, {k: z[k][i] for k in z}) for i in range(n))))
+    seen: dict[str, int] = {}
+    for i, ax in enumerate(axes):
+        for k in ax.keys:
+            if k in seen:
+                raise UserError(f"{path}: {k} is swept by two axes (grid/zip); sweep each key once")
+            seen[k] = i
+    return axes
+
+
+def _expand(name: str, base: Base, axes: list[_Axis], computed: dict[str, Any], context: dict) -> list[Run]:
+    shorts = [short_key(k) for ax in axes if ax.points[0][0] is None for k in ax.keys]
+    clash = {s for s in shorts if shorts.count(s) > 1}
+
+    def part(ax: _Axis, point: tuple[str | None, dict[str, Any]]) -> str:
+        label, ov = point
+        if label is not None:
+            return label
+        return "_".join((k.lstrip("+").replace(".", "-") if short_key(k) in clash else short_key(k)) + fmt_value(v)
+                        for k, v in ov.items())
+
+    runs: list[tuple[str, dict, dict]] = []
+    for combo in itertools.product(*(ax.points for ax in axes)) if axes else [()]:
+        values: dict[str, Any] = {}
+        for _, ov in combo:
+            values.update(ov)
+        label = "_".join(part(ax, pt) for ax, pt in zip(axes, combo)) or "base"
+        overrides = {**base.overrides, **values, **computed}
+        overrides = resolve_values(overrides, {**context, "exp": {"name": name, "label": label}})
+        diff = {k: overrides[k] for k in values}
+        diff.update({k: overrides[k] for k in computed if k not in diff})
+        runs.append((label, diff, overrides))
+    labels = [r[0] for r in runs]
+    out = []
+    for label, diff, ov in runs:
+        if labels.count(label) > 1:  # values that print alike: a stable hash of the run's overrides keeps names apart
+            label = f"{label}-{hashlib.sha1(json.dumps(ov, sort_keys=True, default=str).encode()).hexdigest()[:6]}"
+        if len(f"{name}.{label}") > 180:
+            label = f"{label[:150]}-{hashlib.sha1(label.encode()).hexdigest()[:8]}"
+        out.append(Run(label=label, values=diff, overrides=ov))
+    if len({r.label for r in out}) != len(out):
+        raise UserError(f"experiment {name}: two runs have identical overrides; remove the duplicate axis value")
+    return out

@@ -1,0 +1,338 @@
+"""What an experiment's runs are doing: Slurm's view of each job and the run records on disk.
+
+Sources, in order, for a job's state: ``scontrol show job`` (queued, running, and finished for MinJobAge), then
+``sacct`` (accounting, when the cluster keeps it), then the jobcomp text file (``JobCompType=jobcomp/filetxt``),
+then the run records alone (``TRAINING_DONE``: completed). Progress comes from the run directory
+(``progress.ndjson``, ``metrics_summary.json``, the checkpoint tracker), exports from ``<iter>/hf/verification.json``
+and coherence from the report JSON. The submission record (``submissions.json``: job id and log per phase) is
+written by ``submit`` into ``$PIPELINE_RUNS_DIR/_experiments/<experiment>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.checkpoint import layout
+from pipeline.common.io import read_json, write_json
+from pipeline.experiment.plan import Job, RunPlan, state_dir
+from pipeline.experiment.spec import Experiment
+
+FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+DONE_STATES = ("COMPLETED", *FAILED_STATES)
+LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
+               "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
+
+
+# ---- the submission record ----------------------------------------------------------------------------------
+def submissions_path(exp: Experiment) -> Path:
+    return state_dir(exp) / "submissions.json"
+
+
+def read_submissions(exp: Experiment) -> dict[str, Any]:
+    p = submissions_path(exp)
+    try:
+        data = read_json(p) if p.exists() else {}
+    except (OSError, ValueError):
+        data = {}
+    return data if isinstance(data, dict) and isinstance(data.get("runs"), dict) else {"runs": {}}
+
+
+def record_job(exp: Experiment, label: str, job: Job, job_id: str, log: str | None, submitted_at: str) -> None:
+    data = read_submissions(exp)
+    entry = data["runs"].setdefault(label, {"jobs": {}})
+    if entry.get("submitted_at") != submitted_at:  # a new submission of this run replaces the old record
+        entry.update({"submitted_at": submitted_at, "jobs": {}})
+    entry["jobs"][job.phase] = {"job_id": job_id, "log": log, "kind": job.kind, "after": job.after}
+    data["experiment"] = exp.name
+    data["file"] = str(exp.path)
+    write_json(submissions_path(exp), data)
+
+
+# ---- Slurm ---------------------------------------------------------------------------------------------------
+@dataclass
+class SlurmState:
+    state: str
+    reason: str = ""
+    source: str = ""
+    elapsed: str = ""
+
+
+def _run(cmd: list[str]) -> str:
+    if shutil.which(cmd[0]) is None:
+        return ""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return res.stdout if res.returncode == 0 else ""
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+
+
+def slurm_states(job_ids: list[str]) -> dict[str, SlurmState]:
+    """Each job's state from the first source that knows it."""
+    out: dict[str, SlurmState] = {}
+    ids = [j for j in dict.fromkeys(job_ids) if j and j.isdigit()]
+    for j in ids:
+        line = _run(["scontrol", "show", "job", j, "-o"]).strip()
+        if line:
+            f = _fields(line)
+            out[j] = SlurmState(f.get("JobState", "UNKNOWN"), f.get("Reason", ""), "scontrol", f.get("RunTime", ""))
+    missing = [j for j in ids if j not in out]
+    if missing:
+        text = _run(["sacct", "-n", "-P", "-X", "-o", "JobIDRaw,State,Elapsed", "-j", ",".join(missing)])
+        for row in text.splitlines():
+            parts = row.split("|")
+            if len(parts) >= 3 and parts[0] in missing:
+                out[parts[0]] = SlurmState(parts[1].split()[0], "", "sacct", parts[2])
+    missing = [j for j in ids if j not in out]
+    if missing:
+        comp = _jobcomp_file()
+        if comp is not None:
+            try:
+                lines = comp.read_text(errors="replace").splitlines()
+            except OSError:
+                lines = []
+            for line in lines:  # the last line of a job wins (a requeued job has several)
+                f = _fields(line)
+                if f.get("JobId") in missing:
+                    out[f["JobId"]] = SlurmState(f.get("JobState", "UNKNOWN"), "", "jobcomp")
+    return out
+
+
+def _jobcomp_file() -> Path | None:
+    text = _run(["scontrol", "show", "config"])
+    conf = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", text, flags=re.M))
+    if conf.get("JobCompType") == "jobcomp/filetxt" and conf.get("JobCompLoc"):
+        return Path(conf["JobCompLoc"])
+    return None
+
+
+# ---- run records -------------------------------------------------------------------------------------------
+def progress(run_dir: Path | None) -> list[dict]:
+    """progress.ndjson, one record per step (a later line for a step supersedes an earlier one)."""
+    if run_dir is None or not (run_dir / "progress.ndjson").exists():
+        return []
+    by_step: dict[int, dict] = {}
+    for line in (run_dir / "progress.ndjson").read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            by_step[rec["step"]] = rec
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def summary(run_dir: Path | None) -> dict:
+    try:
+        s = read_json(run_dir / "metrics_summary.json") if run_dir is not None else {}
+    except (OSError, ValueError):
+        s = {}
+    return s if isinstance(s, dict) else {}
+
+
+def verified_exports(save: Path | None) -> list[int]:
+    if save is None:
+        return []
+    out = []
+    for it in layout.list_iterations(save):
+        try:
+            rec = read_json(layout.iter_dir(save, it) / "hf" / "verification.json")
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("verdict") == "PASS":
+            out.append(it)
+    return out
+
+
+def coherence_summary(report: Path | None) -> dict:
+    try:
+        data = read_json(report) if report is not None else None
+    except (OSError, ValueError):
+        return {}
+    results = data.get("results") if isinstance(data, dict) else None
+    if not results or not isinstance(results[0], dict):
+        return {}
+    return dict(results[0].get("summary") or {})
+
+
+@dataclass
+class PhaseRow:
+    label: str
+    phase: str
+    kind: str
+    job_id: str = ""
+    state: str = "not submitted"
+    reason: str = ""
+    step: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    checkpoint: int | None = None
+    exports: list[int] = field(default_factory=list)
+    coherence: dict = field(default_factory=dict)
+    run_dir: Path | None = None
+    log: str | None = None
+
+
+@dataclass
+class RunStatus:
+    label: str
+    rows: list[PhaseRow]
+    verdict: str
+
+
+def _tokens_per_s(recs: list[dict], s: dict) -> float | None:
+    if s.get("tokens_per_second"):
+        return float(s["tokens_per_second"])
+    tail = recs[-6:]
+    for a, b in zip(reversed(tail[:-1]), reversed(tail[1:])):
+        dt, dtok = b.get("time", 0) - a.get("time", 0), b.get("tokens", 0) - a.get("tokens", 0)
+        if isinstance(dt, (int, float)) and dt > 0 and dtok > 0:
+            return round(dtok / dt, 1)
+    return None
+
+
+def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
+    subs = read_submissions(exp)["runs"]
+    ids = [j.get("job_id", "") for rp in plans for j in (subs.get(rp.run.label) or {}).get("jobs", {}).values()]
+    states = slurm_states(ids)
+    out = []
+    for rp in plans:
+        jobs = (subs.get(rp.run.label) or {}).get("jobs", {})
+        rows = []
+        for job in rp.jobs:
+            rec = jobs.get(job.phase) or {}
+            row = PhaseRow(label=rp.run.label, phase=job.phase, kind=job.kind, job_id=rec.get("job_id", ""),
+                           run_dir=job.run_dir, log=rec.get("log"), total=job.iters if job.kind == "train" else None)
+            st = states.get(row.job_id)
+            if st is not None:
+                row.state, row.reason = st.state, st.reason
+            elif row.job_id:
+                row.state = "UNKNOWN"
+            if job.kind == "train":
+                recs, s = progress(job.run_dir), summary(job.run_dir)
+                if recs:
+                    row.step = recs[-1]["step"]
+                    losses = [r["loss"] for r in recs if isinstance(r.get("loss"), (int, float))]
+                    row.loss = losses[-1] if losses else None
+                    row.tokens_per_s = _tokens_per_s(recs, s)
+                if job.run_dir is not None and (job.run_dir / layout.TRAINING_DONE).exists() and \
+                        row.state in ("UNKNOWN", "not submitted") and row.job_id:
+                    row.state = "COMPLETED"  # Slurm has forgotten the job; the run records say it finished
+                if job.save is not None and job.save.is_dir():
+                    row.checkpoint = layout.latest_complete(job.save)
+                    row.exports = verified_exports(job.save)
+            elif job.kind == "export":
+                row.exports = verified_exports(job.save)
+            elif job.kind == "coherence":
+                row.coherence = coherence_summary(job.output)
+            rows.append(row)
+        out.append(RunStatus(label=rp.run.label, rows=rows, verdict=verdict(rows)))
+    return out
+
+
+def verdict(rows: list[PhaseRow]) -> str:
+    """One line for a run's chain: done, running <phase>, or stopped at the phase that failed."""
+    main = [r for r in rows if not r.phase.endswith(".upload_all")]
+    if all(r.state == "not submitted" for r in main):
+        return "not submitted"
+    failed = next((r for r in main if r.state in FAILED_STATES), None)
+    if failed is not None:
+        after = [r.phase for r in main[main.index(failed) + 1:]]
+        rest = f"; {', '.join(after)} will not run" if after else ""
+        return f"stopped at {failed.phase} ({failed.state}, job {failed.job_id}){rest}"
+    if all(r.state == "COMPLETED" for r in main):
+        return "done"
+    live = next((r for r in main if r.state in LIVE_STATES and r.state != "PENDING"), None)
+    if live is not None:
+        return f"{live.state.lower()}: {live.phase}"
+    pending = next((r for r in main if r.state == "PENDING"), None)
+    if pending is not None:
+        return f"pending: {pending.phase}" + (f" ({pending.reason})" if pending.reason else "")
+    return "unknown: " + ", ".join(f"{r.phase} {r.state}" for r in main)
+
+
+def blocked_jobs(statuses: list[RunStatus]) -> list[str]:
+    """Jobs left pending for ever behind a failed phase (Slurm keeps them as DependencyNeverSatisfied)."""
+    return [r.job_id for s in statuses if s.verdict.startswith("stopped at") for r in s.rows
+            if r.state == "PENDING" and r.job_id]
+
+
+# ---- the board ----------------------------------------------------------------------------------------------
+def _f(v: Any, spec: str = "") -> str:
+    if v is None or v == []:
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | None = None) -> str:
+    head = ["run", "phase", "job", "state", "step", "loss", "tok/s", "ckpt", "exports", "coherence"]
+    rows = []
+    for s in statuses:
+        for r in s.rows:
+            coh = r.coherence
+            coh_s = (f"{coh.get('num_prompts')}p empty {coh.get('empty_pct')}% rep {coh.get('repetitive_pct')}%"
+                     if coh else "-")
+            step = f"{_f(r.step)}/{_f(r.total)}" if r.kind == "train" else "-"
+            state = r.state + (f" ({r.reason})" if r.reason and r.reason != "None" and r.state == "PENDING" else "")
+            rows.append([s.label, r.phase, r.job_id or "-", state, step, _f(r.loss, ".4f"), _f(r.tokens_per_s, ".0f"),
+                         _f(r.checkpoint), ",".join(map(str, r.exports)) or "-", coh_s])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = [f"experiment {exp.name} ({exp.path})"]
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *rows]]
+    for s in statuses:
+        curve = f"; loss curve {plots[s.label]}" if plots and s.label in plots else ""
+        lines.append(f"{s.label}: {s.verdict}{curve}")
+    if plots and "__overlay__" in plots:
+        lines.append(f"loss curves of every run: {plots['__overlay__']}")
+    blocked = blocked_jobs(statuses)
+    if blocked:
+        lines.append(f"{len(blocked)} job(s) wait for a phase that failed and will never start: scancel "
+                     + " ".join(blocked))
+    return "\n".join(lines)
+
+
+def all_finished(statuses: list[RunStatus]) -> bool:
+    return all(s.verdict == "done" or s.verdict.startswith("stopped at") or s.verdict == "not submitted"
+               for s in statuses)
+
+
+# ---- results -------------------------------------------------------------------------------------------------
+RESULT_COLUMNS = ["status", "final_loss", "best_loss", "steps", "tokens", "wall_seconds", "tokens_per_second",
+                  "coherence_num_prompts", "coherence_empty_pct", "coherence_truncated_pct", "coherence_repetitive_pct",
+                  "coherence_template_leak_pct", "coherence_mean_response_tokens"]
+
+
+def result_row(rp: RunPlan, st: RunStatus) -> dict[str, Any]:
+    """Final and best loss of the last training phase that ran, tokens and wall time over every training phase,
+    and the coherence summary of the last coherence phase."""
+    trains = [j for j in rp.jobs if j.kind == "train"]
+    sums = [summary(j.run_dir) for j in trains]
+    ran = [(j, s) for j, s in zip(trains, sums) if s]
+    last = ran[-1][1] if ran else {}
+    recs = progress(ran[-1][0].run_dir) if ran else []
+    losses = [r["loss"] for r in recs if isinstance(r.get("loss"), (int, float))]
+    row: dict[str, Any] = {
+        "status": st.verdict,
+        "final_loss": last.get("final_loss", losses[-1] if losses else None),
+        "best_loss": last.get("best_loss", min(losses) if losses else None),
+        "steps": sum(int(s.get("final_step") or 0) for _, s in ran) if ran else None,
+        "tokens": sum(int(s.get("tokens") or 0) for _, s in ran) if ran else None,
+        "wall_seconds": round(sum(float(s.get("train_seconds") or 0) for _, s in ran), 2) if ran else None,
+        "tokens_per_second": last.get("tokens_per_second"),
+    }
+    coh = next((r.coherence for r in reversed(st.rows) if r.kind == "coherence" and r.coherence), {})
+    for k in ("num_prompts", "empty_pct", "truncated_pct", "repetitive_pct", "template_leak_pct",
+              "mean_response_tokens"):
+        row[f"coherence_{k}"] = coh.get(k)
+    return row

@@ -1,0 +1,196 @@
+"""Experiment files: expansion (grid, zip, named axes, computed values), run names, refusals, Hydra rendering; the
+run-identity check of the run records; lock comparison; the chain verdict; loss-curve PNGs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.common.errors import UserError
+from pipeline.experiment import spec
+from pipeline.experiment.status import PhaseRow, verdict
+from pipeline.training.records import check_run_identity, config_diff
+from tests.helpers import ROOT
+
+BASE = """
+base:
+  config: configs/local/tiny_moe_sft.yaml
+  model: tiny-qwen3-moe
+  mode: sft
+  overrides: {train.train_iters: 8}
+"""
+
+
+def load(tmp_path: Path, body: str, name: str = "exp.yaml") -> spec.Experiment:
+    p = tmp_path / name
+    p.write_text(BASE + body)
+    return spec.load(p, root=ROOT)
+
+
+def test_grid_zip_named_axes_and_computed_values(tmp_path):
+    exp = load(tmp_path, """
+grid:
+  optimizer.lr: [3.0e-3, 1.0e-3]
+  size:
+    small: {train.global_batch_size: 2}
+    big: {train.global_batch_size: 4, train.micro_batch_size: 2}
+zip:
+  rng.seed: [1, 2]
+  scheduler.lr_warmup_iters: [0, 3]
+computed:
+  optimizer.min_lr: ${calc:'${optimizer.lr} / 10'}
+  scheduler.lr_decay_iters: ${calc:'${train.train_iters} - ${scheduler.lr_warmup_iters}'}
+""")
+    assert exp.name == "exp" and len(exp.runs) == 2 * 2 * 2
+    labels = [r.label for r in exp.runs]
+    assert labels[0] == "lr0.003_small_seed1_warmup0" and labels[-1] == "lr0.001_big_seed2_warmup3"
+    assert len(set(labels)) == 8
+    run = exp.runs[-1]
+    assert run.overrides["optimizer.min_lr"] == 0.0001  # rounded: not 0.00010000000000000002
+    assert run.overrides["scheduler.lr_decay_iters"] == 5
+    assert run.overrides["train.train_iters"] == 8
+    assert run.values == {"optimizer.lr": 0.001, "train.global_batch_size": 4, "train.micro_batch_size": 2,
+                          "rng.seed": 2, "scheduler.lr_warmup_iters": 3, "optimizer.min_lr": 0.0001,
+                          "scheduler.lr_decay_iters": 5}
+    assert exp.run_name(run) == "exp.lr0.001_big_seed2_warmup3"  # no phases: no phase suffix
+    # stable: the same file expands to the same names
+    assert [r.label for r in load(tmp_path, exp.path.read_text()[len(BASE):], "exp.yaml").runs] == labels
+
+
+def test_interpolation_reads_the_base_config_and_names_with_phases(tmp_path):
+    exp = load(tmp_path, """
+name: chain
+grid: {train.global_batch_size: [2, 4]}
+computed:
+  +pipeline.tokens_per_iter: ${calc:'${train.global_batch_size} * ${model.seq_length}'}
+phases:
+  - {name: pretrain}
+  - {name: cooldown, from: pretrain, iteration: last, tokens: 4096}
+  - {name: export, kind: export}
+  - {name: coherence, kind: coherence}
+""")
+    assert [r.overrides["+pipeline.tokens_per_iter"] for r in exp.runs] == [512, 1024]  # seq_length 256 from YAML
+    assert exp.run_name(exp.runs[0], exp.phase("cooldown")) == "chain.gbs2.cooldown"
+    assert exp.phase("export").start == "cooldown" and exp.phase("coherence").start == "export"
+
+
+def test_labels_that_print_alike_get_a_stable_hash(tmp_path):
+    exp = load(tmp_path, "grid: {logger.wandb_project: ['a b', 'a/b']}\n")
+    labels = [r.label for r in exp.runs]
+    assert len(set(labels)) == 2 and all(x.startswith("wandb_project") and "-" in x for x in labels)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("grid: {optimizer.lr: []}\n", "non-empty list"),
+    ("zip: {optimizer.lr: [1, 2], rng.seed: [1]}\n", "zip needs lists of one length"),
+    ("grid: {logger.wandb_exp_name: [a, b]}\n", "set by the experiment"),
+    ("grid: {optimizer.lr: [1]}\nzip: {optimizer.lr: [2]}\n", "swept by two axes"),
+    ("sweep: {}\n", "unknown key(s) sweep"),
+    ("phases: [{name: a}, {name: b, kind: export, from: nope}]\n", "not an earlier phase"),
+    ("phases: [{name: a}, {name: b, from: a, iteration: 0}]\n", "iteration must be"),
+    ("phases: [{name: a, kind: export}]\n", "needs 'from' a training phase"),
+    ("computed:\n  optimizer.min_lr: ${calc:'__import__(1)'}\n", "does not resolve"),
+    ("computed:\n  optimizer.min_lr: ${nope.key}\n", "does not resolve"),
+])
+def test_mistakes_are_one_line_user_errors(tmp_path, body, needle):
+    with pytest.raises(UserError) as e:
+        load(tmp_path, body)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hydra_rendering_quotes_what_needs_it():
+    r = spec.render_override
+    assert r("optimizer.lr", 0.003) == "optimizer.lr=0.003"
+    assert r("model.bf16", True) == "model.bf16=true"
+    assert r("checkpoint.save", "/a/b-c_1") == "checkpoint.save=/a/b-c_1"
+    assert r("logger.wandb_project", "it's a; b") == "logger.wandb_project='it\\'s a; b'"
+    assert r("model.recompute_modules", ["core_attn", "mlp"]) == "model.recompute_modules=[core_attn,mlp]"
+    assert r("checkpoint.load", None) == "checkpoint.load=null"
+    assert spec.calc("ceil(4096 / (4 * 256)) + max(1, 2)") == 6
+    with pytest.raises(ValueError):
+        spec.calc("open('x')")
+
+
+def test_run_identity_refuses_a_changed_config_but_not_attempt_keys(tmp_path):
+    import yaml
+
+    cfg = {"train": {"train_iters": 6}, "logger": {"wandb_save_dir": "/a"},
+           "pipeline": {"local": {"fault_inject_step_sleep": None}}}
+    assert check_run_identity(tmp_path, cfg) == {}  # a new run directory
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    same = {"train": {"train_iters": 6}, "logger": {"wandb_save_dir": "/b"},
+            "pipeline": {"local": {"fault_inject_step_sleep": 0.3}}}
+    assert check_run_identity(tmp_path, same) == {}  # W&B's directory and fault injection differ per attempt
+    changed = {"train": {"train_iters": 8}, "logger": {"wandb_save_dir": "/a"}}
+    with pytest.raises(UserError) as e:
+        check_run_identity(tmp_path, changed)
+    assert "train.train_iters: 6 -> 8" in str(e.value) and "--allow-config-change" in str(e.value)
+    assert check_run_identity(tmp_path, changed, allow_change=True) == {"train.train_iters": (6, 8)}
+    assert config_diff({"a": {"b": 1.0}}, {"a": {"b": 1.0, "c": None}}) == {}
+
+
+def test_lock_diff_names_phase_and_key():
+    from pipeline.experiment.locks import lock_diff
+
+    old = {"phases": {"pretrain": {"kind": "train", "config": {"optimizer": {"lr": 0.003}}},
+                      "export": {"kind": "export", "args": ["export", "/x", "--iteration", "4"]}}}
+    new = {"phases": {"pretrain": {"kind": "train", "config": {"optimizer": {"lr": 0.001}}},
+                      "export": {"kind": "export", "args": ["export", "/x", "--iteration", "6"]}}}
+    assert lock_diff(old, new) == {"pretrain:optimizer.lr": (0.003, 0.001),
+                                   "export:args": (old["phases"]["export"]["args"], new["phases"]["export"]["args"])}
+    assert lock_diff(old, old) == {}
+
+
+def test_chain_verdict_names_the_failed_phase():
+    rows = [PhaseRow("r", "pretrain", "train", "1", "COMPLETED"), PhaseRow("r", "cooldown", "train", "2", "FAILED"),
+            PhaseRow("r", "export", "export", "3", "PENDING", "DependencyNeverSatisfied")]
+    assert verdict(rows) == "stopped at cooldown (FAILED, job 2); export will not run"
+    rows[1].state = "RUNNING"
+    assert verdict(rows) == "running: cooldown"
+    rows[1].state, rows[2].state = "COMPLETED", "COMPLETED"
+    assert verdict(rows) == "done"
+    assert verdict([PhaseRow("r", "train", "train")]) == "not submitted"
+
+
+def _plan_with_progress(tmp_path, steps: int):
+    from pipeline.experiment.plan import Job, RunPlan
+
+    run_dir = tmp_path / f"run{steps}"
+    run_dir.mkdir()
+    (run_dir / "progress.ndjson").write_text("".join(json.dumps({"step": s, "loss": 10 - s * 0.3}) + "\n"
+                                                     for s in range(1, steps + 1)))
+    job = Job(phase="train", kind="train", script="s", args=["a"], sbatch=[], run_dir=run_dir, iters=steps)
+    return RunPlan(run=spec.Run(label="r", values={}, overrides={}), jobs=[job])
+
+
+def test_loss_curve_png_follows_the_data(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from pipeline.experiment.plots import write_plots
+
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    exp = load(tmp_path, "")
+    sizes = []
+    for steps in (3, 30):
+        out = write_plots(exp, [_plan_with_progress(tmp_path, steps)])
+        with Image.open(out["r"]) as im:
+            assert im.format == "PNG" and im.size == (600, 400)
+        sizes.append(out["r"].stat().st_size)
+    assert sizes[0] != sizes[1]
+    assert write_plots(exp, []) == {}
+
+
+def test_cli_help_and_user_errors(tmp_path):
+    py = [sys.executable, str(ROOT / "pipeline_experiment.py")]
+    for cmd in ([], ["list"], ["render"], ["submit"], ["status"], ["csv"]):
+        res = subprocess.run([*py, *cmd, "--help"], capture_output=True, text=True, cwd=ROOT)
+        assert res.returncode == 0 and "usage:" in res.stdout, (cmd, res.stderr)
+    res = subprocess.run([*py, "list", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and res.stderr.strip() == f"error: experiment file {tmp_path / 'missing.yaml'} does not exist"
+    (tmp_path / "e.yaml").write_text(BASE + "grid: {optimizer.lr: [0.1, 0.2]}\n")
+    res = subprocess.run([*py, "list", str(tmp_path / "e.yaml")], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0 and "lr0.1 " in res.stdout and "optimizer.lr=0.2" in res.stdout
