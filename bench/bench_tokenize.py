@@ -1,77 +1,157 @@
-"""Tokenization throughput of the data pipeline's tokenize stage vs the tokenizer's raw batch encoder.
+"""The tokenize stage of ``prepare`` at 1..N worker processes vs the tokenizer's own render + encode at 1..N threads.
 
-    python bench/bench_tokenize.py [--copies 10] [--repeats 3]
+    python bench/bench_tokenize.py [--conversations 20000] [--repeats 3] [--max-workers N]
 
-Both sides see the same conversations: the chatterbot corpus, each conversation repeated with a varied user
-turn (--copies times). "raw" is the fast tokenizer's batch encode of the already-rendered chat texts (no
-template rendering, no offsets, no masks); "prepare" is pipeline.data.chat.tokenize_conversations, what the
-tokenize stage runs per chunk: chat-template rendering, batch encoding with offsets, assistant-only masks.
-Two raw references: transformers' batch call ``tokenizer(texts)`` and the Rust backend's ``encode_batch``
-(no Python list conversion). The last row is the whole tokenize stage of ``prepare`` (JSONL read, chunks,
-Parquet write). Runs alternate so machine noise hits every path; ratios of medians are reported.
+Both sides see the same conversations: chatterbot-corpus conversations joined deterministically into longer
+ones (3 exchanges, each turn joining 6 corpus turns; 20,000 of them are ~10.4 M tokens, ~520 per conversation).
+
+  tokenizer(k)  the fast tokenizer itself with k Rust threads (RAYON_NUM_THREADS=k): transformers'
+                ``apply_chat_template(all, tokenize=False)`` (render) then the Rust ``encode_batch`` of the texts
+                (encode; no offsets read, no masks, no Python lists, nothing written).
+  stage(k)      ``stage_tokenize`` with ``workers=k`` on the same conversations exported as JSONL: reading them back,
+                rendering, encoding, assistant-only masks, Parquet chunks; worker start-up included.
+  prepare       ``pipeline_data_prepare.py prepare`` end to end (export + tokenize + pack, a fresh process, default
+                workers) on the same conversations, vs tokenizer(N) (render + encode).
+
+Each measurement runs in its own process (the Rust thread pool is sized once per process); the kinds alternate
+within every repeat so machine noise hits all of them; medians are reported. Fitted parts: T(k) = serial +
+parallel / k, least squares over k = 1..N (exact for N = 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
-import tempfile
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from pipeline.data.chat import load_tokenizer, tokenize_conversations  # noqa: E402
-from pipeline.data.prepare import PrepareOptions, Timer, stage_tokenize  # noqa: E402
-from pipeline.data.sources import load_conversations  # noqa: E402
+
+def synth(n: int, exchanges: int = 3, per_turn: int = 6) -> list[dict]:
+    from pipeline.data.sources import load_conversations
+
+    base, _ = load_conversations("chatterbot-corpus")
+    out = []
+    for i in range(n):
+        msgs = []
+        for x in range(exchanges):
+            turns = [base[(i * 7919 + (x * per_turn + j) * 131) % len(base)]["messages"] for j in range(per_turn)]
+            msgs.append({"role": "user", "content": f"({i}.{x}) " + " ".join(t[0]["content"] for t in turns)})
+            msgs.append({"role": "assistant", "content": "\n".join(t[1]["content"] for t in turns)})
+        out.append({"messages": msgs})
+    return out
+
+
+def child(kind: str, k: int, data: Path) -> dict:
+    from pipeline.data.chat import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m")
+    if kind == "tokenizer":
+        convs = [json.loads(line)["messages"] for line in open(data / "training.jsonl", encoding="utf-8")]
+        t0 = time.perf_counter()
+        texts = tok.apply_chat_template(convs, tokenize=False)
+        t1 = time.perf_counter()
+        encs = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+        t2 = time.perf_counter()
+        return {"render": t1 - t0, "encode": t2 - t1, "total": t2 - t0, "tokens": sum(len(e) for e in encs)}
+    from pipeline.data.prepare import PrepareOptions, Timer, stage_tokenize
+
+    opts = PrepareOptions(dataset="-", dataset_root=data, seq_length=4096, force=True, quiet=True, workers=k)
+    t0 = time.perf_counter()
+    res = stage_tokenize(opts, "bench", Timer(), tokenizer=tok)
+    return {"total": time.perf_counter() - t0, "tokens": res["train"]["tokens"]}
+
+
+def run_child(kind: str, k: int, data: Path) -> dict:
+    env = dict(os.environ, RAYON_NUM_THREADS=str(k), TOKENIZERS_PARALLELISM="true", HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, __file__, "--child", kind, str(k), str(data)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def fit(ks: list[int], ts: list[float]) -> tuple[float, float]:
+    """Least squares of t = serial + parallel / k."""
+    xs = [1 / k for k in ks]
+    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
+    parallel = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return mt - parallel * mx, parallel
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--copies", type=int, default=10)
+    p.add_argument("--conversations", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
-    tok = load_tokenizer("smollm2-135m")
-    base, _ = load_conversations("chatterbot-corpus")
-    convs = [{"messages": [dict(m, content=f"{m['content']} ({k})" if m["role"] == "user" else m["content"])
-                           for m in c["messages"]]} for k in range(args.copies) for c in base]
-    texts = [tok.apply_chat_template(c["messages"], tokenize=False) for c in convs]
-    n_tokens = sum(len(x) for x in tok(texts, add_special_tokens=False)["input_ids"])
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]), Path(args.child[2]))))
+        return
+    ks = list(range(1, args.max_workers + 1))
     tmp = Path(tempfile.mkdtemp(prefix="bench_tok_"))
-    with open(tmp / "training.jsonl", "w") as f:
-        f.writelines(json.dumps(c) + "\n" for c in convs)
-    (tmp / "validation.jsonl").write_text(json.dumps(convs[0]) + "\n")
-    times: dict[str, list[float]] = {k: [] for k in ("hf", "rust", "convs", "stage")}
-    for r in range(args.repeats):
-        t = time.perf_counter()
-        tok(texts, add_special_tokens=False, return_attention_mask=False)
-        times["hf"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
-        times["rust"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        ids, _, _ = tokenize_conversations(tok, convs)
-        times["convs"].append(time.perf_counter() - t)
-        assert sum(len(x) for x in ids) == n_tokens
-        opts = PrepareOptions(dataset="-", dataset_root=tmp, seq_length=4096, force=True, quiet=True)
-        t = time.perf_counter()
-        stage_tokenize(opts, f"bench{r}", Timer(), tokenizer=tok)
-        times["stage"].append(time.perf_counter() - t)
-    shutil.rmtree(tmp)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{len(convs):,} conversations, {n_tokens:,} tokens, {args.repeats} alternating repeats (median)\n")
-    print("| path | seconds | tokens/s | vs tokenizer(texts) | vs Rust encode_batch |")
-    print("|---|---|---|---|---|")
-    rows = [("raw: tokenizer(texts), rendered text", "hf"), ("raw: backend encode_batch, rendered text", "rust"),
-            ("tokenize_conversations (template + masks)", "convs"),
-            ("prepare tokenize stage (+ JSONL read, Parquet write)", "stage")]
-    for label, k in rows:
-        print(f"| {label} | {med[k]:.2f} | {n_tokens / med[k]:,.0f} | {med['hf'] / med[k]:.0%} | "
-              f"{med['rust'] / med[k]:.0%} |")
+    try:
+        convs = synth(args.conversations)
+        data = tmp / "stage"
+        data.mkdir()
+        with open(data / "training.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(c, ensure_ascii=False) + "\n" for c in convs)
+        (data / "validation.jsonl").write_text("")
+        shutil.copy(data / "training.jsonl", tmp / "chat.jsonl")
+        times: dict[str, list] = {}
+        tokens = None
+        for r in range(args.repeats):
+            order = [(kind, k) for k in ks for kind in ("tokenizer", "stage")]
+            for kind, k in (order if r % 2 == 0 else order[::-1]):
+                res = run_child(kind, k, data)
+                assert tokens in (None, res["tokens"]), (tokens, res)  # both sides encode the same tokens
+                tokens = res["tokens"]
+                times.setdefault(f"{kind}{k}", []).append(res)
+                print(f"repeat {r}: {kind}({k}) {res['total']:.2f} s", file=sys.stderr)
+            cmd = [sys.executable, str(ROOT / "pipeline_data_prepare.py"), "prepare", "--dataset",
+                   str(tmp / "chat.jsonl"), "--dataset-root", str(tmp / "prep"), "--seq-length", "4096",
+                   "--val-fraction", "0", "--force", "--quiet", "--json"]
+            t0 = time.perf_counter()
+            env = dict(os.environ, HF_HUB_OFFLINE="1")
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+            wall = time.perf_counter() - t0
+            summary = json.loads(out.stdout)
+            times.setdefault("prepare", []).append({"total": wall, "stages": summary["seconds_per_stage"]})
+            print(f"repeat {r}: prepare {wall:.2f} s {summary['seconds_per_stage']}", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def med(key, field="total"):
+        return statistics.median(x[field] for x in times[key])
+
+    n = ks[-1]
+    render = statistics.median(x["render"] for k in ks for x in times[f"tokenizer{k}"])
+    print(f"{len(convs):,} conversations, {tokens:,} tokens, {args.repeats} alternating repeats (medians), "
+          f"{len(os.sched_getaffinity(0))} usable CPUs\n")
+    print("| k | tokenizer render (s) | tokenizer encode (s) | tokenizer render + encode (s) | stage, k workers (s) "
+          "| stage speed vs tokenizer |")
+    print("|---|---|---|---|---|---|")
+    for k in ks:
+        tt, ts = med(f"tokenizer{k}"), med(f"stage{k}")
+        print(f"| {k} | {med(f'tokenizer{k}', 'render'):.2f} | {med(f'tokenizer{k}', 'encode'):.2f} | {tt:.2f} | "
+              f"{ts:.2f} | {tt / ts:.0%} |")
+    s_tok, p_tok = fit(ks, [med(f"tokenizer{k}") for k in ks])
+    s_stage, p_stage = fit(ks, [med(f"stage{k}") for k in ks])
+    print(f"\nfitted T(k) = serial + parallel/k: tokenizer serial {s_tok:.2f} s + parallel {p_tok:.2f} s; "
+          f"stage serial {s_stage:.2f} s + parallel {p_stage:.2f} s; the tokenizer's rendering alone {render:.2f} s "
+          f"-> stage serial / tokenizer rendering = {s_stage / render:.2f}")
+    stages = {k: round(statistics.median(x["stages"].get(k, 0) for x in times["prepare"]), 2)
+              for k in ("export", "tokenize", "pack")}
+    print(f"\nprepare end to end ({n} workers, fresh process, export + tokenize + pack): {med('prepare'):.2f} s "
+          f"(stages {stages}); tokenizer render + encode at {n} threads {med(f'tokenizer{n}'):.2f} s -> "
+          f"prepare speed vs tokenizer = {med(f'tokenizer{n}') / med('prepare'):.0%}")
 
 
 if __name__ == "__main__":

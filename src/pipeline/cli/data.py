@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.parser import Parser
+from pipeline.cli.parser import Parser, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
 
     p = sub.add_parser("prepare", help="load + chat template + tokenise + export + pack")
-    p.add_argument("--dataset", required=True, help="HF dataset id ORG/NAME, a local dir/.jsonl/.parquet, or chatterbot-corpus")
+    p.add_argument("--dataset", required=True,
+                   help="HF dataset id ORG/NAME, a local dir/.jsonl/.parquet, or chatterbot-corpus")
     p.add_argument("--seq-length", type=int, required=True, help="packed sequence length S")
     p.add_argument("--tokenizer", help="registry model name, local dir or HF id (default: --model's tokenizer)")
     p.add_argument("--model", default="smollm2-135m",
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, help="use only the first N usable conversations")
     p.add_argument("--chunk-size", type=int, default=20000, help="conversations per tokenised chunk (resume unit)")
+    p.add_argument("--workers", type=positive_int, help="tokenize worker processes (default: every usable CPU); "
+                   "the output is the same for any number")
     p.add_argument("--force", action="store_true", help="redo every stage")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -73,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("dataset_root", help="corpus: a folder of text files, or JSONL/Parquet (file or folder)")
     t.add_argument("tokenizer")
     t.add_argument("output_name")
-    t.add_argument("--output-dir", type=Path, help="default: DATASET_ROOT/OUTPUT_NAME (or $PIPELINE_DATA_ROOT/OUTPUT_NAME for a file)")
+    t.add_argument("--output-dir", type=Path,
+                   help="default: DATASET_ROOT/OUTPUT_NAME (or $PIPELINE_DATA_ROOT/OUTPUT_NAME for a file)")
     t.add_argument("--text-field", default="text")
     t.add_argument("--docs-per-part", type=int, default=2000)
+    t.add_argument("--workers", type=positive_int, help="worker processes (default: every usable CPU); the output "
+                   "is the same for any number")
     t.add_argument("--limit", type=int)
     t.add_argument("--force", action="store_true")
     t.add_argument("--quiet", action="store_true")
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             pad_seq_to_mult=args.pad_seq_to_mult, context_parallel_size=args.context_parallel_size,
             tensor_parallel_size=args.tensor_parallel_size, sequence_parallel=args.sequence_parallel,
             val_fraction=args.val_fraction, seed=args.seed, overlong=args.overlong, limit=args.limit,
-            chunk_size=args.chunk_size, force=args.force, quiet=args.quiet)
+            chunk_size=args.chunk_size, workers=args.workers, force=args.force, quiet=args.quiet)
         summary = prep.prepare(opts)
         print(json.dumps(summary, indent=2)) if args.json else _print_summary(summary)
         return 0
@@ -133,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--limit must be >= 1, got {args.limit}")
         out = args.output_dir or ((src if src.is_dir() else paths.data_root()) / args.output_name)
         res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name, text_field=args.text_field,
-                              docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet)
+                              docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet,
+                              workers=args.workers)
         print(json.dumps(res, indent=2))
         return 0
 

@@ -35,12 +35,13 @@ def load_tokenizer(name_or_path: str | Path):
         path = name_or_path
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # any failure to load is the user's to fix (path, cache, hub)
         import os
 
         hint = ""
         if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(str(path)).exists():
-            hint = (f"; {path} is not in the Hugging Face cache (HF_HOME={os.environ.get('HF_HOME', '~/.cache/huggingface')})"
+            home = os.environ.get("HF_HOME", "~/.cache/huggingface")
+            hint = (f"; {path} is not in the Hugging Face cache (HF_HOME={home})"
                     " and the Hub is off (HF_HUB_OFFLINE=1): run once with HF_HUB_OFFLINE=0 where the Hub is "
                     "reachable, or pass --tokenizer with a local tokenizer directory")
         raise UserError(f"cannot load tokenizer '{name_or_path}': {str(exc).splitlines()[0][:200]}{hint}") from None
@@ -74,7 +75,7 @@ def _template(tokenizer):
             from transformers.utils.chat_template_utils import _compile_jinja_template
 
             cached = _compile_jinja_template(tokenizer.chat_template)
-        except Exception:  # noqa: BLE001 - any problem: use apply_chat_template per conversation
+        except Exception:  # any problem: use apply_chat_template per conversation
             cached = False
         tokenizer._pipeline_compiled_template = cached
     return cached or None
@@ -91,8 +92,111 @@ def render_text(tokenizer, messages: list[dict[str, Any]], special: dict | None 
 def render(tokenizer, messages: list[dict[str, Any]], special: dict | None = None
            ) -> tuple[str, list[tuple[int, int]]] | None:
     """Rendered text and assistant character spans; None when a turn cannot be located."""
-    text = render_text(tokenizer, messages, special)
-    eot = tokenizer.eos_token or ""
+    return _spans(render_text(tokenizer, messages, special), messages, tokenizer.eos_token or "")
+
+
+class ChatEncoder:
+    """What rendering, encoding and masking need from a tokenizer, in a form a worker process rebuilds in a
+    fraction of a second (the Rust tokenizer from its JSON, the chat template compiled as transformers compiles
+    it) instead of importing transformers' model stack and loading the full tokenizer (~3 s).
+
+    ``template`` is None when the direct render differs from ``apply_chat_template`` (checked once, on one
+    conversation, by :meth:`from_tokenizer`): then the full tokenizer ``hf`` renders each conversation, and a
+    worker loads it by ``name``.
+    """
+
+    def __init__(self, backend, template, special: dict, eos: str, hf=None, name: str | None = None):
+        self.backend, self.template, self.special, self.eos = backend, template, special, eos
+        self.hf, self.name = hf, name
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, check: list[dict] | None = None, name: str | None = None) -> ChatEncoder:
+        """``check``: one conversation's messages, rendered both ways to decide whether the direct render is exact."""
+        template = _template(tokenizer)
+        special = tokenizer.special_tokens_map  # computed per access in transformers: once here
+        if template is not None and check is not None:
+            direct = template.render(messages=check, add_generation_prompt=False, **special)
+            if direct != tokenizer.apply_chat_template(check, tokenize=False):
+                template = None
+        return cls(tokenizer.backend_tokenizer, template, special, tokenizer.eos_token or "", hf=tokenizer, name=name)
+
+    def payload(self) -> dict:
+        """Everything a worker process needs to rebuild this encoder (picklable, no tokenizer object)."""
+        return {"tokenizer_json": self.backend.to_str(), "chat_template": self.hf.chat_template if self.hf else None,
+                "direct": self.template is not None, "special": self.special, "eos": self.eos, "name": self.name}
+
+    @classmethod
+    def from_payload(cls, p: dict) -> ChatEncoder:
+        from tokenizers import Tokenizer
+
+        if not p["direct"]:  # the template needs transformers' own apply_chat_template: load the real tokenizer
+            return cls.from_tokenizer(load_tokenizer(p["name"]), name=p["name"])._without_direct()
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return cls(Tokenizer.from_str(p["tokenizer_json"]), _compile_jinja_template(p["chat_template"]), p["special"],
+                   p["eos"], name=p["name"])
+
+    def _without_direct(self) -> ChatEncoder:
+        self.template = None
+        return self
+
+    def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
+        if self.template is not None:
+            text = self.template.render(messages=messages, add_generation_prompt=False, **self.special)
+        else:
+            text = self.hf.apply_chat_template(messages, tokenize=False)
+        return _spans(text, messages, self.eos)
+
+    def encode(self, conversations: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(flat int32 token ids, flat int8 unrolled loss mask, int64 per-conversation lengths, template mismatches).
+
+        Sub-batches of ENCODE_SUB_BATCH conversations: render sub-batch k+1 (Python) while the Rust tokenizer
+        encodes sub-batch k (it releases the GIL), and turn each sub-batch into flat arrays before the next one,
+        so no more than two sub-batches of encodings (which hold offsets and strings per token) are alive.
+        """
+        mismatched = 0
+        ids_parts, mask_parts, len_parts = [], [], []
+
+        def finish(encs, spans):
+            lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+            total = int(lengths.sum())
+            ids_parts.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int32,
+                                         count=total))
+            mask = np.zeros(total, dtype=np.int8)
+            off = 0
+            for e, sp, n in zip(encs, spans, lengths.tolist(), strict=True):
+                for a, b in sp:
+                    lo = _char_to_token(e, a, +1)
+                    hi = _char_to_token(e, b - 1, -1)
+                    if lo is not None and hi is not None and hi >= lo:
+                        mask[off + lo: off + hi + 1] = 1
+                off += n
+            mask_parts.append(mask)
+            len_parts.append(lengths)
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for start in range(0, len(conversations), ENCODE_SUB_BATCH):
+                texts, spans = [], []
+                for conv in conversations[start:start + ENCODE_SUB_BATCH]:
+                    r = self.render(conv["messages"])
+                    if r is None:
+                        mismatched += 1
+                        continue
+                    texts.append(r[0])
+                    spans.append(r[1])
+                if pending is not None:
+                    finish(pending[0].result(), pending[1])
+                pending = (pool.submit(self.backend.encode_batch, texts, add_special_tokens=False), spans) \
+                    if texts else None
+            if pending is not None:
+                finish(pending[0].result(), pending[1])
+        if not len_parts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int64), mismatched
+        return np.concatenate(ids_parts), np.concatenate(mask_parts), np.concatenate(len_parts), mismatched
+
+
+def _spans(text: str, messages: list[dict[str, Any]], eot: str) -> tuple[str, list[tuple[int, int]]] | None:
     spans = []
     cursor = 0
     for m in messages:
@@ -111,48 +215,15 @@ def render(tokenizer, messages: list[dict[str, Any]], special: dict | None = Non
 def tokenize_conversations(tokenizer, conversations: list[dict]) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """Token ids and (unrolled) loss masks for each conversation; returns also the template-mismatch count.
 
-    The batch is encoded in one call of the Rust tokenizer (parallel across cores); assistant spans are
-    mapped to token positions with ``char_to_token`` instead of materialising every token's offsets.
+    Assistant spans are mapped to token positions with ``char_to_token`` instead of materialising every
+    token's offsets. The tokenize stage uses :meth:`ChatEncoder.encode` (flat arrays) directly.
     """
-    mismatched = 0
-    if conversations and _template(tokenizer) is not None:
-        first = conversations[0]["messages"]
-        if render_text(tokenizer, first) != tokenizer.apply_chat_template(first, tokenize=False):
-            tokenizer._pipeline_compiled_template = False  # the direct render differs: use transformers'
-    # Render sub-batch k+1 (Python) while the Rust tokenizer encodes sub-batch k (it releases the GIL).
-    all_spans: list[list[tuple[int, int]]] = []
-    futures = []
-    backend = tokenizer.backend_tokenizer
-    special = tokenizer.special_tokens_map  # computed per access in transformers: once per batch here
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for start in range(0, len(conversations), ENCODE_SUB_BATCH):
-            texts = []
-            for conv in conversations[start:start + ENCODE_SUB_BATCH]:
-                r = render(tokenizer, conv["messages"], special)
-                if r is None:
-                    mismatched += 1
-                    continue
-                texts.append(r[0])
-                all_spans.append(r[1])
-            if texts:
-                futures.append(pool.submit(backend.encode_batch, texts, add_special_tokens=False))
-        encs = [e for f in futures for e in f.result()]
-    if not encs:
-        return [], [], mismatched
-    lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-    offsets = np.zeros(len(encs) + 1, dtype=np.int64)
+    enc = ChatEncoder.from_tokenizer(tokenizer, conversations[0]["messages"] if conversations else None)
+    flat_ids, flat_mask, lengths, mismatched = enc.encode(conversations)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    flat_ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=total)
-    flat_mask = np.zeros(total, dtype=np.int8)
-    for e, spans, off in zip(encs, all_spans, offsets.tolist()):
-        for a, b in spans:
-            lo = _char_to_token(e, a, +1)
-            hi = _char_to_token(e, b - 1, -1)
-            if lo is not None and hi is not None and hi >= lo:
-                flat_mask[off + lo: off + hi + 1] = 1
-    ids_out = [flat_ids[offsets[i]:offsets[i + 1]] for i in range(len(encs))]
-    mask_out = [flat_mask[offsets[i]:offsets[i + 1]] for i in range(len(encs))]
+    ids_out = [flat_ids[offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(lengths))]
+    mask_out = [flat_mask[offsets[i]:offsets[i + 1]] for i in range(len(lengths))]
     return ids_out, mask_out, mismatched
 
 

@@ -17,8 +17,8 @@ only when ``.parts/_FINGERPRINT.json`` matches. One run per output folder at a t
 from __future__ import annotations
 
 import itertools
-import shutil
 import logging
+import shutil
 import struct
 from pathlib import Path
 
@@ -62,15 +62,18 @@ def read_index(path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
     dtype = {v: k for k, v in DTYPE_CODES.items()}[code]
     n_seq, n_doc = struct.unpack_from("<QQ", buf, 18)
     off = 34
-    lengths = np.frombuffer(buf, np.int32, n_seq, off); off += 4 * n_seq
-    pointers = np.frombuffer(buf, np.int64, n_seq, off); off += 8 * n_seq
+    lengths = np.frombuffer(buf, np.int32, n_seq, off)
+    off += 4 * n_seq
+    pointers = np.frombuffer(buf, np.int64, n_seq, off)
+    off += 8 * n_seq
     docs = np.frombuffer(buf, np.int64, n_doc, off)
     return dtype, lengths, pointers, docs
 
 
 def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name: str, *,
                     text_field: str = "text", docs_per_part: int = 2000, limit: int | None = None,
-                    force: bool = False, quiet: bool = False) -> dict:
+                    force: bool = False, quiet: bool = False, workers: int | None = None) -> dict:
+    """``workers``: processes that encode parts (default every usable CPU); the files do not depend on it."""
     from pipeline.data.sources import input_identity
 
     out_dir = Path(out_dir)
@@ -80,19 +83,21 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
           "docs_per_part": docs_per_part, "limit": limit}
     with exclusive_lock(out_dir / ".tokenize.lock", f"output folder {out_dir}"):
         return _tokenize_locked(source, tokenizer_name, out_dir, output_name, fp, text_field=text_field,
-                                docs_per_part=docs_per_part, limit=limit, force=force, quiet=quiet)
+                                docs_per_part=docs_per_part, limit=limit, force=force, quiet=quiet, workers=workers)
 
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
-                     limit, force, quiet) -> dict:
-    from pipeline.data.prepare import fingerprint_diff, read_marker, reuse_if_current
+                     limit, force, quiet, workers) -> dict:
     from pipeline.common.log import Progress
+    from pipeline.data import workers as wk
     from pipeline.data.chat import load_tokenizer
+    from pipeline.data.prepare import fingerprint_diff, read_marker, reuse_if_current
     from pipeline.data.sources import iter_texts
 
     prefix = out_dir / f"{output_name}_text_document"
     count_path = out_dir / "token_count.json"
-    if not force and count_path.exists() and prefix.with_suffix(".bin").exists() and prefix.with_suffix(".idx").exists():
+    finished = all(p.exists() for p in (count_path, prefix.with_suffix(".bin"), prefix.with_suffix(".idx")))
+    if not force and finished:
         old = reuse_if_current(count_path, fp, "tokenize", prefix)
         if old is not None:
             return old
@@ -110,24 +115,32 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     texts = iter_texts(source, field=text_field)
     if limit:
         texts = itertools.islice(texts, limit)
-    part = 0
-    bar = Progress("tokenize", unit="doc", quiet=quiet, logger=log)
-    while True:
-        batch = list(itertools.islice(texts, docs_per_part))
-        if not batch:
-            break
-        part_bin, part_len = parts_dir / f"part_{part:05d}.bin", parts_dir / f"part_{part:05d}.lens.npy"
-        if not (part_bin.exists() and part_len.exists()):
-            enc = tok(batch, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-            seqs = [np.asarray(ids + [eod], dtype=dtype) for ids in enc if ids]
-            lens = np.asarray([len(s) for s in seqs], dtype=np.int32)
-            with atomic_path(part_bin) as tmp:
-                np.concatenate(seqs).tofile(tmp) if seqs else open(tmp, "wb").close()
-            with atomic_path(part_len) as tmp, open(tmp, "wb") as f:
-                np.save(f, lens)
-        bar.update(len(batch))
-        part += 1
-    bar.close()
+    workers = wk.resolve_workers(workers)
+    n_parts = 0
+
+    def tasks(bar):  # the parts still to do, read in order by this process; parts on disk are only counted
+        nonlocal n_parts
+        while True:
+            batch = list(itertools.islice(texts, docs_per_part))
+            if not batch:
+                return
+            part_bin, part_len = parts_dir / f"part_{n_parts:05d}.bin", parts_dir / f"part_{n_parts:05d}.lens.npy"
+            n_parts += 1
+            if part_bin.exists() and part_len.exists():
+                bar.update(len(batch))
+            else:
+                yield batch, str(part_bin), str(part_len)
+
+    with Progress("tokenize", unit="doc", quiet=quiet, logger=log) as bar:
+        todo = tasks(bar)
+        head = list(itertools.islice(todo, 2))  # a corpus of one part to do is not worth starting processes for
+        workers = workers if len(head) > 1 else 1
+        payload = (tok.backend_tokenizer.to_str(), int(eod), dtype.name) if workers > 1 else ()
+        with wk.OrderedPool(workers, wk.init_text, payload,
+                            local=lambda: wk.set_text(tok.backend_tokenizer, int(eod), dtype.name)) as pool:
+            for n_docs in pool.imap(wk.text_part, itertools.chain(head, todo)):
+                bar.update(n_docs)
+    part = n_parts
     if part == 0:
         chat = Path(source).is_dir() and (Path(source) / "training.jsonl").exists()
         hint = (f"; {source} looks like a prepared chat dataset (training.jsonl with 'messages'): tokenize makes a "
@@ -136,7 +149,8 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     lengths = []
     with atomic_path(prefix.with_suffix(".bin")) as tmp, open(tmp, "wb") as out:
         for p in range(part):
-            out.write((parts_dir / f"part_{p:05d}.bin").read_bytes())
+            with open(parts_dir / f"part_{p:05d}.bin", "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 24)
             lengths.append(np.load(parts_dir / f"part_{p:05d}.lens.npy"))
     lengths_arr = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
     write_index(prefix.with_suffix(".idx"), dtype, lengths_arr)

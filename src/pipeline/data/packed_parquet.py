@@ -11,8 +11,8 @@ This module is the only writer and reader of that format in the suite.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

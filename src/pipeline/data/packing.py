@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -59,7 +60,7 @@ def _iso_ns(ns) -> str:
 
     if not isinstance(ns, int):
         return str(ns)
-    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def fingerprint_diff(old: dict | None, new: dict) -> str:
@@ -151,6 +152,7 @@ class PrepareOptions:
     overlong: str = "drop"  # drop | truncate
     limit: int | None = None
     chunk_size: int = 20000
+    workers: int | None = None  # tokenize worker processes; None: every usable CPU (not in any fingerprint)
     force: bool = False
     quiet: bool = False
 
@@ -161,6 +163,9 @@ class PrepareOptions:
             problems.append(f"--limit must be >= 1, got {self.limit}")
         if self.chunk_size < 1:
             problems.append(f"--chunk-size must be >= 1, got {self.chunk_size}")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            problems.append(f"--workers must be an integer >= 1, got {self.workers!r}")
         if self.dataset_root.exists() and not self.dataset_root.is_dir():
             problems.append(f"--dataset-root {self.dataset_root} exists and is not a directory")
         if not 0 <= self.val_fraction < 1:
@@ -210,9 +215,8 @@ def tokenize_fingerprint(opts: PrepareOptions, export: dict) -> dict:
 
 
 # ---- stage 1: export ----------------------------------------------------------------------------
-def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -> dict:
-    """Export the normalised splits; when ``keep`` is given and the stage runs, the splits are also left in it
-    (so the tokenize stage need not read back the JSONL it was just given)."""
+def stage_export(opts: PrepareOptions, timer: Timer) -> dict:
+    """Export the normalised splits (the tokenize stage's workers read them back, each its own byte ranges)."""
     from pipeline.data.sources import load_conversations
 
     root = opts.dataset_root
@@ -238,8 +242,6 @@ def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -
                   "validation": [c for i, c in enumerate(convs) if i in val_idx]}
         for split, name in SPLIT_FILES.items():
             write_text(root / name, "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in splits[split]))
-        if keep is not None:
-            keep.update(splits)
         out = {"dataset": opts.dataset, "rows_in": stats["rows_in"], "kept": len(convs), "dropped": dropped,
                "train": len(splits["train"]), "validation": len(splits["validation"]), "fingerprint": fp}
         write_json(stats_path, out)
@@ -249,27 +251,74 @@ def stage_export(opts: PrepareOptions, timer: Timer, keep: dict | None = None) -
 
 
 # ---- stage 2: tokenize ----------------------------------------------------------------------------
-def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+SLICE_CONVERSATIONS = 1024  # the unit of work a worker takes: at most this many conversations ...
+SLICE_BYTES = 1 << 21  # ... or about this many bytes of exported JSONL (~0.5 M tokens), whichever comes first
 
 
 def tokenized_dir(root: Path, tok_name: str, split: str) -> Path:
     return root / "tokenized" / tok_name / split
 
 
-def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None,
-                   splits: dict | None = None, export: dict | None = None) -> dict:
-    """``tokenizer``: a tokenizer, None (loaded when needed) or a zero-argument callable returning one."""
+def _slices(starts: np.ndarray, first: int, last: int) -> list[tuple[int, int]]:
+    """Byte ranges covering lines ``first`` .. ``last - 1`` (``starts`` ends with the file size), cut every
+    SLICE_CONVERSATIONS lines or SLICE_BYTES bytes. Only the amount of work per task depends on the cut: each
+    conversation is encoded on its own, so a chunk's content never does."""
+    out, a = [], first
+    while a < last:
+        b = min(last, a + SLICE_CONVERSATIONS,
+                max(a + 1, int(np.searchsorted(starts, starts[a] + SLICE_BYTES, side="right")) - 1))
+        out.append((int(starts[a]), int(starts[b])))
+        a = b
+    return out
+
+
+def _write_chunk(path: Path, parts: list[tuple]) -> dict:
+    """One chunk's Parquet file from its slices' flat arrays (vectorised: no per-token Python)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.data.chat import load_tokenizer, tokenize_conversations
+    ids = np.concatenate([p[0] for p in parts])
+    mask = np.concatenate([p[1] for p in parts])
+    lengths = np.concatenate([p[2] for p in parts])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    counts = {"examples": len(lengths), "tokens": int(offsets[-1]), "loss_tokens": int(np.count_nonzero(mask)),
+              "dropped_template_mismatch": int(sum(p[3] for p in parts))}
+    table = pa.table({
+        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
+        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask)),
+    })
+    table = table.replace_schema_metadata({"pipeline_counts": json.dumps(counts)})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, str(tmp), use_dictionary=False)
+    return counts
+
+
+def _first_line(path: Path) -> dict | None:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                return json.loads(line)
+    return None
+
+
+def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None,
+                   export: dict | None = None) -> dict:
+    """``tokenizer``: a tokenizer, None (loaded when needed) or a zero-argument callable returning one.
+
+    Each split's exported JSONL is cut into chunks of ``chunk_size`` conversations (the resume unit: one
+    Parquet file each, written atomically) and each chunk into slices (byte ranges of the JSONL) that the
+    workers read, render, encode and mask; results come back in slice order and each chunk is written as soon
+    as its last slice is in, so the files are the same whatever the number of workers."""
+    import pyarrow.parquet as pq
+
+    from pipeline.data import workers as wk
+    from pipeline.data.chat import ChatEncoder, load_tokenizer
 
     if export is None:
         export = read_marker(opts.dataset_root / "export_stats.json") or {}
     fp = tokenize_fingerprint(opts, export)
-    result = {}
+    result, plans = {}, []
     for split in SPLITS:
         out_dir = tokenized_dir(opts.dataset_root, tok_name, split)
         done = out_dir / "_DONE.json"
@@ -286,43 +335,54 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
                 shutil.rmtree(out_dir)
             if not started.exists():
                 write_json(started, {"fingerprint": fp})
-            convs = (splits or {}).get(split)
-            if convs is None:
-                convs = _read_jsonl(opts.dataset_root / SPLIT_FILES[split])
-            n_chunks = max(1, -(-len(convs) // opts.chunk_size))
-            totals = collections.Counter()
-            for c in _progress(range(n_chunks), opts.quiet, f"tokenize {split}", "chunk", n_chunks):
-                chunk_path = out_dir / f"chunk_{c:05d}.parquet"
-                if chunk_path.exists():
-                    meta = pq.read_metadata(chunk_path).metadata or {}
-                    totals.update(json.loads(meta.get(b"pipeline_counts", b"{}")))
-                    continue
-                if tokenizer is None:
-                    tokenizer = load_tokenizer(opts.tokenizer)
-                elif callable(tokenizer) and not hasattr(tokenizer, "apply_chat_template"):
-                    tokenizer = tokenizer()
-                part = convs[c * opts.chunk_size:(c + 1) * opts.chunk_size]
-                ids, masks, mismatched = tokenize_conversations(tokenizer, part)
-                counts = {"examples": len(ids), "tokens": int(sum(len(x) for x in ids)),
-                          "loss_tokens": int(sum(int(m.sum()) for m in masks)), "dropped_template_mismatch": mismatched}
-                offsets = np.zeros(len(ids) + 1, dtype=np.int32)
-                np.cumsum([len(x) for x in ids], out=offsets[1:])
-                flat_ids = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
-                flat_mask = np.concatenate(masks).astype(np.int8) if masks else np.zeros(0, np.int8)
-                table = pa.table({
-                    "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
-                    "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_mask)),
-                })
-                table = table.replace_schema_metadata({"pipeline_counts": json.dumps(counts)})
-                with atomic_path(chunk_path) as tmp:
-                    pq.write_table(table, str(tmp))
-                totals.update(counts)
-            summary = {"chunks": n_chunks, **{k: int(v) for k, v in totals.items()}, "fingerprint": fp}
-            write_json(done, summary)
-        result[split] = summary
-        log.info("stage tokenize[%s]: %d examples, %d tokens (%d with loss) -> %s", split,
-                 summary.get("examples", 0), summary.get("tokens", 0), summary.get("loss_tokens", 0), out_dir)
-    return result
+            src = opts.dataset_root / SPLIT_FILES[split]
+            starts = wk.line_starts(src)
+            n_convs = len(starts) - 1
+            n_chunks = max(1, -(-n_convs // opts.chunk_size))
+            chunks = []
+            for c in range(n_chunks):
+                path = out_dir / f"chunk_{c:05d}.parquet"
+                first, last = c * opts.chunk_size, min(n_convs, (c + 1) * opts.chunk_size)
+                chunks.append((path, None if path.exists() else _slices(starts, first, last) or [(0, 0)]))
+            plans.append((split, out_dir, done, src, chunks))
+    if not plans:
+        return result
+    with timer.stage("tokenize"):
+        tasks = [(src, a, b) for _, _, _, src, chunks in plans for _, sl in chunks if sl for a, b in sl]
+        workers = min(wk.resolve_workers(opts.workers), max(1, len(tasks)))
+        encoder: list = []
+
+        def local_encoder():  # the caller's (or a freshly loaded) tokenizer, checked on the first conversation
+            if not encoder:
+                tok = tokenizer
+                if tok is None:
+                    tok = load_tokenizer(opts.tokenizer)
+                elif callable(tok) and not hasattr(tok, "apply_chat_template"):
+                    tok = tok()
+                first = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
+                encoder.append(ChatEncoder.from_tokenizer(tok, (first or {}).get("messages"), name=opts.tokenizer))
+            return encoder[0]
+
+        if tasks:
+            local_encoder()
+        payload = (encoder[0].payload(),) if tasks and workers > 1 else ()
+        local = (lambda: wk.set_chat(encoder[0])) if tasks else None
+        with wk.OrderedPool(workers, wk.init_chat, payload, local=local) as pool:
+            results = pool.imap(wk.chat_slice, tasks)
+            for split, out_dir, done, _, chunks in plans:
+                totals = collections.Counter()
+                for path, sl in _progress(chunks, opts.quiet, f"tokenize {split}", "chunk", len(chunks)):
+                    if sl is None:
+                        meta = pq.read_metadata(path).metadata or {}
+                        totals.update(json.loads(meta.get(b"pipeline_counts", b"{}")))
+                        continue
+                    totals.update(_write_chunk(path, [next(results) for _ in sl]))
+                summary = {"chunks": len(chunks), **{k: int(v) for k, v in totals.items()}, "fingerprint": fp}
+                write_json(done, summary)
+                result[split] = summary
+                log.info("stage tokenize[%s]: %d examples, %d tokens (%d with loss) -> %s", split,
+                         summary.get("examples", 0), summary.get("tokens", 0), summary.get("loss_tokens", 0), out_dir)
+    return {split: result[split] for split in SPLITS}
 
 
 def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -330,7 +390,8 @@ def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[list[np.ndarr
 
     d = tokenized_dir(root, tok_name, split)
     if not (d / "_DONE.json").exists():
-        raise UserError(f"no complete tokenized export at {d}; run: pipeline_data_prepare.py prepare --dataset ... first")
+        raise UserError(f"no complete tokenized export at {d}; "
+                        "run: pipeline_data_prepare.py prepare --dataset ... first")
     ids, masks = [], []
     for f in sorted(d.glob("chunk_*.parquet")):
         t = pq.read_table(f)
@@ -466,9 +527,8 @@ def prepare(opts: PrepareOptions) -> dict:
         return loaded[0]
 
     with root_lock(opts.dataset_root):
-        splits: dict = {}
-        export = stage_export(opts, timer, keep=splits)
-        tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, splits=splits, export=export)
+        export = stage_export(opts, timer)
+        tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, export=export)
         packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
                             opts.seed, opts.overlong, opts.force, timer,
                             pad_id=loaded[0].eos_token_id if loaded else None)

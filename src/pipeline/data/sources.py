@@ -18,8 +18,9 @@ import collections
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from pipeline.common.errors import UserError
 
@@ -151,7 +152,7 @@ def _hub_rows(name: str, split: str) -> Iterator[dict]:
 
     try:
         ds = datasets.load_dataset(name, split=split)
-    except Exception as exc:  # noqa: BLE001 - report any hub failure as a user-facing line
+    except Exception as exc:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise UserError(
             f"cannot load dataset '{name}' split '{split}' from the Hugging Face hub"

@@ -1,0 +1,108 @@
+"""Tokenizing with worker processes: the same bytes whatever the number of workers, resumable chunk by chunk,
+and a bad --workers is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline.data import workers as wk
+from pipeline.data.chat import ChatEncoder
+from pipeline.data.indexed import tokenize_corpus
+from pipeline.data.prepare import PrepareOptions, prepare
+from tests.helpers import ROOT
+
+TOK_DIR = "tokenized/HuggingFaceTB--SmolLM2-135M-Instruct"
+
+
+def files_of(root, patterns) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for pat in patterns for p in sorted(root.glob(pat))}
+
+
+def chat_opts(root, workers, **kw):
+    # 600 conversations in chunks of 100: several chunks per split, so two workers really share the work.
+    return PrepareOptions(dataset="chatterbot-corpus", dataset_root=root, seq_length=256, limit=600, chunk_size=100,
+                          workers=workers, quiet=True, **kw)
+
+
+def test_prepare_is_byte_identical_with_one_and_two_workers_and_resumes_chunk_by_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr("pipeline.data.prepare.SLICE_CONVERSATIONS", 37)  # many slices per chunk, odd sizes
+    one, two = tmp_path / "one", tmp_path / "two"
+    s1, s2 = prepare(chat_opts(one, 1)), prepare(chat_opts(two, 2))
+    pats = [f"{TOK_DIR}/*/chunk_*.parquet", "packed/*/*.parquet", "packed/*/*_metadata.jsonl"]
+    a, b = files_of(one, pats), files_of(two, pats)
+    assert len([k for k in a if "chunk_" in k]) >= 7 and a.keys() == b.keys()
+    assert [k for k in a if a[k] != b[k]] == []
+    assert s1["tokenize"] == s2["tokenize"] and s2["tokenize"]["train"]["chunks"] >= 6
+
+    # A run killed mid-way leaves some chunks and no _DONE marker: the rerun (two workers) makes only the
+    # missing chunks, and the result is the same bytes.
+    train = two / TOK_DIR / "train"
+    (train / "_DONE.json").unlink()
+    for c in (1, 4):
+        (train / f"chunk_{c:05d}.parquet").unlink()
+    kept = {p.name: p.stat().st_mtime_ns for p in train.glob("chunk_*.parquet")}
+    s3 = prepare(chat_opts(two, 2))
+    assert {p.name: p.stat().st_mtime_ns for p in train.glob("chunk_*.parquet") if p.name in kept} == kept
+    assert files_of(two, pats) == a and s3["tokenize"]["train"] == s1["tokenize"]["train"]
+
+
+def test_workers_rebuild_the_same_encoder_from_the_payload(tokenizer):
+    convs = [{"messages": [{"role": "user", "content": f"What is {i}+{i}?"},
+                           {"role": "assistant", "content": f"It is {2 * i}."}]} for i in range(50)]
+    here = ChatEncoder.from_tokenizer(tokenizer, convs[0]["messages"])
+    there = ChatEncoder.from_payload(here.payload())
+    ids, mask, lengths, mismatched = there.encode(convs)
+    ref = here.encode(convs)
+    assert mismatched == 0 and all(np.array_equal(x, y) for x, y in zip(ref[:3], (ids, mask, lengths), strict=True))
+    texts = [tokenizer.apply_chat_template(c["messages"], tokenize=False) for c in convs]
+    expected = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert ids.tolist() == [t for e in expected for t in e]  # what the tokenizer itself gives
+    assert tokenizer.decode(ids[: lengths[0]][mask[: lengths[0]] == 1]) == "It is 0.<|im_end|>"
+
+
+def test_tokenize_action_is_byte_identical_with_one_and_two_workers(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = (ROOT / "src/pipeline/data/prepare.py").read_text()
+    for i in range(60):
+        (corpus / f"doc{i:03d}.txt").write_text("" if i == 7 else f"{i}: " + text[(i * 97) % 3000:][:400])
+    res = {w: tokenize_corpus(str(corpus), "smollm2-135m", tmp_path / f"w{w}", "pt", docs_per_part=7, quiet=True,
+                              workers=w) for w in (1, 2)}
+    for f in ("pt_text_document.bin", "pt_text_document.idx"):
+        assert (tmp_path / "w1" / f).read_bytes() == (tmp_path / "w2" / f).read_bytes(), f
+    assert res[1]["documents"] == res[2]["documents"] == 59  # the empty document is skipped either way
+    assert res[1]["tokens"] == res[2]["tokens"] > 59 * 50
+
+
+def test_line_starts_and_slices_cover_every_conversation_once(tmp_path):
+    from pipeline.data.prepare import _slices
+
+    f = tmp_path / "x.jsonl"
+    rows = [json.dumps({"i": i, "pad": "é" * (i % 5)}) for i in range(23)]
+    f.write_text("\n".join(rows[:10]) + "\n\n" + "\n".join(rows[10:]) + "\n")
+    starts = wk.line_starts(f, block=16)  # tiny blocks: lines cross block edges
+    assert len(starts) == 24 and starts[-1] == f.stat().st_size
+    got = [r["i"] for a, b in _slices(starts, 3, 20) for r in wk.read_lines(f, a, b)]
+    assert got == list(range(3, 20))
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_bad_workers_is_one_line_and_exit_2(value, tmp_path, pipeline_env):
+    for args in (["prepare", "--dataset", "chatterbot-corpus", "--seq-length", "64"],
+                 ["tokenize", str(tmp_path), "smollm2-135m", "pt"]):
+        res = subprocess.run([sys.executable, str(ROOT / "pipeline_data_prepare.py"), *args, "--workers", value],
+                             cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=120)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and "--workers" in lines[0]
+
+
+def test_default_is_every_usable_cpu():
+    import os
+
+    assert wk.resolve_workers(None) == len(os.sched_getaffinity(0))
+    assert PrepareOptions(dataset="x", dataset_root=ROOT / "nonexistent", seq_length=64).workers is None
