@@ -3,8 +3,8 @@
 ``pack_sequences`` is a best-fit-decreasing packer that works on *length classes* instead of single
 items. Items are taken longest first; bins are kept in buckets keyed by their remaining capacity. For
 a run of ``c`` items of length ``L``, best fit means "the bins with the smallest remaining space
-``r >= L``": each such bin takes ``r // L`` items at once and moves to bucket ``r - k*L``. A Fenwick
-tree over remaining capacities finds the next non-empty bucket in O(log C). The Python loop runs once
+``r >= L``": each such bin takes ``r // L`` items at once and moves to bucket ``r - k*L``. A sorted
+list of the non-empty remaining capacities (``bisect``) finds the next bucket in O(log C). The Python loop runs once
 per (length, bucket) event, not once per item, and the item -> bin mapping is produced with numpy at
 the end, so 10^6 sequences pack in about a second. Bridge's ``first_fit_*`` loop over every item in
 pure Python with a recursive segment tree (see ``bench/bench_packing.py`` for the comparison).
