@@ -16,7 +16,7 @@ if [[ "${PIPELINE_IN_CONTAINER:-}" == apptainer ]]; then
   # shellcheck disable=SC2317  # exit: only when executed instead of sourced
   return 0 2>/dev/null || exit 0
 fi
-if [[ ! -x "$PIPELINE_VENV/bin/python" || ! -f "$PIPELINE_VENV/.pipeline_steps/packages.done" ]]; then
+if [[ ! -x "$PIPELINE_VENV/bin/python" || ! -f "$PIPELINE_ENV_READY" ]]; then
   echo "error: the environment is missing or incomplete ($PIPELINE_VENV); create it with: bash $PIPELINE_ROOT/pipeline_env_setup.sh" >&2
   # shellcheck disable=SC2317  # exit: only when executed instead of sourced
   return 1 2>/dev/null || exit 1

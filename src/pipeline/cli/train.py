@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if plan.alloc.node_rank == 0:
         records.write_launch_records(run_dir, cfg=plan.cfg, spec=plan.spec, mode=request.mode, peft=request.peft,
                                      cluster=plan.cluster, alloc=plan.alloc, nodes=plan.nodes, plan=plan.preflight,
-                                     command=["pipeline_training_launch.sh", *argv], launch_cmd=cmd)
+                                     command=["pipeline_training_launch.sh", *argv], launch_cmd=cmd,
+                                     view=plan.view)
     else:
         records.wait_for_records(run_dir)
     env = dict(os.environ)

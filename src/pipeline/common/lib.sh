@@ -22,7 +22,7 @@ die() { local code="${2:-1}"; echo "error: $1" >&2; exit "$code"; }
 usage() { awk 'NR == 1 && /^#!/ { next } /^#SBATCH/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$1"; }
 
 # Marker directory of completed env setup steps.
-env_steps_dir() { echo "$PIPELINE_VENV/.pipeline_steps"; }
+env_steps_dir() { dirname "$PIPELINE_ENV_READY"; }
 
 # The host's python3 with this checkout's src/ on its path, for the standard-library-only helpers (runtimes,
 # requeue decisions) that run before, or without, any environment: the venv that has the suite installed may not

@@ -29,6 +29,7 @@ class RuntimeConfig:
     runtime: str
     root: Path
     venv: Path
+    env_ready: Path  # PIPELINE_ENV_READY: the env setup's marker of a complete venv
     sif: Path
     image: str
     ch_image: Path
@@ -41,12 +42,14 @@ class RuntimeConfig:
     def from_env(cls, env: dict[str, str] | None = None) -> RuntimeConfig:
         e = dict(os.environ if env is None else env)
         root, cache = paths.repo_root(e), paths.cache_dir(e)
+        venv = Path(e.get("PIPELINE_VENV") or root / ".venv")
         data = tuple(Path(e[k]) for k in ("PIPELINE_DATA_ROOT", "PIPELINE_RUNS_DIR", "PIPELINE_LOG_DIR",
                                           "PIPELINE_MODELS_DIR", "HF_HOME", "WANDB_DIR") if e.get(k))
         return cls(
             runtime=e.get("PIPELINE_RUNTIME", "venv"),
             root=root,
-            venv=Path(e.get("PIPELINE_VENV") or root / ".venv"),
+            venv=venv,
+            env_ready=Path(e.get("PIPELINE_ENV_READY") or venv / ".pipeline_steps" / "packages.done"),
             sif=Path(e.get("PIPELINE_SIF") or cache / "containers" / "nemo.sif"),
             image=e.get("PIPELINE_IMAGE", "nvcr.io/nvidia/nemo:26.06"),
             ch_image=Path(e.get("PIPELINE_CH_IMAGE") or cache / "containers" / "debian-bookworm"),
@@ -136,7 +139,7 @@ def check(cfg: RuntimeConfig) -> list[str]:
         return [f"unknown PIPELINE_RUNTIME '{cfg.runtime}' (expected one of {', '.join(RUNTIMES)}); "
                 "fix pipeline_env_config.env"]
     if cfg.runtime in ("venv", "charliecloud"):
-        if not (cfg.venv / "bin" / "python").exists() or not (cfg.venv / ".pipeline_steps" / "packages.done").exists():
+        if not (cfg.venv / "bin" / "python").exists() or not cfg.env_ready.exists():
             problems.append(f"the environment is missing or incomplete ({cfg.venv}); create it with: {setup}")
     if cfg.runtime == "apptainer":
         if not cfg.sif.is_file():

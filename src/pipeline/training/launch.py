@@ -25,6 +25,7 @@ from pipeline.config.loader import get, load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.slurm.allocation import Allocation, current, rendezvous
 from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
+from pipeline.training.views import RunView, build_view
 
 MODES = ("pretrain", "cpt", "sft")
 
@@ -64,6 +65,7 @@ class LaunchPlan:
     cfg: dict = field(repr=False)
     run_dir: Path
     preflight: Plan
+    view: RunView | None = None  # the typed view the engines read; None when the preflight failed
 
     @property
     def max_restarts(self) -> int:
@@ -110,7 +112,8 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
 
     check_run_identity(run_dir, cfg, allow_change=req.allow_config_change)
     preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft)
-    return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight)
+    view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None
+    return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
 
 
 def resolve_cluster(requested: str | None, cfg: dict, spec: ModelSpec) -> ClusterProfile:

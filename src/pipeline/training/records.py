@@ -5,6 +5,7 @@
   manifest.json         git commit and dirty flag, exact command, node list, package versions, image,
                         one entry per launch (a requeued or restarted run appends)
   preflight.json        the plan the preflight computed
+  view.json             the typed view the engines read (training/views.py): parallel layout, batch, data paths
   progress.ndjson       one line per logged step (loss, grad norm, learning rate, tokens, time)
   metrics_summary.json  first/final/best loss, steps, time, throughput, status
   TRAINING_DONE         completion marker (also written beside checkpoint.save, where upload-all --poll looks)
@@ -69,7 +70,7 @@ def package_versions() -> dict[str, str]:
 
 
 def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc, nodes, plan, command,
-                         launch_cmd) -> None:
+                         launch_cmd, view=None) -> None:
     from pipeline.training.preflight import plan_dict
 
     runtime = os.environ.get("PIPELINE_RUNTIME", "venv")
@@ -78,6 +79,10 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
     write_json(run_dir / "launch.json", {"model": spec.name, "engine": spec.engine, "mode": mode, "peft": peft,
                                          "cluster": cluster.name, "nodes": nodes})
     write_json(run_dir / "preflight.json", plan_dict(plan))
+    if view is not None:
+        from pipeline.training.views import write_view
+
+        write_view(run_dir, view)
     manifest_path = run_dir / "manifest.json"
     manifest = read_json(manifest_path) if manifest_path.exists() else {"run_dir": str(run_dir), "launches": []}
     manifest["launches"].append({

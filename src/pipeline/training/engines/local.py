@@ -29,6 +29,7 @@ from pipeline.common.io import write_text
 from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.training import fault_tolerance, records
+from pipeline.training.views import RunView, read_view
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +103,19 @@ def collate(pad_id: int):
     return fn
 
 
-def build_dataset(cfg: dict, spec: ModelSpec, mode: str):
-    from pipeline.data.chat import tokenizer_model_name
-    from pipeline.training.preflight import packed_data_paths
-
-    root = get(cfg, "dataset.dataset_root")
-    if root is None:
+def build_dataset(view: RunView):
+    """The training data the launch resolved (``view.data``): packed SFT Parquet, else (pretraining) the Megatron
+    indexed prefixes under the dataset root."""
+    data, mode = view.data, view.mode
+    if data.dataset_root is None:
         raise UserError("dataset.dataset_root is not set")
-    tok = get(cfg, "dataset.offline_packing_specs.tokenizer_model_name") or tokenizer_model_name(spec.name)
-    paths = packed_data_paths(cfg, tok)
-    if paths and paths["train"].exists():
-        return PackedSFTDataset(paths["train"]), "packed_sft"
-    prefixes = sorted(p.with_suffix("") for p in Path(root).rglob("*_text_document.idx"))
+    train = data.packed.get("train")
+    if train is not None and train.exists():
+        return PackedSFTDataset(train), "packed_sft"
+    prefixes = data.indexed_prefixes()
     if mode != "sft" and prefixes:
-        return IndexedPretrainDataset(prefixes, int(get(cfg, "model.seq_length"))), "indexed"
-    raise UserError(f"no training data under {root}: expected {paths['train'] if paths else 'packed Parquet'}"
+        return IndexedPretrainDataset(prefixes, view.batch.seq_length), "indexed"
+    raise UserError(f"no training data under {data.dataset_root}: expected {train or 'packed Parquet'}"
                     + (" or *_text_document.bin/.idx" if mode != "sft" else ""))
 
 
@@ -271,16 +270,17 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     import transformers
     from transformers import Trainer, TrainingArguments
 
-    spec = get_model(launch["model"])
-    mode = launch["mode"]
+    view = read_view(run_dir)  # resolved and checked once, at launch
+    spec = get_model(view.model)
+    mode = view.mode
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    save = Path(get(cfg, "checkpoint.save"))
-    iters = int(get(cfg, "train.train_iters"))
-    gbs, mbs = int(get(cfg, "train.global_batch_size")), int(get(cfg, "train.micro_batch_size"))
-    accum = gbs // (mbs * world)
-    seq = int(get(cfg, "model.seq_length"))
-    transformers.set_seed(int(get(cfg, "rng.seed", 1234)))
+    if view.save is None:
+        raise UserError("checkpoint.save is not set")
+    save = view.save
+    iters, mbs = view.batch.train_iters, view.batch.micro_batch_size
+    accum = view.batch.grad_accum_for(world)
+    transformers.set_seed(view.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
 
     latest = layout.latest_complete(save)
@@ -295,7 +295,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
 
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
-    dataset, kind = build_dataset(cfg, spec, mode)
+    dataset, kind = build_dataset(view)
     log.info("data: %d %s samples; world %d, mbs %d, grad accum %d, %d iterations", len(dataset), kind, world, mbs,
              accum, iters)
 
@@ -339,8 +339,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         save_only_model=not get(cfg, "checkpoint.save_optim", True),
         eval_strategy="steps" if eval_interval else "no",
         eval_steps=eval_interval or None,
-        seed=int(get(cfg, "rng.seed", 1234)),
-        data_seed=int(get(cfg, "dataset.seed", get(cfg, "rng.seed", 1234)) or 1234),
+        seed=view.seed,
+        data_seed=int(get(cfg, "dataset.seed", view.seed) or view.seed),
         dataloader_num_workers=int(get(cfg, "dataset.num_workers", 0) or 0),
         remove_unused_columns=False,
         report_to=["wandb"] if wandb_on and rank == 0 else [],
@@ -351,7 +351,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         disable_tqdm=not os.isatty(2),
         logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
     )
-    progress = records.ProgressLog(run_dir, tokens_per_step=gbs * seq)
+    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter)
     if rank == 0:
         dropped = progress.start(latest or 0)  # resuming from `latest`: the steps after it are redone
         if dropped:
@@ -369,11 +369,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
 
     eval_ds = None
     if eval_interval:
-        from pipeline.data.chat import tokenizer_model_name
-        from pipeline.training.preflight import packed_data_paths
-
-        vp = packed_data_paths(cfg, tokenizer_model_name(spec.name))
-        eval_ds = PackedSFTDataset(vp["validation"]) if vp and vp["validation"].exists() else None
+        val = view.data.packed.get("validation")
+        eval_ds = PackedSFTDataset(val) if val is not None and val.exists() else None
     trainer = _Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_ds,
                        data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                              else tokenizer.eos_token_id),
