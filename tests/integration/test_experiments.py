@@ -175,7 +175,7 @@ def test_chain_through_afterok_and_a_failing_phase_stops_its_chain(senv, tmp_pat
     assert re.search(r'"--dependency=afterok:\$\{JOB_1%%;\*\}".*pipeline_training_submit\.sbatch .*'
                      r"checkpoint\.pretrained_checkpoint=\S+pretrain/checkpoints/iter_0000040 train\.train_iters=4",
                      render), render
-    assert "--wrap 'bash pipeline_checkpoint_submit.sbatch export" in render
+    assert re.search(r'"--dependency=afterok:\$\{JOB_2%%;\*\}" .*pipeline_checkpoint_submit\.sbatch export ', render), render
     assert not (tmp_path / "runs" / "_experiments").exists()  # render submits nothing
 
     jobs = submitted(experiment(senv, "submit", good, check=True).stdout)

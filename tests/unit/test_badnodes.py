@@ -270,6 +270,28 @@ def test_export_submission_checks_the_iteration(monkeypatch, tmp_path):
     assert layout.read_tracker(ck) is None
 
 
+def test_a_dependent_submission_leaves_its_input_paths_to_the_job(monkeypatch, tmp_path):
+    """With --dependency the inputs are the outputs of the job it waits for: their existence is checked in the job;
+    the shape of the arguments is still checked before anything is queued."""
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    later = tmp_path / "not-yet" / "checkpoints"
+    export = ["pipeline_checkpoint_submit.sbatch", "export", str(later), "--hf-model", "a/b", "--no-reasoning",
+              "--iteration", "40"]
+    with pytest.raises(UserError, match="does not exist"):
+        sbatch_cli.build_submission(export)
+    cmd, _, _ = sbatch_cli.build_submission(["--dependency=afterok:12", *export])
+    assert cmd[-len(export):] == export and "--dependency=afterok:12" in cmd
+    cmd, _, _ = sbatch_cli.build_submission(["-d", "afterok:12", "pipeline_coherence_submit.sbatch",
+                                             str(later / "iter_0000040" / "hf")])
+    assert cmd[-1].endswith("iter_0000040/hf")
+    with pytest.raises(UserError, match="--iteration 'x' must be a non-negative integer"):
+        sbatch_cli.build_submission(["--dependency=afterok:12", *export[:-1], "x"])
+    with pytest.raises(UserError, match="needs --hf-model ID"):
+        sbatch_cli.build_submission(["--dependency=afterok:12", "pipeline_checkpoint_submit.sbatch", "export",
+                                     str(later)])
+
+
 def test_getopt_like_parsing():
     table = (frozenset({"-N", "--nodes", "-J", "--job-name", "--comment", "-x", "--exclude", "-o", "--output"}),
              frozenset({"-H", "--hold", "--parsable"}))

@@ -1,5 +1,5 @@
 """Chain planning without Slurm: each phase's inputs come from the previous phase's planned outputs, the lines are
-chained with afterok, a dependent export/coherence runs its submit script inside --wrap, and a named iteration
+chained with afterok, a dependent export/coherence runs its own submit script (its inputs checked in the job), and a named iteration
 that is never saved is refused."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_chain_inputs_come_from_the_previous_phase(dirs):
     assert cool.iters == 3  # ceil(3000 tokens / (4 x 256 per iteration))
     assert cool.start_iter == 4 and cool.after == "pretrain" and cool.dep_type == "afterok"
     assert export.args[:2] == ["export", str(runs / "c.base.cooldown" / "checkpoints")]
-    assert export.args[-2:] == ["--iteration", "3"] and export.wrap
+    assert export.args[-2:] == ["--iteration", "3"]
     assert coh.args[0] == str(runs / "c.base.cooldown" / "checkpoints" / "iter_0000003" / "hf")
     assert ride.dep_type == "after" and ride.args[0] == "upload-all" and "--poll" in ride.args
     lines = render_lines(exp, rp)
@@ -54,7 +54,7 @@ def test_chain_inputs_come_from_the_previous_phase(dirs):
     assert lines[0].startswith("# pretrain: submit refuses: dataset.dataset_root")  # no data prepared here
     assert 'JOB_3=$(isambard_sbatch --parsable "--dependency=afterok:${JOB_1%%;*}" --nodes=1 --time=9 ' \
            "pipeline_training_submit.sbatch configs/local/tiny_moe_sft.yaml" in text
-    assert "--job-name=checkpoint-c.base.export --wrap 'bash pipeline_checkpoint_submit.sbatch export " in text
+    assert "--job-name=checkpoint-c.base.export pipeline_checkpoint_submit.sbatch export " in text
     assert f"mkdir -p {runs}/c.base.pretrain/checkpoints" in text
     assert "--time=04:00:00" not in text  # the experiment's --time replaces the script's own
 

@@ -264,11 +264,15 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or Path(path).exists() or path.count("/") != 1
 
 
-def submit_checks(script: str, args: list[str]) -> None:
+def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> None:
     """Cheap checks of a pipeline submission's arguments before anything is queued (paths exist, the action is
     known, numbers are numbers): a mistake is one line now, not a failed job hours later. Standard library
-    only: isambard_sbatch runs on login nodes without the pipeline environment."""
+    only: isambard_sbatch runs on login nodes without the pipeline environment.
+
+    ``inputs_later``: the job waits for another (``--dependency``), whose outputs are this job's inputs; their
+    existence is then checked by the job itself, and only the shape of the arguments here."""
     name = Path(script).name
+    exists = (lambda p: True) if inputs_later else (lambda p: Path(p).exists())
     if name == "pipeline_env_submit.sbatch":
         if not args or args[0] not in ("setup", "validate"):
             raise UserError(f"{name}: the action must be setup or validate (got {args[0] if args else 'none'!r})")
@@ -290,7 +294,7 @@ def submit_checks(script: str, args: list[str]) -> None:
                 raise UserError(f"{name}: {args[0] if args[0] in ('tokenize', 'pack') else 'pack'} needs DATASET_ROOT "
                                 f"TOKENIZER {'OUTPUT_NAME' if args[0] == 'tokenize' else 'SEQ_LENGTH [PAD]'} "
                                 f"(the actions are prepare, tokenize, pack)")
-            if not Path(rest[0]).exists():
+            if not exists(rest[0]):
                 raise UserError(f"{name}: dataset root {rest[0]} does not exist (the actions are prepare, tokenize, "
                                 "pack; or DATASET_ROOT TOKENIZER SEQ [PAD] to pack)")
             if args[0] != "tokenize" and not rest[2].isdigit():
@@ -306,13 +310,13 @@ def submit_checks(script: str, args: list[str]) -> None:
                 kind = "non-negative" if flag == "--iteration" else "positive"
                 raise UserError(f"{name}: {flag} {v!r} must be a {kind} integer")
         if args[0] in ("export", "upload-all"):
-            if len(args) < 2 or not Path(args[1]).is_dir():
+            if len(args) < 2 or not (exists(args[1]) and (inputs_later or Path(args[1]).is_dir())):
                 raise UserError(f"{name} {args[0]}: checkpoint directory {args[1] if len(args) > 1 else '(none)'} "
                                 "does not exist")
             if _value(args, "--hf-model") is None or not ({"--reasoning", "--no-reasoning"} & set(args)):
                 raise UserError(f"{name} {args[0]} needs --hf-model ID and --reasoning or --no-reasoning")
             it = _value(args, "--iteration")
-            if args[0] == "export":
+            if args[0] == "export" and not inputs_later:
                 from pipeline.checkpoint import layout
 
                 layout.resolve_iteration(Path(args[1]), int(it) if it and it.isdigit() else None)
@@ -327,9 +331,9 @@ def submit_checks(script: str, args: list[str]) -> None:
             raise UserError(f"{name}: the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
         if backend == "megatron" and _value(args, "--hf-model") is None:
             raise UserError(f"{name}: the megatron backend needs --hf-model ID")
-        if backend == "endpoint" and disc is not None and not Path(disc).is_file():
+        if backend == "endpoint" and disc is not None and not inputs_later and not Path(disc).is_file():
             raise UserError(f"{name}: discovery file {disc} does not exist (is the serving job running?)")
-        if backend in ("hf", "megatron") and _looks_local(model) and not Path(model).exists():
+        if backend in ("hf", "megatron") and _looks_local(model) and not exists(model):
             raise UserError(f"{name}: model {model} does not exist (a local directory, or a hub id ORG/NAME)")
 
 
@@ -413,7 +417,8 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     if script is not None:
         cmd += [script, *script_args]
     if script is not None:
-        submit_checks(script, script_args)
+        later = option_value(opts, "--dependency", "-d") is not None
+        submit_checks(script, script_args, inputs_later=later)
     if script is not None and Path(script).name == TRAINING_SCRIPT:
         name = training_preflight(script_args, opts)
         if option_value(opts, "--job-name", "-J") is None:

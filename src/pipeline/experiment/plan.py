@@ -8,10 +8,9 @@ their inputs from the planned outputs of the phase they start from (``from``):
   export <- train     ``export <save> --iteration <its last iteration>``, published as ``<save>/iter_N/hf``
   coherence <- export ``<save>/iter_N/hf`` (or the iteration directory itself, from a training phase)
 
-and wait for it with ``--dependency=afterok:<job>``, so a failed phase stops the chain. isambard_sbatch checks a
-checkpoint or coherence submission's input paths before queueing; those inputs do not exist until the parent
-job has run, so a dependent export or coherence job runs its unchanged submit script inside ``--wrap`` (with the
-script's own ``#SBATCH`` options), and the checks happen in the job. ``upload_all`` rides along a training phase
+and wait for it with ``--dependency=afterok:<job>``, so a failed phase stops the chain. Their inputs do not exist
+until the parent job has run: isambard_sbatch checks only the shape of a dependent submission's arguments and
+leaves the paths to the job (``submit_checks(inputs_later=True)``). ``upload_all`` rides along a training phase
 as ``upload-all --poll`` with ``--dependency=after:<job>`` (it starts when training starts).
 """
 
@@ -52,7 +51,6 @@ class Job:
     sbatch: list[str]
     after: str | None = None     # the phase this job waits for
     dep_type: str = "afterok"
-    wrap: bool = False
     run_name: str | None = None  # training: run directory / W&B name
     run_dir: Path | None = None
     save: Path | None = None
@@ -69,8 +67,6 @@ class Job:
         opts = list(self.sbatch)
         if self.after is not None:
             opts.insert(0, f"--dependency={self.dep_type}:{dep_job if dep_job is not None else '$JOB'}")
-        if self.wrap:
-            return [*opts, "--wrap", shlex.join(["bash", self.script, *self.args])]
         return [*opts, self.script, *self.args]
 
     def saved_iterations(self) -> list[int]:
@@ -214,7 +210,7 @@ def _hf_reasoning(exp: Experiment, args: tuple[str, ...]) -> list[str]:
 
 
 def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
-    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SCRIPT, args=[], after=src.phase, wrap=True,
+    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SCRIPT, args=[], after=src.phase,
               sbatch=_merge_opts(_directives(CHECKPOINT_SCRIPT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=checkpoint-{exp.name}.{run.label}.{phase.name}"]))
     if src.save is None:
@@ -230,7 +226,7 @@ def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
 
 
 def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
-    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SCRIPT, args=[], after=src.phase, wrap=True,
+    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SCRIPT, args=[], after=src.phase,
               sbatch=_merge_opts(_directives(COHERENCE_SCRIPT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=coherence-{exp.name}.{run.label}.{phase.name}"]))
     if src.save is None or src.iters is None:

@@ -280,6 +280,13 @@ def mark_done(run_dir: Path, save: str | Path | None, step: int) -> None:
         write_text(Path(save) / DONE_MARKER, f"{step}\n")
 
 
+def mark_nan(run_dir: Path, progress: ProgressLog, step: int, message: str) -> Path:
+    """``FAILED_NAN``: the run stopped on a non-finite loss or gradient norm; restarts refuse to run."""
+    write_text(run_dir / NAN_MARKER, message + "\n")
+    progress.summarize("failed_nan", step)
+    return run_dir / NAN_MARKER
+
+
 def finish_preempted(run_dir: Path, progress: ProgressLog, step: int, iters: int, seconds: float) -> None:
     """A save-and-exit request was honoured: record it, tell the batch script the checkpoint is saved."""
     (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)

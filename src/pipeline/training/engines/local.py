@@ -25,7 +25,6 @@ import numpy as np
 
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
-from pipeline.common.io import write_text
 from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.training import fault_tolerance, records
@@ -182,8 +181,7 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
             if bad:
                 msg = f"{' and '.join(bad)} became {loss if 'loss' in bad else gn} at step {st.global_step}"
                 if st.is_world_process_zero:
-                    write_text(run_dir / records.NAN_MARKER, msg + "\n")
-                    progress.summarize("failed_nan", st.global_step)
+                    records.mark_nan(run_dir, progress, st.global_step, msg)
                 raise FloatingPointError(f"stopping: {msg}; lower optimizer.lr or check the data "
                                          f"(the run will not restart: {run_dir / records.NAN_MARKER})")
             return control
