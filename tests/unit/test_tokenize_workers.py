@@ -25,7 +25,8 @@ def files_of(root, patterns) -> dict[str, bytes]:
 
 def chat_opts(root, workers, **kw):
     # 600 conversations in chunks of 100: several chunks per split, so two workers really share the work.
-    return PrepareOptions(dataset="chatterbot-corpus", dataset_root=root, seq_length=256, limit=600, chunk_size=100,
+    kw.setdefault("chunk_size", 100)
+    return PrepareOptions(dataset="chatterbot-corpus", dataset_root=root, seq_length=256, limit=600,
                           workers=workers, quiet=True, **kw)
 
 
@@ -106,3 +107,45 @@ def test_default_is_every_usable_cpu():
 
     assert wk.resolve_workers(None) == len(os.sched_getaffinity(0))
     assert PrepareOptions(dataset="x", dataset_root=ROOT / "nonexistent", seq_length=64).workers is None
+
+
+def test_tokenizer_files_match_the_full_tokenizer(tokenizer):
+    """The tokenize stage reads the tokenizer from its files (no transformers): the same special tokens, EOS id,
+    and a jinja2-compiled template that renders what apply_chat_template renders."""
+    from pipeline.data.chat import compile_template, render_direct, template_matches_transformers, tokenizer_files
+
+    files = tokenizer_files("smollm2-135m")
+    assert files is not None
+    assert files["special"] == tokenizer.special_tokens_map and files["eos"] == tokenizer.eos_token
+    assert files["eos_id"] == tokenizer.eos_token_id and files["chat_template"] == tokenizer.chat_template
+    convs = [[{"role": "user", "content": "Say \"hi\" & <b>bye</b>"}, {"role": "assistant", "content": "hi\nbye"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "é?"},
+              {"role": "assistant", "content": "Oui."}, {"role": "user", "content": "Und?"},
+              {"role": "assistant", "content": "Ja."}]]
+    tpl = compile_template(files["chat_template"])
+    for msgs in convs:
+        assert render_direct(tpl, msgs, files["special"]) == tokenizer.apply_chat_template(msgs, tokenize=False)
+        assert template_matches_transformers(files["chat_template"], files["special"], msgs)
+
+
+def test_a_template_mismatch_falls_back_to_transformers_with_the_same_bytes(tmp_path, monkeypatch):
+    # One worker: the check runs in this process, so it can be forced to fail here.
+    monkeypatch.setattr("pipeline.data.chat.template_matches_transformers", lambda *a: False)
+    ref, fallback = tmp_path / "ref", tmp_path / "fallback"
+    prepare(chat_opts(fallback, 1))
+    monkeypatch.undo()
+    prepare(chat_opts(ref, 1))
+    pats = [f"{TOK_DIR}/*/chunk_*.parquet", "packed/*/*.parquet"]
+    assert files_of(ref, pats) == files_of(fallback, pats) != {}
+
+
+def test_a_changed_default_chunk_size_redoes_the_tokenize_stage(tmp_path, caplog):
+    import logging
+
+    root = tmp_path / "r"
+    prepare(chat_opts(root, 1, chunk_size=20000))  # what round 1's default made
+    with caplog.at_level(logging.INFO, logger="pipeline.data.prepare"):
+        s = prepare(PrepareOptions(dataset="chatterbot-corpus", dataset_root=root, seq_length=256, limit=600,
+                                   workers=1, quiet=True))
+    assert "--chunk-size 20000 -> 2048" in caplog.text
+    assert s["tokenize"]["train"]["fingerprint"]["chunk_size"] == 2048

@@ -25,6 +25,7 @@ from pipeline.cli.parser import Parser, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
+from pipeline.data.prepare import CHUNK_SIZE
 
 
 def _print_summary(summary: dict) -> None:
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="what to do with examples longer than the sequence length (counted either way)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, help="use only the first N usable conversations")
-    p.add_argument("--chunk-size", type=int, default=20000, help="conversations per tokenised chunk (resume unit)")
+    p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE,
+                   help=f"conversations per tokenised chunk (resume unit, default {CHUNK_SIZE})")
     p.add_argument("--workers", type=positive_int, help="tokenize worker processes (default: every usable CPU); "
                    "the output is the same for any number")
     p.add_argument("--force", action="store_true", help="redo every stage")

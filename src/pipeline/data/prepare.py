@@ -38,6 +38,7 @@ from pipeline.data.packing import check_pad_multiple, pack_sequences
 log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
 SPLIT_FILES = {"train": "training.jsonl", "validation": "validation.jsonl"}
+CHUNK_SIZE = 2048  # conversations per tokenized chunk (the resume unit); in the tokenize fingerprint
 MAX_SEQ_LENGTH = 1_048_576  # the packer allocates O(seq_length): bound it before anything runs
 FINGERPRINT_VERSION = 1
 FLAGS = {"limit": "--limit", "seed": "--seed", "val_fraction": "--val-fraction", "overlong": "--overlong",
@@ -151,7 +152,7 @@ class PrepareOptions:
     seed: int = 0
     overlong: str = "drop"  # drop | truncate
     limit: int | None = None
-    chunk_size: int = 20000
+    chunk_size: int = CHUNK_SIZE
     workers: int | None = None  # tokenize worker processes; None: every usable CPU (not in any fingerprint)
     force: bool = False
     quiet: bool = False
@@ -215,13 +216,14 @@ def tokenize_fingerprint(opts: PrepareOptions, export: dict) -> dict:
 
 
 # ---- stage 1: export ----------------------------------------------------------------------------
-def stage_export(opts: PrepareOptions, timer: Timer) -> dict:
-    """Export the normalised splits (the tokenize stage's workers read them back, each its own byte ranges)."""
+def stage_export(opts: PrepareOptions, timer: Timer, fp: dict | None = None) -> dict:
+    """Export the normalised splits (the tokenize stage's workers read them back, each its own byte ranges).
+    ``fp``: :func:`export_fingerprint`, when the caller has computed it already."""
     from pipeline.data.sources import load_conversations
 
     root = opts.dataset_root
     stats_path = root / "export_stats.json"
-    fp = export_fingerprint(opts)
+    fp = export_fingerprint(opts) if fp is None else fp
     if not opts.force and stats_path.exists() and all((root / f).exists() for f in SPLIT_FILES.values()):
         old = reuse_if_current(stats_path, fp, "stage export", root)
         if old is not None:
@@ -251,8 +253,14 @@ def stage_export(opts: PrepareOptions, timer: Timer) -> dict:
 
 
 # ---- stage 2: tokenize ----------------------------------------------------------------------------
-SLICE_CONVERSATIONS = 1024  # the unit of work a worker takes: at most this many conversations ...
-SLICE_BYTES = 1 << 21  # ... or about this many bytes of exported JSONL (~0.5 M tokens), whichever comes first
+SLICE_CONVERSATIONS = 256  # the unit of work a worker takes: at most this many conversations ...
+SLICE_BYTES = 1 << 19  # ... or about this many bytes of exported JSONL (~0.13 M tokens), whichever comes first;
+# small, so the workers finish together (the last slice is ~0.2 s of one core) and chunks are written as they go
+KEEP_TOKENS = 1 << 28  # the pack stage gets splits up to this many tokens from memory instead of reading them back
+
+
+class _TemplateMismatch(Exception):
+    """The direct render differs from transformers' on the checked conversation: redo with the full tokenizer."""
 
 
 def tokenized_dir(root: Path, tok_name: str, split: str) -> Path:
@@ -302,14 +310,63 @@ def _first_line(path: Path) -> dict | None:
     return None
 
 
+def tokenize_pending(opts: PrepareOptions, tok_name: str, fp: dict) -> bool:
+    """Whether the tokenize stage will have work to do (a split not finished with this fingerprint)."""
+    if opts.force:
+        return True
+    for split in SPLITS:
+        done = tokenized_dir(opts.dataset_root, tok_name, split) / "_DONE.json"
+        if not done.exists() or fingerprint_diff((read_marker(done) or {}).get("fingerprint"), fp):
+            return True
+    return False
+
+
+def chat_encoder_from_files(name: str):
+    """A :class:`ChatEncoder` from the tokenizer's files (no transformers), or None when they are not in the
+    plain layout (then the full tokenizer is loaded after the export, as before)."""
+    from pipeline.data.chat import ChatEncoder, tokenizer_files
+
+    files = tokenizer_files(name)
+    return ChatEncoder.from_files(files, name=name) if files else None
+
+
+def start_pool(opts: PrepareOptions, encoder):
+    """The tokenize workers for ``encoder``, started now (their start-up overlaps the export stage)."""
+    from pipeline.data import workers as wk
+
+    n = wk.resolve_workers(opts.workers)
+    pool = wk.OrderedPool(n, wk.init_chat, (encoder.payload(),) if n > 1 else (),
+                          local=lambda: wk.set_chat(encoder)).start()
+    if n > 1:  # the template check too (transformers' renderer imported in one worker, while the parent exports)
+        pool.template_check = pool.submit(wk.template_check, PROBES)
+    return pool
+
+
 def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None,
-                   export: dict | None = None) -> dict:
+                   export: dict | None = None, encoder=None, pool=None, keep: dict | None = None) -> dict:
     """``tokenizer``: a tokenizer, None (loaded when needed) or a zero-argument callable returning one.
+    ``encoder`` and ``pool``: a :class:`ChatEncoder` made from the tokenizer's files and its started workers
+    (:func:`start_pool`); the direct render is then checked against transformers' once, in a worker, before any
+    chunk is written (a mismatch redoes the stage with the full tokenizer). ``keep``: a dict that gets, for each
+    split made entirely in this run (up to KEEP_TOKENS tokens), its flat (ids, mask, lengths) for the pack stage.
 
     Each split's exported JSONL is cut into chunks of ``chunk_size`` conversations (the resume unit: one
     Parquet file each, written atomically) and each chunk into slices (byte ranges of the JSONL) that the
     workers read, render, encode and mask; results come back in slice order and each chunk is written as soon
     as its last slice is in, so the files are the same whatever the number of workers."""
+    try:
+        return _stage_tokenize(opts, tok_name, timer, tokenizer, export, encoder, pool, keep)
+    except _TemplateMismatch:
+        if pool is not None:
+            pool.close()
+        log.info("stage tokenize: the chat template's direct render differs from transformers' "
+                 "apply_chat_template; rendering with transformers instead")
+        if keep is not None:
+            keep.clear()
+        return _stage_tokenize(opts, tok_name, timer, tokenizer, export, None, None, keep)
+
+
+def _stage_tokenize(opts, tok_name, timer, tokenizer, export, encoder, pool, keep) -> dict:
     import pyarrow.parquet as pq
 
     from pipeline.data import workers as wk
@@ -349,40 +406,74 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
         return result
     with timer.stage("tokenize"):
         tasks = [(src, a, b) for _, _, _, src, chunks in plans for _, sl in chunks if sl for a, b in sl]
-        workers = min(wk.resolve_workers(opts.workers), max(1, len(tasks)))
-        encoder: list = []
-
-        def local_encoder():  # the caller's (or a freshly loaded) tokenizer, checked on the first conversation
-            if not encoder:
-                tok = tokenizer
-                if tok is None:
-                    tok = load_tokenizer(opts.tokenizer)
-                elif callable(tok) and not hasattr(tok, "apply_chat_template"):
-                    tok = tok()
-                first = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
-                encoder.append(ChatEncoder.from_tokenizer(tok, (first or {}).get("messages"), name=opts.tokenizer))
-            return encoder[0]
-
-        if tasks:
-            local_encoder()
-        payload = (encoder[0].payload(),) if tasks and workers > 1 else ()
-        local = (lambda: wk.set_chat(encoder[0])) if tasks else None
-        with wk.OrderedPool(workers, wk.init_chat, payload, local=local) as pool:
+        first = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
+        check = None
+        if tasks and encoder is not None and pool is not None:  # files-made encoder: checked in a worker
+            check = pool.template_check or pool.submit(wk.template_check, PROBES)
+        elif tasks:  # the caller's (or a freshly loaded) tokenizer, checked here on the first conversation
+            tok = tokenizer
+            if tok is None:
+                tok = load_tokenizer(opts.tokenizer)
+            elif callable(tok) and not hasattr(tok, "apply_chat_template"):
+                tok = tok()
+            encoder = ChatEncoder.from_tokenizer(tok, (first or {}).get("messages"), name=opts.tokenizer)
+            workers = min(wk.resolve_workers(opts.workers), max(1, len(tasks)))
+            pool = wk.OrderedPool(workers, wk.init_chat, (encoder.payload(),) if workers > 1 else (),
+                                  local=lambda: wk.set_chat(encoder))
+        elif pool is None:
+            pool = wk.OrderedPool(1, wk.init_chat, ())
+        kept = 0
+        with pool:
             results = pool.imap(wk.chat_slice, tasks)
             for split, out_dir, done, _, chunks in plans:
                 totals = collections.Counter()
+                parts: list | None = [] if keep is not None and all(sl for _, sl in chunks) else None
                 for path, sl in _progress(chunks, opts.quiet, f"tokenize {split}", "chunk", len(chunks)):
                     if sl is None:
                         meta = pq.read_metadata(path).metadata or {}
                         totals.update(json.loads(meta.get(b"pipeline_counts", b"{}")))
                         continue
-                    totals.update(_write_chunk(path, [next(results) for _ in sl]))
+                    got = [next(results) for _ in sl]
+                    if check is not None:  # before the first chunk is written
+                        if not pool.result(check):
+                            raise _TemplateMismatch
+                        check = None
+                    totals.update(_write_chunk(path, got))
+                    if parts is not None:
+                        kept += sum(len(g[0]) for g in got)
+                        if kept <= KEEP_TOKENS:
+                            parts.extend(got)
+                        else:
+                            parts = None
                 summary = {"chunks": len(chunks), **{k: int(v) for k, v in totals.items()}, "fingerprint": fp}
                 write_json(done, summary)
                 result[split] = summary
+                if parts is not None:
+                    keep[split] = tuple(np.concatenate([g[i] for g in parts]) if parts else np.zeros(0, dt)
+                                        for i, dt in enumerate((np.int32, np.int8, np.int64)))
                 log.info("stage tokenize[%s]: %d examples, %d tokens (%d with loss) -> %s", split,
                          summary.get("examples", 0), summary.get("tokens", 0), summary.get("loss_tokens", 0), out_dir)
     return {split: result[split] for split in SPLITS}
+
+
+# What the one-time template check renders both ways: every shape an exported conversation can take (roles
+# system/user/assistant, one or several exchanges) with text that escaping or stripping would change.
+PROBES = [
+    [{"role": "user", "content": "Say \"hi\" & <b>bye</b> {{ x }}"}, {"role": "assistant", "content": " hi\n\nbye "}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "é? 😀"},
+     {"role": "assistant", "content": "Oui."}, {"role": "user", "content": "Und?"},
+     {"role": "assistant", "content": "Ja."}],
+]
+
+
+def _split_flat(flat: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """What :func:`load_tokenized` returns, from a split's flat (ids, mask, lengths) kept in memory."""
+    ids, mask, lengths = flat
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    ids64 = ids.astype(np.int64)
+    return ([ids64[off[i]:off[i + 1]] for i in range(len(lengths))],
+            [mask[off[i]:off[i + 1]] for i in range(len(lengths))])
 
 
 def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -394,7 +485,7 @@ def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[list[np.ndarr
                         "run: pipeline_data_prepare.py prepare --dataset ... first")
     ids, masks = [], []
     for f in sorted(d.glob("chunk_*.parquet")):
-        t = pq.read_table(f)
+        t = pq.ParquetFile(f).read()  # not read_table: that imports pyarrow.dataset (~0.3 s)
         col_ids, col_mask = t.column("input_ids").combine_chunks(), t.column("loss_mask").combine_chunks()
         flat_ids = col_ids.values.to_numpy().astype(np.int64)
         flat_mask = col_mask.values.to_numpy()
@@ -465,7 +556,8 @@ def pack_fingerprint(root: Path, tok_name: str, tokenizer: str, seq_length: int,
 
 
 def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_mult: int, seed: int,
-               overlong: str, force: bool, timer: Timer, pad_id: int | None = None) -> dict:
+               overlong: str, force: bool, timer: Timer, pad_id: int | None = None, kept: dict | None = None) -> dict:
+    """``kept``: splits' flat arrays from this run's tokenize stage (read back from the chunks otherwise)."""
     problems = check_pack_args(seq_length, pad_mult)
     if problems:
         raise UserError("; ".join(problems))
@@ -483,13 +575,14 @@ def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_m
         if files_there:
             log.info("stage pack: redoing, %s (%s)", diff, paths["train"].parent)
     if pad_id is None:
-        from pipeline.data.chat import load_tokenizer
+        from pipeline.data.chat import load_tokenizer, tokenizer_files
 
-        pad_id = load_tokenizer(tokenizer).eos_token_id
+        files = tokenizer_files(tokenizer)
+        pad_id = files["eos_id"] if files else load_tokenizer(tokenizer).eos_token_id
     metas, out = [], {}
     with timer.stage("pack"):
         for split in SPLITS:
-            ids, masks = load_tokenized(root, tok_name, split)
+            ids, masks = _split_flat(kept[split]) if kept and split in kept else load_tokenized(root, tok_name, split)
             ids, masks, stats = pad_and_roll(ids, masks, seq_length, pad_mult, pad_id, overlong)
             key = "train" if split == "train" else "validation"
             if not ids:
@@ -514,6 +607,8 @@ def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_m
 
 
 def prepare(opts: PrepareOptions) -> dict:
+    """Export, tokenize, pack. When the tokenize stage has work and the tokenizer's files are in the plain
+    layout, its workers start before the export (no transformers import in this process at all)."""
     from pipeline.data.chat import load_tokenizer, tokenizer_model_name
 
     opts.validate()
@@ -527,11 +622,22 @@ def prepare(opts: PrepareOptions) -> dict:
         return loaded[0]
 
     with root_lock(opts.dataset_root):
-        export = stage_export(opts, timer)
-        tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, export=export)
+        export_fp = export_fingerprint(opts)
+        encoder = pool = None
+        if tokenize_pending(opts, tok_name, tokenize_fingerprint(opts, {"fingerprint": export_fp})):
+            encoder = chat_encoder_from_files(opts.tokenizer)
+            pool = start_pool(opts, encoder) if encoder is not None else None
+        kept: dict = {}
+        try:
+            export = stage_export(opts, timer, fp=export_fp)
+            tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, export=export,
+                                       encoder=encoder, pool=pool, keep=kept)
+        finally:
+            if pool is not None:
+                pool.close()
+        pad_id = loaded[0].eos_token_id if loaded else (encoder.eos_id if encoder is not None else None)
         packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
-                            opts.seed, opts.overlong, opts.force, timer,
-                            pad_id=loaded[0].eos_token_id if loaded else None)
+                            opts.seed, opts.overlong, opts.force, timer, pad_id=pad_id, kept=kept)
     summary = {"dataset": opts.dataset, "dataset_root": str(opts.dataset_root), "tokenizer": tok_name,
                "seq_length": opts.seq_length, "pad_seq_to_mult": opts.pad_seq_to_mult,
                "export": export, "tokenize": tokenized, "pack": packed, "seconds_per_stage": timer.stages}

@@ -14,6 +14,7 @@ with its parent (``PR_SET_PDEATHSIG``), so a killed run leaves nothing writing b
 Task functions:
   - :func:`chat_slice`: conversations read from a byte range of an exported JSONL split ->
     (flat int32 ids, flat int8 loss mask, int64 lengths, template mismatches).
+  - :func:`template_check`: the one-time check that the direct chat-template render equals transformers'.
   - :func:`text_part`: pretraining documents -> one ``part_NNNNN.bin`` + ``.lens.npy`` written atomically.
 """
 
@@ -78,6 +79,7 @@ class OrderedPool:
 
     def __init__(self, workers: int, init: Callable, initargs: tuple, local: Callable | None = None):
         self.workers = workers
+        self.template_check = None  # a future the tokenize stage may attach (prepare.start_pool)
         self._ex = None
         if workers > 1:
             import multiprocessing as mp
@@ -88,6 +90,27 @@ class OrderedPool:
                                            initializer=_worker_start, initargs=(os.getpid(), threads, init, initargs))
         elif local is not None:
             local()
+
+    def start(self) -> OrderedPool:
+        """Start every worker now (the executor starts one per submitted task), so their start-up overlaps
+        whatever the caller does next (the export stage)."""
+        if self._ex is not None:
+            for _ in range(self.workers):
+                self._ex.submit(_noop)
+        return self
+
+    def submit(self, fn: Callable, *args):
+        """One task outside the ordered stream: a future (already done with one worker)."""
+        if self._ex is not None:
+            return self._ex.submit(fn, *args)
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    def result(self, fut):
+        return self._result(fut)
 
     def imap(self, fn: Callable, tasks: Iterable) -> Iterator:
         if self._ex is None:
@@ -125,6 +148,10 @@ class OrderedPool:
         self.close()
 
 
+def _noop() -> None:
+    return None
+
+
 # ---- chat conversations (prepare's tokenize stage) -------------------------------------------------------
 def init_chat(payload: dict) -> None:
     from pipeline.data.chat import ChatEncoder
@@ -134,6 +161,16 @@ def init_chat(payload: dict) -> None:
 
 def set_chat(encoder) -> None:
     _STATE["chat"] = encoder
+
+
+def template_check(conversations: list[list[dict]]) -> bool:
+    """The one-time check that this worker's direct render equals transformers' on every conversation given
+    (see ``ChatEncoder.from_files``)."""
+    from pipeline.data.chat import template_matches_transformers
+
+    enc = _STATE["chat"]
+    return enc.template is not None and all(
+        template_matches_transformers(enc.chat_template, enc.special, m) for m in conversations)
 
 
 def read_lines(path: Path, start: int, end: int) -> list[dict]:
