@@ -95,6 +95,8 @@ def test_labels_that_print_alike_get_a_stable_hash(tmp_path):
     ("phases: [{name: a, kind: export}]\n", "needs 'from' a training phase"),
     ("computed:\n  optimizer.min_lr: ${calc:'__import__(1)'}\n", "does not resolve"),
     ("computed:\n  optimizer.min_lr: ${nope.key}\n", "does not resolve"),
+    ("grid: {optimizer.lr: [%s], rng.seed: [%s]}\n" % (",".join(map(str, range(1000))), ",".join(map(str, range(1000)))),
+     "the axes expand to 1000000 runs, more than 1000"),
 ])
 def test_mistakes_are_one_line_user_errors(tmp_path, body, needle):
     with pytest.raises(UserError) as e:

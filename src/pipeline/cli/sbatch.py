@@ -23,6 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from pipeline.common.argv import flag_value
 from pipeline.common.errors import UserError, cli_main
 from pipeline.config.cluster import profile_sbatch_options, script_directives  # pure; shared with the dry run
 from pipeline.slurm.badnodes import from_env, is_future, printable
@@ -250,14 +251,6 @@ def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | N
     return (Path(base) / out if base else Path(out)).resolve()
 
 
-def _value(args: list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
 
 def _looks_local(path: str) -> bool:
     """A local path (to check now), not a hub id ORG/NAME."""
@@ -280,7 +273,7 @@ def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> N
         if not args:
             raise UserError(f"{name} needs prepare|tokenize|pack ARGS (or DATASET_ROOT TOKENIZER SEQ [PAD])")
         if args[0] == "prepare":
-            ds, seq = _value(args, "--dataset"), _value(args, "--seq-length")
+            ds, seq = flag_value(args, "--dataset"), flag_value(args, "--seq-length")
             if ds is None or seq is None:
                 raise UserError(f"{name} prepare needs --dataset and --seq-length")
             if ds != "chatterbot-corpus" and _looks_local(ds) and not Path(ds).exists():
@@ -305,7 +298,7 @@ def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> N
         if args[0] == "import" and (len(args) < 2 or args[1].startswith("-")):
             raise UserError(f"{name} import needs HF_ID (a registry name or ORG/NAME) as its first argument")
         for flag in ("--iteration", "--tp", "--pp", "--ep"):
-            v = _value(args, flag)
+            v = flag_value(args, flag)
             if v is not None and (not v.isdigit() or (flag != "--iteration" and int(v) < 1)):
                 kind = "non-negative" if flag == "--iteration" else "positive"
                 raise UserError(f"{name}: {flag} {v!r} must be a {kind} integer")
@@ -313,9 +306,9 @@ def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> N
             if len(args) < 2 or not (exists(args[1]) and (inputs_later or Path(args[1]).is_dir())):
                 raise UserError(f"{name} {args[0]}: checkpoint directory {args[1] if len(args) > 1 else '(none)'} "
                                 "does not exist")
-            if _value(args, "--hf-model") is None or not ({"--reasoning", "--no-reasoning"} & set(args)):
+            if flag_value(args, "--hf-model") is None or not ({"--reasoning", "--no-reasoning"} & set(args)):
                 raise UserError(f"{name} {args[0]} needs --hf-model ID and --reasoning or --no-reasoning")
-            it = _value(args, "--iteration")
+            it = flag_value(args, "--iteration")
             if args[0] == "export" and not inputs_later:
                 from pipeline.checkpoint import layout
 
@@ -323,13 +316,13 @@ def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> N
     elif name == "pipeline_coherence_submit.sbatch":
         if not args:
             raise UserError(f"{name} needs MODEL [options]")
-        model, backend = args[0], _value(args, "--backend") or "hf"
-        disc = _value(args, "--discovery-file")
+        model, backend = args[0], flag_value(args, "--backend") or "hf"
+        disc = flag_value(args, "--discovery-file")
         if backend not in ("hf", "endpoint", "megatron"):
             raise UserError(f"{name}: --backend must be hf, endpoint or megatron (got {backend!r})")
-        if backend == "endpoint" and disc is None and _value(args, "--endpoint-url") is None:
+        if backend == "endpoint" and disc is None and flag_value(args, "--endpoint-url") is None:
             raise UserError(f"{name}: the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
-        if backend == "megatron" and _value(args, "--hf-model") is None:
+        if backend == "megatron" and flag_value(args, "--hf-model") is None:
             raise UserError(f"{name}: the megatron backend needs --hf-model ID")
         if backend == "endpoint" and disc is not None and not inputs_later and not Path(disc).is_file():
             raise UserError(f"{name}: discovery file {disc} does not exist (is the serving job running?)")

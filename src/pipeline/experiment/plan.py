@@ -24,6 +24,7 @@ from typing import Any
 
 from pipeline.checkpoint import layout
 from pipeline.common import paths
+from pipeline.common.argv import flag_value
 from pipeline.common.errors import UserError
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
 
@@ -166,7 +167,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
         words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
         req = LaunchRequest(config=exp.base.config, model=exp.base.model, mode=exp.base.mode, overrides=tuple(words),
                             disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=exp.base.cluster,
-                            peft=_arg_value(exp.base.flags, "--peft"), allow_config_change=True)
+                            peft=flag_value(exp.base.flags, "--peft"), allow_config_change=True)
         launch = plan_launch(req)
         return launch.cfg, launch.run_dir, launch.preflight
 
@@ -235,8 +236,8 @@ def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
     model = src.output if src.kind == "export" else layout.iter_dir(src.save, src.iters)
     job.save, job.iters = src.save, src.iters
     job.args = [str(model), *phase.args]
-    backend = _arg_value(phase.args, "--backend") or "hf"
-    out_dir = _arg_value(phase.args, "--output-dir")
+    backend = flag_value(phase.args, "--backend") or "hf"
+    out_dir = flag_value(phase.args, "--output-dir")
     job.output = (Path(out_dir) if out_dir else Path(model) / "coherence") / f"coherence_{backend}.json"
     return job
 
@@ -248,14 +249,6 @@ def _upload_all_job(exp: Experiment, run: Run, phase: Phase, train: Job) -> Job:
                sbatch=_merge_opts(exp.base.sbatch, phase.sbatch), after=phase.name, dep_type="after",
                save=train.save, iters=train.iters, pre_create=train.save)
 
-
-def _arg_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 class _at_root:

@@ -279,6 +279,10 @@ def _overrides(x: Any, where: str) -> dict[str, Any]:
     return dict(d)
 
 
+# A sweep larger than this on a shared cluster is a mistake; expanding it would also take minutes.
+MAX_RUNS = 1000
+
+
 def _check_unknown(d: dict, allowed: set[str], where: str) -> None:
     extra = sorted(set(d) - allowed)
     if extra:
@@ -288,8 +292,10 @@ def _check_unknown(d: dict, allowed: set[str], where: str) -> None:
 def load(path: str | Path, root: Path | None = None) -> Experiment:
     """Read and expand an experiment file; every mistake is one UserError line."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"experiment file {path} does not exist")
+    if not path.is_file():
+        raise UserError(f"experiment file {path} is not a file")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -316,6 +322,10 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
                 overrides=_overrides(b.get("overrides"), f"{path}: base.overrides"))
     phases, explicit = _phases(raw.get("phases"), path)
     axes = _axes(raw, path)
+    n_runs = math.prod(len(ax.points) for ax in axes)
+    if n_runs > MAX_RUNS:
+        raise UserError(f"{path}: the axes expand to {n_runs} runs, more than {MAX_RUNS}; split the experiment "
+                        "(one file per slice of the grid)")
     computed = _overrides(raw.get("computed"), f"{path}: computed")
     context = _base_context(base, root)
     runs = _expand(name, base, axes, computed, context)
