@@ -95,7 +95,8 @@ def test_labels_that_print_alike_get_a_stable_hash(tmp_path):
     ("phases: [{name: a, kind: export}]\n", "needs 'from' a training phase"),
     ("computed:\n  optimizer.min_lr: ${calc:'__import__(1)'}\n", "does not resolve"),
     ("computed:\n  optimizer.min_lr: ${nope.key}\n", "does not resolve"),
-    ("grid: {optimizer.lr: [%s], rng.seed: [%s]}\n" % (",".join(map(str, range(1000))), ",".join(map(str, range(1000)))),
+    ("grid: {optimizer.lr: [" + ",".join(map(str, range(1000))) + "], rng.seed: [" + ",".join(map(str, range(1000)))
+     + "]}\n",
      "the axes expand to 1000000 runs, more than 1000"),
 ])
 def test_mistakes_are_one_line_user_errors(tmp_path, body, needle):
@@ -196,3 +197,20 @@ def test_cli_help_and_user_errors(tmp_path):
     (tmp_path / "e.yaml").write_text(BASE + "grid: {optimizer.lr: [0.1, 0.2]}\n")
     res = subprocess.run([*py, "list", str(tmp_path / "e.yaml")], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0 and "lr0.1 " in res.stdout and "optimizer.lr=0.2" in res.stdout
+
+
+def test_two_submits_of_one_experiment_at_once_are_refused(tmp_path, pipeline_env, capsys):
+    """Submit reads then writes the experiment's locks and job record: a second concurrent submit is refused in one
+    line (exit 2) before it submits anything, instead of losing the first one's job records."""
+    from pipeline.cli.experiment import main
+    from pipeline.common.io import exclusive_lock
+    from pipeline.experiment.plan import state_dir
+
+    (tmp_path / "e.yaml").write_text(BASE + "grid: {optimizer.lr: [0.1, 0.2]}\n")
+    exp = spec.load(tmp_path / "e.yaml", root=ROOT)
+    state_dir(exp).mkdir(parents=True)
+    with exclusive_lock(state_dir(exp) / ".submit.lock", "the first submit"):
+        assert main(["submit", str(tmp_path / "e.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "a submit is running" in err and len(err.strip().splitlines()) == 1, err
+    assert not (state_dir(exp) / "submissions.json").exists()

@@ -44,7 +44,7 @@ import yaml
 from pipeline.cli.parser import Parser
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
-from pipeline.common.io import write_text
+from pipeline.common.io import exclusive_lock, write_text
 from pipeline.experiment import locks, spec
 from pipeline.experiment import plan as planning
 from pipeline.experiment import status as board
@@ -232,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         return cmd_render(exp, args.only, args.no_configs)
     if args.command == "submit":
-        return cmd_submit(exp, args.only, args.relock, args.allow_config_change)
+        # One submit of an experiment at a time: its locks and its record of submitted jobs are read, then written.
+        state = planning.state_dir(exp)
+        state.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(state / ".submit.lock", f"experiment {exp.name} (a submit is running)"):
+            return cmd_submit(exp, args.only, args.relock, args.allow_config_change)
     if args.command == "status":
         return cmd_status(exp, args.only, args.watch, args.no_plots)
     return cmd_csv(exp, args.changed, args.output)
