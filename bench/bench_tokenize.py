@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
 
 def synth(n: int, exchanges: int = 3, per_turn: int = 6) -> list[dict]:

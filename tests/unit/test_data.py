@@ -9,8 +9,10 @@ import pytest
 
 from pipeline.common.errors import UserError
 from pipeline.data import packed_parquet
+from pipeline.data import prepare as prep
 from pipeline.data.chat import render, tokenize_conversations
-from pipeline.data.prepare import PrepareOptions, pad_and_roll, prepare
+from pipeline.data.packing import pack_sequences
+from pipeline.data.prepare import PrepareOptions, pack_split, prepare
 from pipeline.data.sources import load_conversations, normalise
 
 
@@ -38,6 +40,8 @@ def test_render_finds_every_turn(tokenizer):
     ({"messages": [{"role": "user", "content": "  "}]}, "empty_content"),
     ({"messages": [{"role": "user", "content": "hi"}]}, "no_assistant_turn"),
     ({"messages": [{"role": "user", "content": 3}]}, "bad_content"),
+    ({"messages": [{"role": "user", "content": "a \ud800 b"}, {"role": "assistant", "content": "c"}]},
+     "invalid_unicode"),
 ])
 def test_bad_rows_have_reasons(row, reason):
     assert normalise(row) == (None, reason)
@@ -66,18 +70,72 @@ def test_counts_per_reason_and_all_bad_is_an_error(tmp_path):
         prepare(PrepareOptions(dataset=str(bad), dataset_root=tmp_path / "out", seq_length=64, quiet=True))
 
 
-def test_pad_and_roll_follow_bridge_conventions():
+def _flat(seqs, masks):
+    return (np.concatenate(seqs).astype(np.int32), np.concatenate(masks).astype(np.int8),
+            np.array([len(x) for x in seqs], dtype=np.int64))
+
+
+def test_pack_follows_bridge_conventions(tmp_path):
     ids = [np.arange(10)]
     mask = [np.array([0, 0, 0, 0, 1, 1, 1, 0, 0, 0], dtype=np.int8)]
-    out_ids, out_masks, stats = pad_and_roll(ids, mask, seq_length=32, pad_mult=4, pad_id=99, overlong="drop")
+    out = tmp_path / "p.parquet"
+    res = pack_split(_flat(ids, mask), seq_length=32, pad_mult=4, pad_id=99, overlong="drop", seed=0, path=out)
     # runtime length 9 -> padded to 12, stored 13 tokens; mask padded with 0 then rolled by one
-    assert len(out_ids[0]) == 13 and list(out_ids[0][10:]) == [99, 99, 99]
-    assert list(out_masks[0]) == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
-    long = [np.arange(50)]
-    _, _, s = pad_and_roll(long, [np.ones(50, np.int8)], 32, 1, 0, "drop")
-    assert s["dropped_too_long"] == 1
-    t_ids, _, s = pad_and_roll(long, [np.ones(50, np.int8)], 32, 1, 0, "truncate")
-    assert s["truncated"] == 1 and len(t_ids[0]) == 33
+    [row] = packed_parquet.read(out)
+    assert row["input_ids"] == list(range(10)) + [99, 99, 99] and row["seq_start_id"] == [0]
+    assert row["loss_mask"] == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert res["tokens"] == 13 and res["dataset_max_seqlen"] == 12
+    long = _flat([np.arange(50)], [np.ones(50, np.int8)])
+    assert pack_split(long, 32, 1, 0, "drop", 0, out) == {"sequences": 0, "dropped_too_long": 1}
+    res = pack_split(long, 32, 1, 0, "truncate", 0, out)
+    assert res["truncated"] == 1 and res["tokens"] == 33 and packed_parquet.read(out)[0]["input_ids"] == list(range(33))
+
+
+def _reference_rows(seqs, masks, seq_length, pad_mult, pad_id, overlong, seed):
+    """The pack stage written one sequence at a time (the suite's first implementation), as the oracle."""
+    kept_ids, kept_masks, stats = [], [], {}
+    cap = seq_length // pad_mult * pad_mult
+    for x, m in zip(seqs, masks):
+        if len(x) - 1 > seq_length:
+            if overlong == "drop":
+                stats["dropped_too_long"] = stats.get("dropped_too_long", 0) + 1
+                continue
+            stats["truncated"] = stats.get("truncated", 0) + 1
+            x, m = x[:seq_length + 1], m[:seq_length + 1]
+        if not m[1:].any():
+            stats["dropped_no_loss_tokens"] = stats.get("dropped_no_loss_tokens", 0) + 1
+            continue
+        if pad_mult > 1:
+            target = min(cap, -(-(len(x) - 1) // pad_mult) * pad_mult) + 1
+            x = np.concatenate([x, np.full(max(0, target - len(x)), pad_id)])[:target]
+            m = np.concatenate([m, np.zeros(max(0, target - len(m)), np.int8)])[:target]
+        kept_ids.append([int(v) for v in x])
+        kept_masks.append([int(v) for v in m[1:]] + [0])
+    bins = pack_sequences([len(x) - 1 for x in kept_ids], seq_length, seed=seed) if kept_ids else []
+    rows = []
+    for b in bins:
+        starts = np.cumsum([0] + [len(kept_ids[i]) for i in b])[:-1].tolist()
+        rows.append({"input_ids": sum((kept_ids[i] for i in b), []), "loss_mask": sum((kept_masks[i] for i in b), []),
+                     "seq_start_id": starts})
+    return rows, stats
+
+
+@pytest.mark.parametrize("seq_length,pad_mult,overlong", [(64, 1, "drop"), (64, 8, "truncate"), (40, 6, "truncate"),
+                                                          (256, 4, "drop"), (33, 1, "truncate")])
+def test_vectorised_pack_equals_the_per_sequence_reference(tmp_path, monkeypatch, seq_length, pad_mult, overlong):
+    monkeypatch.setattr(prep, "PACK_BLOCK_TOKENS", 700)  # many blocks (each whole row groups of 2 packs)
+    monkeypatch.setattr(packed_parquet, "ROW_GROUP_SIZE", 2)
+    rng = np.random.default_rng(seq_length * pad_mult)
+    lengths = np.concatenate([[0, 1, 2], rng.integers(0, 90, 300), [seq_length + 1, seq_length + 2]])
+    seqs = [rng.integers(0, 1000, n) for n in lengths]
+    masks = [(rng.random(n) < rng.choice([0.0, 0.02, 0.5])).astype(np.int8) for n in lengths]
+    out = tmp_path / "p.parquet"
+    res = pack_split(_flat(seqs, masks), seq_length, pad_mult, 7, overlong, 3, out)
+    rows, stats = _reference_rows(seqs, masks, seq_length, pad_mult, 7, overlong, 3)
+    assert packed_parquet.read(out) == rows
+    assert {k: v for k, v in res.items() if k in ("dropped_too_long", "truncated", "dropped_no_loss_tokens")} == stats
+    assert res["packs"] == len(rows) and res["tokens"] == sum(len(r["input_ids"]) for r in rows)
+    assert pq.ParquetFile(out).metadata.num_row_groups == -(-len(rows) // 2)
 
 
 @pytest.fixture(scope="module")

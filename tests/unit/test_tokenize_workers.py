@@ -149,3 +149,74 @@ def test_a_changed_default_chunk_size_redoes_the_tokenize_stage(tmp_path, caplog
                                    workers=1, quiet=True))
     assert "--chunk-size 20000 -> 2048" in caplog.text
     assert s["tokenize"]["train"]["fingerprint"]["chunk_size"] == 2048
+
+
+def _messy_jsonl(path, n, seed):
+    """Good rows (OpenAI and ShareGPT shapes, non-ASCII, escapes) mixed with every kind of bad line."""
+    bad = [b"{not json", b"\xff\xfe bad utf-8", b"   ", b"", json.dumps({"messages": []}).encode(),
+           json.dumps({"text": "no messages"}).encode(), json.dumps([1, 2]).encode(),
+           json.dumps({"messages": [{"role": "user", "content": "only a question"}]}).encode(),
+           json.dumps({"messages": [{"role": "user", "content": "\ud800"}, {"role": "assistant", "content": "x"}]}).encode()]
+    lines = []
+    for i in range(n):
+        if i % 7 == seed % 7:  # every kind of bad line in every 63 lines
+            lines.append(bad[(i // 7) % len(bad)])
+        elif i % 3:
+            lines.append(json.dumps({"messages": [{"role": "user", "content": f"q{i} é \"x\""},
+                                                  {"role": "assistant", "content": f"a{i}\n😀"},
+                                                  {"role": "user", "content": "dangling"}]}).encode())
+        else:
+            lines.append(json.dumps({"conversations": [{"from": "human", "value": f"q{i}"},
+                                                       {"from": "gpt", "value": f"a{i}"}], "id": i},
+                                    ensure_ascii=False).encode("utf-8"))
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+@pytest.mark.parametrize("limit", [None, 1, 7, 40, 10_000])
+def test_the_export_read_by_workers_equals_the_serial_reader(tmp_path, monkeypatch, limit):
+    """A JSONL dataset (a file, or a folder of files) is exported by the workers, a byte range each: the same split
+    files and counts as reading it row by row in this process, whatever the limit (which may fall inside a slice
+    with dropped rows in it)."""
+    from pipeline.data.chat import tokenizer_files
+    from pipeline.data.prepare import Timer, stage_export, start_pool
+
+    monkeypatch.setattr("pipeline.data.prepare.SLICE_CONVERSATIONS", 5)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i in range(3):
+        _messy_jsonl(folder / f"part{i}.jsonl", 60, seed=i)
+    for dataset in (folder / "part0.jsonl", folder):
+        out = {}
+        for how in ("serial", "workers"):
+            root = tmp_path / f"{how}-{dataset.name}-{limit}"
+            opts = PrepareOptions(dataset=str(dataset), dataset_root=root, seq_length=256, limit=limit, workers=2,
+                                  val_fraction=0.2, quiet=True)
+            pool = start_pool(opts, tokenizer_files("smollm2-135m")) if how == "workers" else None
+            try:
+                stats = stage_export(opts, Timer(), pool=pool)
+            finally:
+                if pool is not None:
+                    pool.close()
+            stats.pop("fingerprint")
+            out[how] = stats, files_of(root, ["training.jsonl", "validation.jsonl"])
+        assert out["serial"] == out["workers"]
+        stats = out["workers"][0]
+        assert stats["kept"] == (min(limit, stats["kept"]) if limit else stats["kept"]) > 0
+        if limit in (None, 10_000):  # the whole input: every kind of bad line was seen
+            assert set(stats["dropped"]) >= {"invalid_json", "invalid_utf8", "empty_conversation", "invalid_unicode"}
+
+
+def _exit_now(task):
+    import os
+
+    os._exit(1)  # as a worker killed by the OOM killer would: no exception, the process is just gone
+
+
+def test_a_worker_that_dies_is_one_clear_error_wherever_it_is_noticed():
+    from pipeline.common.errors import UserError
+
+    with wk.OrderedPool(2, wk._noop, ()) as pool:
+        with pytest.raises(UserError, match="worker process died"):  # noticed by waiting for a result
+            list(pool.imap(_exit_now, range(50)))
+        with pytest.raises(UserError, match="worker process died"):  # noticed by handing out the next task
+            list(pool.imap(len, ["a"]))

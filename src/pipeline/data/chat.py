@@ -275,6 +275,12 @@ class ChatEncoder:
         return {**src, "chat_template": self.chat_template, "direct": self.template is not None,
                 "special": self.special, "eos": self.eos, "name": self.name}
 
+    @staticmethod
+    def files_payload(files: dict, name: str | None = None) -> dict:
+        """:meth:`payload` of ``from_files(files, name)``, without building it here (workers start sooner)."""
+        return {"tokenizer_file": files["tokenizer_file"], "chat_template": files["chat_template"], "direct": True,
+                "special": files["special"], "eos": files["eos"], "name": name}
+
     @classmethod
     def from_payload(cls, p: dict) -> ChatEncoder:
         from tokenizers import Tokenizer

@@ -29,6 +29,14 @@ def pack_sequences(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: 
 
     Raises ValueError if a length is negative or larger than ``capacity``.
     """
+    items, bounds = pack_order(lengths, capacity, seed=seed)
+    items_l, bounds_l = items.tolist(), bounds.tolist()
+    return [items_l[bounds_l[i]:bounds_l[i + 1]] for i in range(len(bounds_l) - 1)]
+
+
+def pack_order(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pack_sequences` as flat arrays, for callers that vectorise over the packs: ``items`` (int64, every
+    index once) and ``bounds`` (int64, ``n_bins + 1``): bin ``b`` holds ``items[bounds[b]:bounds[b + 1]]``."""
     lens = np.asarray(lengths, dtype=np.int64)
     if lens.ndim != 1:
         raise ValueError("lengths must be one-dimensional")
@@ -36,7 +44,7 @@ def pack_sequences(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: 
         raise ValueError(f"capacity must be positive, got {capacity}")
     n = lens.size
     if n == 0:
-        return []
+        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     if lens.min() < 0:
         raise ValueError("lengths must be non-negative")
     if lens.max() > capacity:
@@ -124,9 +132,15 @@ def pack_sequences(lengths: Sequence[int] | np.ndarray, capacity: int, *, seed: 
     # Item -> bin: event e gives ev_take[e] consecutive items (in `order`) to bin ev_bins[e].
     bin_sorted = np.repeat(np.asarray(ev_bins, dtype=np.int64), np.asarray(ev_take, dtype=np.int64))
     by_bin = np.argsort(bin_sorted, kind="stable")
-    items = order[by_bin].tolist()
-    bounds = np.searchsorted(bin_sorted[by_bin], np.arange(n_bins + 1)).tolist()
-    return [items[bounds[i]:bounds[i + 1]] for i in rng.permutation(n_bins).tolist()]
+    items = order[by_bin]
+    bounds = np.searchsorted(bin_sorted[by_bin], np.arange(n_bins + 1))
+    # The bins in a seeded random order: each moved bin's items, gathered segment by segment.
+    shuffled = rng.permutation(n_bins)
+    sizes = np.diff(bounds)[shuffled]
+    new_bounds = np.zeros(n_bins + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new_bounds[1:])
+    gather = np.arange(n, dtype=np.int64) + np.repeat(bounds[shuffled] - new_bounds[:-1], sizes)
+    return items[gather], new_bounds
 
 
 def lower_bound_bins(lengths: Sequence[int] | np.ndarray, capacity: int) -> int:

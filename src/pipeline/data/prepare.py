@@ -1,11 +1,12 @@
 """The ``prepare`` and ``pack`` actions: conversations -> chat template + loss masks -> packed Parquet.
 
 Stages, each resumable (outputs are written atomically and a finished stage is skipped):
-  1. export    load + normalise + split -> ``<root>/training.jsonl``, ``<root>/validation.jsonl``
-  2. tokenize  chat template + assistant-only loss mask, in chunks ->
+  1. export    load + normalise + split -> ``<root>/training.jsonl``, ``<root>/validation.jsonl`` (a JSONL
+               dataset is read by the tokenize workers, a byte range each)
+  2. tokenize  chat template + assistant-only loss mask, in chunks, by the workers ->
                ``<root>/tokenized/<tokenizer>/<split>/chunk_NNNNN.parquet`` (a killed run resumes at the
                first missing chunk)
-  3. pack      pad to ``pad_seq_to_mult``, roll the loss mask, ``pack_sequences`` ->
+  3. pack      pad to ``pad_seq_to_mult``, roll the loss mask, ``pack_order``, vectorised over the split ->
                ``<root>/packed/<tokenizer>_pad_seq_to_mult<N>/training_<S>.idx.parquet`` (+ validation,
                ``<S>_metadata.jsonl``)
 
@@ -31,9 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import atomic_path, exclusive_lock, read_json, write_json, write_text
+from pipeline.common.io import atomic_path, exclusive_lock, read_json, write_bytes, write_json, write_text
 from pipeline.data import packed_parquet
-from pipeline.data.packing import check_pad_multiple, pack_sequences
+from pipeline.data.packing import check_pad_multiple, pack_order
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
@@ -216,11 +217,44 @@ def tokenize_fingerprint(opts: PrepareOptions, export: dict) -> dict:
 
 
 # ---- stage 1: export ----------------------------------------------------------------------------
-def stage_export(opts: PrepareOptions, timer: Timer, fp: dict | None = None) -> dict:
-    """Export the normalised splits (the tokenize stage's workers read them back, each its own byte ranges).
-    ``fp``: :func:`export_fingerprint`, when the caller has computed it already."""
-    from pipeline.data.sources import load_conversations
+def _export_rows(opts: PrepareOptions, pool) -> tuple[list[bytes], collections.Counter]:
+    """The usable rows as JSON lines (UTF-8, no newline), and the counts (``rows_in``, ``dropped_<reason>``). A
+    dataset of JSONL files is read by ``pool``'s workers, a byte range each, in order; any other source row by row
+    here."""
+    from pipeline.data import workers as wk
+    from pipeline.data.sources import export_line, jsonl_files, load_conversations
 
+    files = jsonl_files(opts.dataset) if pool is not None else None
+    stats: collections.Counter = collections.Counter()
+    if not files:
+        convs, stats = load_conversations(opts.dataset, limit=opts.limit)
+        return [export_line(c) for c in convs], stats
+    tasks = []
+    for f in files:
+        starts = wk.line_starts(f)
+        tasks += [(f, a, b) for a, b in _slices(starts, 0, len(starts) - 1)]
+    lines: list[bytes] = []
+    for kept, dropped, n in _progress(pool.imap(wk.export_slice, tasks), opts.quiet, "export", "slice", len(tasks)):
+        if opts.limit and len(lines) + len(kept) >= opts.limit:  # this slice holds the limit-th usable row:
+            kept, drops, seen = kept[:opts.limit - len(lines)], dict(dropped), 0  # count its rows up to that one
+            for i in range(n):
+                seen += i not in drops
+                if seen == len(kept):
+                    n = i + 1
+                    break
+            dropped = [(i, r) for i, r in dropped if i < n]
+        stats["rows_in"] += n
+        stats.update(f"dropped_{r}" for _, r in dropped)
+        lines += kept
+        if opts.limit and len(lines) >= opts.limit:
+            break
+    return lines, stats
+
+
+def stage_export(opts: PrepareOptions, timer: Timer, fp: dict | None = None, pool=None) -> dict:
+    """Export the normalised splits (the tokenize stage's workers read them back, each its own byte ranges).
+    ``fp``: :func:`export_fingerprint`, when the caller has computed it already. ``pool``: the started tokenize
+    workers, which read a JSONL dataset's byte ranges (the same bytes as reading it here)."""
     root = opts.dataset_root
     stats_path = root / "export_stats.json"
     fp = export_fingerprint(opts) if fp is None else fp
@@ -229,22 +263,23 @@ def stage_export(opts: PrepareOptions, timer: Timer, fp: dict | None = None) -> 
         if old is not None:
             return old
     with timer.stage("export"):
-        convs, stats = load_conversations(opts.dataset, limit=opts.limit)
+        lines, stats = _export_rows(opts, pool)
         dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_")}
-        if not convs:
+        if not lines:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())) or "no rows"
             raise UserError(f"dataset '{opts.dataset}': all {stats['rows_in']} rows were unusable ({reasons})")
         rng = np.random.default_rng(opts.seed)
-        perm = rng.permutation(len(convs))
-        n_val = int(round(opts.val_fraction * len(convs)))
-        if opts.val_fraction > 0 and len(convs) >= 2:
+        perm = rng.permutation(len(lines))
+        n_val = int(round(opts.val_fraction * len(lines)))
+        if opts.val_fraction > 0 and len(lines) >= 2:
             n_val = max(1, n_val)
-        val_idx = set(perm[:n_val].tolist())
-        splits = {"train": [c for i, c in enumerate(convs) if i not in val_idx],
-                  "validation": [c for i, c in enumerate(convs) if i in val_idx]}
+        is_val = np.zeros(len(lines), dtype=bool)
+        is_val[perm[:n_val]] = True
+        splits = {"train": [x for x, v in zip(lines, is_val.tolist()) if not v],
+                  "validation": [x for x, v in zip(lines, is_val.tolist()) if v]}
         for split, name in SPLIT_FILES.items():
-            write_text(root / name, "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in splits[split]))
-        out = {"dataset": opts.dataset, "rows_in": stats["rows_in"], "kept": len(convs), "dropped": dropped,
+            write_bytes(root / name, b"\n".join(splits[split]) + b"\n" if splits[split] else b"")
+        out = {"dataset": opts.dataset, "rows_in": stats["rows_in"], "kept": len(lines), "dropped": dropped,
                "train": len(splits["train"]), "validation": len(splits["validation"]), "fingerprint": fp}
         write_json(stats_path, out)
     log.info("stage export: %d rows in, %d kept (%d train, %d validation), dropped %s -> %s",
@@ -292,10 +327,8 @@ def _write_chunk(path: Path, parts: list[tuple]) -> dict:
     np.cumsum(lengths, out=offsets[1:])
     counts = {"examples": len(lengths), "tokens": int(offsets[-1]), "loss_tokens": int(np.count_nonzero(mask)),
               "dropped_template_mismatch": int(sum(p[3] for p in parts))}
-    table = pa.table({
-        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
-        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask)),
-    })
+    table = pa.Table.from_arrays([packed_parquet.list_column(offsets, ids), packed_parquet.list_column(offsets, mask)],
+                                 names=["input_ids", "loss_mask"])
     table = table.replace_schema_metadata({"pipeline_counts": json.dumps(counts)})
     with atomic_path(path) as tmp:
         pq.write_table(table, str(tmp), use_dictionary=False)
@@ -321,33 +354,25 @@ def tokenize_pending(opts: PrepareOptions, tok_name: str, fp: dict) -> bool:
     return False
 
 
-def chat_encoder_from_files(name: str):
-    """A :class:`ChatEncoder` from the tokenizer's files (no transformers), or None when they are not in the
-    plain layout (then the full tokenizer is loaded after the export, as before)."""
-    from pipeline.data.chat import ChatEncoder, tokenizer_files
-
-    files = tokenizer_files(name)
-    return ChatEncoder.from_files(files, name=name) if files else None
-
-
-def start_pool(opts: PrepareOptions, encoder):
-    """The tokenize workers for ``encoder``, started now (their start-up overlaps the export stage)."""
+def start_pool(opts: PrepareOptions, files: dict):
+    """The tokenize workers, their encoder made from the tokenizer's files (:func:`tokenizer_files`), started now:
+    their start-up overlaps the rest of this process's set-up, and they read the export stage's input."""
     from pipeline.data import workers as wk
+    from pipeline.data.chat import ChatEncoder
 
     n = wk.resolve_workers(opts.workers)
-    pool = wk.OrderedPool(n, wk.init_chat, (encoder.payload(),) if n > 1 else (),
-                          local=lambda: wk.set_chat(encoder)).start()
-    if n > 1:  # the template check too (transformers' renderer imported in one worker, while the parent exports)
-        pool.template_check = pool.submit(wk.template_check, PROBES)
-    return pool
+    if n > 1:
+        return wk.OrderedPool(n, wk.init_chat, (ChatEncoder.files_payload(files, opts.tokenizer),)).start()
+    encoder = ChatEncoder.from_files(files, name=opts.tokenizer)
+    return wk.OrderedPool(1, wk.init_chat, (), local=lambda: wk.set_chat(encoder))
 
 
 def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=None,
-                   export: dict | None = None, encoder=None, pool=None, keep: dict | None = None) -> dict:
+                   export: dict | None = None, pool=None, keep: dict | None = None) -> dict:
     """``tokenizer``: a tokenizer, None (loaded when needed) or a zero-argument callable returning one.
-    ``encoder`` and ``pool``: a :class:`ChatEncoder` made from the tokenizer's files and its started workers
-    (:func:`start_pool`); the direct render is then checked against transformers' once, in a worker, before any
-    chunk is written (a mismatch redoes the stage with the full tokenizer). ``keep``: a dict that gets, for each
+    ``pool``: workers from :func:`start_pool` (their encoder made from the tokenizer's files); the direct render is
+    then checked against transformers' once, in a worker, before any chunk is written (a mismatch redoes the stage
+    with the full tokenizer). ``keep``: a dict that gets, for each
     split made entirely in this run (up to KEEP_TOKENS tokens), its flat (ids, mask, lengths) for the pack stage.
 
     Each split's exported JSONL is cut into chunks of ``chunk_size`` conversations (the resume unit: one
@@ -355,7 +380,7 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
     workers read, render, encode and mask; results come back in slice order and each chunk is written as soon
     as its last slice is in, so the files are the same whatever the number of workers."""
     try:
-        return _stage_tokenize(opts, tok_name, timer, tokenizer, export, encoder, pool, keep)
+        return _stage_tokenize(opts, tok_name, timer, tokenizer, export, pool, keep)
     except _TemplateMismatch:
         if pool is not None:
             pool.close()
@@ -363,10 +388,10 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
                  "apply_chat_template; rendering with transformers instead")
         if keep is not None:
             keep.clear()
-        return _stage_tokenize(opts, tok_name, timer, tokenizer, export, None, None, keep)
+        return _stage_tokenize(opts, tok_name, timer, tokenizer, export, None, keep)
 
 
-def _stage_tokenize(opts, tok_name, timer, tokenizer, export, encoder, pool, keep) -> dict:
+def _stage_tokenize(opts, tok_name, timer, tokenizer, export, pool, keep) -> dict:
     import pyarrow.parquet as pq
 
     from pipeline.data import workers as wk
@@ -408,8 +433,8 @@ def _stage_tokenize(opts, tok_name, timer, tokenizer, export, encoder, pool, kee
         tasks = [(src, a, b) for _, _, _, src, chunks in plans for _, sl in chunks if sl for a, b in sl]
         first = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
         check = None
-        if tasks and encoder is not None and pool is not None:  # files-made encoder: checked in a worker
-            check = pool.template_check or pool.submit(wk.template_check, PROBES)
+        if tasks and pool is not None:  # files-made encoder: checked in a worker
+            check = pool.submit(wk.template_check, PROBES)
         elif tasks:  # the caller's (or a freshly loaded) tokenizer, checked here on the first conversation
             tok = tokenizer
             if tok is None:
@@ -466,85 +491,147 @@ PROBES = [
 ]
 
 
-def _split_flat(flat: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """What :func:`load_tokenized` returns, from a split's flat (ids, mask, lengths) kept in memory."""
-    ids, mask, lengths = flat
-    off = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=off[1:])
-    ids64 = ids.astype(np.int64)
-    return ([ids64[off[i]:off[i + 1]] for i in range(len(lengths))],
-            [mask[off[i]:off[i + 1]] for i in range(len(lengths))])
-
-
-def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A finished split's tokenized chunks as flat (int32 ids, int8 loss mask, int64 lengths)."""
     import pyarrow.parquet as pq
 
     d = tokenized_dir(root, tok_name, split)
     if not (d / "_DONE.json").exists():
         raise UserError(f"no complete tokenized export at {d}; "
                         "run: pipeline_data_prepare.py prepare --dataset ... first")
-    ids, masks = [], []
+    parts = []
     for f in sorted(d.glob("chunk_*.parquet")):
         t = pq.ParquetFile(f).read()  # not read_table: that imports pyarrow.dataset (~0.3 s)
         col_ids, col_mask = t.column("input_ids").combine_chunks(), t.column("loss_mask").combine_chunks()
-        flat_ids = col_ids.values.to_numpy().astype(np.int64)
-        flat_mask = col_mask.values.to_numpy()
-        off = col_ids.offsets.to_numpy()
-        for i in range(len(off) - 1):
-            ids.append(flat_ids[off[i]:off[i + 1]])
-            masks.append(flat_mask[off[i]:off[i + 1]])
-    return ids, masks
+        off = packed_parquet.numpy_view(col_ids.offsets, np.int32).astype(np.int64)
+        a, b = int(off[0]), int(off[-1])
+        parts.append((packed_parquet.numpy_view(col_ids.values, np.int32)[a:b],
+                      packed_parquet.numpy_view(col_mask.values, np.int8)[a:b], np.diff(off)))
+    return tuple(np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, dt)
+                 for i, dt in enumerate((np.int32, np.int8, np.int64)))
 
 
 # ---- stage 3: pack ------------------------------------------------------------------------------------
-def pad_and_roll(ids: list[np.ndarray], masks: list[np.ndarray], seq_length: int, pad_mult: int, pad_id: int,
-                 overlong: str) -> tuple[list[np.ndarray], list[np.ndarray], collections.Counter]:
-    """Bridge's conventions: a sequence counts as len(input_ids)-1; runtime length padded to pad_mult
-    (capped at the largest multiple <= seq_length); loss mask padded with 0, then rolled by one."""
-    out_ids, out_masks = [], []
-    stats = collections.Counter()
-    cap = (seq_length // pad_mult) * pad_mult
-    for x, m in zip(ids, masks):
-        runtime = len(x) - 1
-        if runtime > seq_length:
-            if overlong == "drop":
-                stats["dropped_too_long"] += 1
-                continue
-            stats["truncated"] += 1
-            x, m = x[: seq_length + 1], m[: seq_length + 1]
-            runtime = seq_length
-        if not m[1:].any():
-            stats["dropped_no_loss_tokens"] += 1
-            continue
-        if pad_mult > 1:
-            target = min(cap, -(-runtime // pad_mult) * pad_mult) + 1
-            if len(x) < target:
-                x = np.concatenate([x, np.full(target - len(x), pad_id, dtype=x.dtype)])
-                m = np.concatenate([m, np.zeros(target - len(m), dtype=m.dtype)])
-            else:
-                x, m = x[:target], m[:target]
-        rolled = np.empty_like(m)
-        rolled[:-1] = m[1:]
-        rolled[-1:] = 0
-        out_ids.append(x)
-        out_masks.append(rolled)
-    return out_ids, out_masks, stats
+PACK_META = ("dataset_max_seqlen", "max_samples_per_bin", "packing_factor", "packing_efficiency", "pack_size",
+             "min_packed_seqlen")  # Bridge's packing-metadata keys, one dict per split in <S>_metadata.jsonl
+PACK_BLOCK_TOKENS = 1 << 21  # packs are built and written this many tokens at a time (bounded memory)
 
 
-def pack_split(ids, masks, seq_length: int, seed: int):
-    lengths = np.fromiter((len(x) - 1 for x in ids), dtype=np.int64, count=len(ids))
-    bins = pack_sequences(lengths, seq_length, seed=seed)
-    table = packed_parquet.build_rows(bins, ids, masks)
-    sums = [int(lengths[b].sum()) for b in bins]
+@dataclasses.dataclass
+class Selected:
+    """The sequences of a split that are packed, after Bridge's conventions (see :func:`select_sequences`)."""
+    index: np.ndarray  # kept sequences (positions in the split)
+    copy: np.ndarray  # per kept sequence: tokens taken from the tokenized sequence ...
+    final: np.ndarray  # ... and its stored length (the rest is padding); its runtime length is final - 1
+    stats: dict  # dropped_too_long / truncated / dropped_no_loss_tokens counts (only those that happened)
+
+
+def select_sequences(lengths: np.ndarray, mask: np.ndarray, seq_length: int, pad_mult: int,
+                     overlong: str) -> Selected:
+    """Bridge's conventions, vectorised over a split: a sequence counts as len(input_ids)-1 (its runtime length);
+    longer than ``seq_length`` it is dropped or truncated to ``seq_length + 1`` tokens; one with no loss token
+    after its first is dropped; the runtime length is padded to ``pad_mult`` (capped at the largest multiple <=
+    ``seq_length``, cutting a longer sequence there)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    stats = {}
+    too_long = lengths - 1 > seq_length
+    n_long = int(np.count_nonzero(too_long))
+    if overlong == "drop":
+        keep, eff = ~too_long, lengths
+        if n_long:
+            stats["dropped_too_long"] = n_long
+    else:
+        keep, eff = np.ones(len(lengths), dtype=bool), np.minimum(lengths, seq_length + 1)
+        if n_long:
+            stats["truncated"] = n_long
+    # Any loss token in positions 1 .. eff-1: one OR-reduction over the segments [start+1, start+eff) of the
+    # sequences with eff >= 2, which are non-empty and strictly increasing (the last may run to the end).
+    has_loss = eff >= 2
+    cand = np.flatnonzero(has_loss)
+    if len(cand):
+        cuts = np.empty(2 * len(cand), dtype=np.int64)
+        cuts[0::2], cuts[1::2] = starts[cand] + 1, starts[cand] + eff[cand]
+        any_loss = np.bitwise_or.reduceat(mask, cuts[:-1] if cuts[-1] == len(mask) else cuts)[0::2] != 0
+        has_loss[cand] = any_loss
+    no_loss = int(np.count_nonzero(keep & ~has_loss))
+    if no_loss:
+        stats["dropped_no_loss_tokens"] = no_loss
+    index = np.flatnonzero(keep & has_loss)
+    copy = eff[index]
+    if pad_mult > 1:
+        cap = (seq_length // pad_mult) * pad_mult
+        final = np.minimum(cap, -(-(copy - 1) // pad_mult) * pad_mult) + 1
+        copy = np.minimum(copy, final)
+    else:
+        final = copy
+    return Selected(index, copy, final, stats)
+
+
+def pack_blocks(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sel: Selected, items: np.ndarray,
+                bounds: np.ndarray, pad_id: int):
+    """The packed rows, PACK_BLOCK_TOKENS at a time (whole row groups): each pack concatenates its sequences,
+    padded with ``pad_id`` (loss 0) to their stored length, the loss mask rolled by one (position i says whether
+    token i+1 is a target; a sequence's last position is 0). Copies whole slices (one memcpy per sequence)."""
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64)[:-1], out=starts[1:])
+    rolled = np.zeros_like(mask)
+    rolled[:-1] = mask[1:]  # a sequence's last copied position is set to 0 below, once packed
+    src, copy, final = starts[sel.index[items]], sel.copy[items], sel.final[items]  # in pack order
+    pad = final - copy
+    fill_ids = np.full(int(pad.max(initial=0)), pad_id, dtype=np.int64)
+    fill_mask = np.zeros(len(fill_ids), dtype=np.int8)
+    per_pack = np.add.reduceat(final, bounds[:-1]) if len(items) else np.zeros(0, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(per_pack)])
+    step, p0, n_packs = packed_parquet.ROW_GROUP_SIZE, 0, len(bounds) - 1
+    while p0 < n_packs:
+        # whole row groups, at least one, up to about PACK_BLOCK_TOKENS tokens
+        p1 = int(np.searchsorted(cum, cum[p0] + PACK_BLOCK_TOKENS, side="right")) - 1
+        p1 = min(n_packs, max(p0 + step, p0 + (p1 - p0) // step * step))
+        s0, s1 = int(bounds[p0]), int(bounds[p1])
+        id_parts, mask_parts = [], []
+        for a, n, g in zip(src[s0:s1].tolist(), copy[s0:s1].tolist(), pad[s0:s1].tolist()):
+            id_parts.append(ids[a:a + n])
+            mask_parts.append(rolled[a:a + n])
+            if g:
+                id_parts.append(fill_ids[:g])
+                mask_parts.append(fill_mask[:g])
+        out_ids = np.concatenate(id_parts, dtype=np.int64)
+        out_mask = np.concatenate(mask_parts)
+        seq_off = np.zeros(s1 - s0 + 1, dtype=np.int64)
+        np.cumsum(final[s0:s1], out=seq_off[1:])
+        out_mask[seq_off[1:] - pad[s0:s1] - 1] = 0
+        pack_off = seq_off[bounds[p0:p1 + 1] - s0]
+        pack_of_seq = np.repeat(np.arange(p1 - p0), np.diff(bounds[p0:p1 + 1]))
+        yield packed_parquet.packs_table(pack_off, out_ids, out_mask, bounds[p0:p1 + 1] - s0,
+                                         seq_off[:-1] - pack_off[pack_of_seq])
+        p0 = p1
+
+
+def pack_split(flat: tuple, seq_length: int, pad_mult: int, pad_id: int, overlong: str, seed: int,
+               path: Path) -> dict:
+    """Select, pad, pack and write one split (``flat``: ids, mask, lengths); its summary (``sequences`` 0 and
+    nothing written when no sequence is left)."""
+    ids, mask, lengths = flat
+    sel = select_sequences(lengths, mask, seq_length, pad_mult, overlong)
+    if not len(sel.index):
+        return {"sequences": 0, **sel.stats}
+    runtime = sel.final - 1
+    items, bounds = pack_order(runtime, seq_length, seed=seed)
+    packed_parquet.write(pack_blocks(ids, mask, lengths, sel, items, bounds, pad_id), path)
+    sizes = np.diff(bounds)
+    sums = np.add.reduceat(runtime[items], bounds[:-1])
+    n_packs = len(sizes)
     meta = {
-        "dataset_max_seqlen": int(lengths.max()),
-        "max_samples_per_bin": max(len(b) for b in bins),
-        "packing_factor": round(len(lengths) / len(bins), 2),
-        "packing_efficiency": round(sum(sums) / len(bins) / seq_length * 100, 2),
+        "dataset_max_seqlen": int(runtime.max()),
+        "max_samples_per_bin": int(sizes.max()),
+        "packing_factor": round(len(runtime) / n_packs, 2),
+        "packing_efficiency": round(int(sums.sum()) / n_packs / seq_length * 100, 2),
         "pack_size": seq_length,
-        "min_packed_seqlen": min(sums),
+        "min_packed_seqlen": int(sums.min()),
     }
-    return table, meta
+    return {"sequences": len(sel.index), "packs": n_packs, "tokens": int(sel.final.sum()), **sel.stats, **meta}
 
 
 def pack_fingerprint(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_mult: int, seed: int,
@@ -582,23 +669,19 @@ def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_m
     metas, out = [], {}
     with timer.stage("pack"):
         for split in SPLITS:
-            ids, masks = _split_flat(kept[split]) if kept and split in kept else load_tokenized(root, tok_name, split)
-            ids, masks, stats = pad_and_roll(ids, masks, seq_length, pad_mult, pad_id, overlong)
+            flat = kept[split] if kept and split in kept else load_tokenized(root, tok_name, split)
             key = "train" if split == "train" else "validation"
-            if not ids:
+            res = out[split] = pack_split(flat, seq_length, pad_mult, pad_id, overlong, seed, paths[key])
+            if not res["sequences"]:
+                stats = {k: v for k, v in res.items() if k != "sequences"}
                 if split == "train":
-                    raise UserError(f"no training sequences left to pack at seq_length {seq_length} ({dict(stats)})")
-                out[split] = {"sequences": 0, **{k: int(v) for k, v in stats.items()}}
+                    raise UserError(f"no training sequences left to pack at seq_length {seq_length} ({stats})")
                 paths[key].unlink(missing_ok=True)  # an earlier run's split would not match this summary
                 log.info("stage pack[%s]: no sequences (empty split), nothing to write", split)
                 continue
-            table, meta = pack_split(ids, masks, seq_length, seed)
-            packed_parquet.write(table, paths[key])
-            metas.append(meta)
-            out[split] = {"sequences": len(ids), "packs": table.num_rows,
-                          "tokens": int(sum(len(x) for x in ids)), **{k: int(v) for k, v in stats.items()}, **meta}
-            log.info("stage pack[%s]: %d sequences -> %d packs of %d (%.1f%% full) -> %s", split, len(ids),
-                     table.num_rows, seq_length, meta["packing_efficiency"], paths[key])
+            metas.append({k: res[k] for k in PACK_META})
+            log.info("stage pack[%s]: %d sequences -> %d packs of %d (%.1f%% full) -> %s", split, res["sequences"],
+                     res["packs"], seq_length, res["packing_efficiency"], paths[key])
         write_text(paths["metadata"], json.dumps(metas))
     out["paths"] = {k: str(v) for k, v in paths.items() if k != "validation" or out["validation"]["sequences"]}
     out["fingerprint"] = fp
@@ -609,7 +692,7 @@ def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_m
 def prepare(opts: PrepareOptions) -> dict:
     """Export, tokenize, pack. When the tokenize stage has work and the tokenizer's files are in the plain
     layout, its workers start before the export (no transformers import in this process at all)."""
-    from pipeline.data.chat import load_tokenizer, tokenizer_model_name
+    from pipeline.data.chat import load_tokenizer, tokenizer_files, tokenizer_model_name
 
     opts.validate()
     timer = Timer()
@@ -623,19 +706,19 @@ def prepare(opts: PrepareOptions) -> dict:
 
     with root_lock(opts.dataset_root):
         export_fp = export_fingerprint(opts)
-        encoder = pool = None
+        files = pool = None
         if tokenize_pending(opts, tok_name, tokenize_fingerprint(opts, {"fingerprint": export_fp})):
-            encoder = chat_encoder_from_files(opts.tokenizer)
-            pool = start_pool(opts, encoder) if encoder is not None else None
+            files = tokenizer_files(opts.tokenizer)
+            pool = start_pool(opts, files) if files is not None else None
         kept: dict = {}
         try:
-            export = stage_export(opts, timer, fp=export_fp)
-            tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, export=export,
-                                       encoder=encoder, pool=pool, keep=kept)
+            export = stage_export(opts, timer, fp=export_fp, pool=pool)
+            tokenized = stage_tokenize(opts, tok_name, timer, tokenizer=get_tokenizer, export=export, pool=pool,
+                                       keep=kept)
         finally:
             if pool is not None:
                 pool.close()
-        pad_id = loaded[0].eos_token_id if loaded else (encoder.eos_id if encoder is not None else None)
+        pad_id = loaded[0].eos_token_id if loaded else (files["eos_id"] if files is not None else None)
         packed = stage_pack(opts.dataset_root, tok_name, opts.tokenizer, opts.seq_length, opts.pad_seq_to_mult,
                             opts.seed, opts.overlong, opts.force, timer, pad_id=pad_id, kept=kept)
     summary = {"dataset": opts.dataset, "dataset_root": str(opts.dataset_root), "tokenizer": tok_name,

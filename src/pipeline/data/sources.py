@@ -93,23 +93,71 @@ def _chatterbot_rows() -> Iterator[dict]:
             yield {"messages": msgs, "source": f"chatterbot/{f.stem}"}
 
 
+def _parse_line(raw: bytes) -> Any:
+    """One JSONL line's row; None for a blank line; ``{"__bad__": reason}`` for one that cannot be read."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"__bad__": "invalid_utf8"}
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return {"__bad__": "invalid_json"}
+
+
 def _jsonl_rows(path: Path) -> Iterator[dict]:
     try:
         with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    yield {"__bad__": "invalid_utf8", "__where__": f"{path}:{lineno}"}
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except (json.JSONDecodeError, RecursionError):
-                    yield {"__bad__": "invalid_json", "__where__": f"{path}:{lineno}"}
+            for raw in f:
+                row = _parse_line(raw)
+                if row is not None:
+                    yield row
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def jsonl_files(dataset: str) -> list[Path] | None:
+    """The files of a dataset made of JSONL files only (a ``.jsonl``/``.json`` file, or a folder of them), which
+    the export stage reads in parallel, a byte range per task; None for any other kind of dataset."""
+    if dataset in BUILTIN:
+        return None
+    p = Path(dataset)
+    if p.is_file():
+        return [p] if p.suffix == ".jsonl" or p.name.endswith(".json") else None
+    if p.is_dir() and not (p / "dataset_info.json").exists() and not (p / "dataset_dict.json").exists():
+        files = _dir_files(p)
+        return files if files and all(f.suffix == ".jsonl" for f in files) else None
+    return None
+
+
+def export_line(conv: dict) -> bytes:
+    """A normalised conversation as the export stage writes it (one JSONL line, without its newline)."""
+    return json.dumps(conv, ensure_ascii=False).encode("utf-8")
+
+
+def export_slice(path: Path, start: int, end: int) -> tuple[list[bytes], list[tuple[int, str]], int]:
+    """The rows in bytes ``start:end`` of a JSONL file (whole lines), normalised as :func:`load_conversations`
+    does: (the kept rows as :func:`export_line`, ``(row, reason)`` for each dropped row, the number of rows)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    kept, dropped, n = [], [], 0
+    for raw in data.split(b"\n"):
+        row = _parse_line(raw)
+        if row is None:
+            continue
+        conv, reason = normalise(row)
+        if reason:
+            dropped.append((n, reason))
+        else:
+            kept.append(export_line(conv))
+        n += 1
+    return kept, dropped, n
 
 
 def _parquet_rows(path: Path) -> Iterator[dict]:
@@ -139,12 +187,16 @@ def _dir_rows(path: Path) -> Iterator[dict]:
             ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
         yield from ds
         return
-    files = sorted([*path.glob("*.jsonl"), *path.glob("*.parquet")])
-    files = [f for f in files if not f.name.startswith(("training.", "validation.", "test."))] or files
+    files = _dir_files(path)
     if not files:
         raise UserError(f"no .jsonl or .parquet files in {path}")
     for f in files:
         yield from (_jsonl_rows(f) if f.suffix == ".jsonl" else _parquet_rows(f))
+
+
+def _dir_files(path: Path) -> list[Path]:
+    files = sorted([*path.glob("*.jsonl"), *path.glob("*.parquet")])
+    return [f for f in files if not f.name.startswith(("training.", "validation.", "test."))] or files
 
 
 def _hub_rows(name: str, split: str) -> Iterator[dict]:
@@ -205,6 +257,11 @@ def normalise(row: Any) -> tuple[dict | None, str | None]:
             return None, "bad_content"
         if not content.strip():
             return None, "empty_content"
+        if not content.isascii():  # a lone surrogate (a "\ud800" escape) is no text a tokenizer can encode
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError:
+                return None, "invalid_unicode"
         out.append({"role": role, "content": content})
     if not any(m["role"] == "assistant" for m in out):
         return None, "no_assistant_turn"

@@ -12,6 +12,7 @@ thread pool gets ``usable CPUs // workers`` threads (one when the workers fill t
 with its parent (``PR_SET_PDEATHSIG``), so a killed run leaves nothing writing behind it.
 
 Task functions:
+  - :func:`export_slice`: rows read from a byte range of a JSONL dataset file, normalised -> JSON lines.
   - :func:`chat_slice`: conversations read from a byte range of an exported JSONL split ->
     (flat int32 ids, flat int8 loss mask, int64 lengths, template mismatches).
   - :func:`template_check`: the one-time check that the direct chat-template render equals transformers'.
@@ -31,6 +32,8 @@ import numpy as np
 
 from pipeline.common.errors import UserError
 
+WORKER_DIED = ("a tokenize worker process died (killed, or out of memory?); finished chunks are kept: re-run to "
+               "resume, with fewer --workers if memory is short")
 _STATE: dict = {}  # per process: the encoder (chat) or tokenizer + EOD (text) the task functions use
 
 
@@ -79,7 +82,6 @@ class OrderedPool:
 
     def __init__(self, workers: int, init: Callable, initargs: tuple, local: Callable | None = None):
         self.workers = workers
-        self.template_check = None  # a future the tokenize stage may attach (prepare.start_pool)
         self._ex = None
         if workers > 1:
             import multiprocessing as mp
@@ -102,7 +104,7 @@ class OrderedPool:
     def submit(self, fn: Callable, *args):
         """One task outside the ordered stream: a future (already done with one worker)."""
         if self._ex is not None:
-            return self._ex.submit(fn, *args)
+            return self._submit(fn, *args)
         from concurrent.futures import Future
 
         fut: Future = Future()
@@ -120,11 +122,19 @@ class OrderedPool:
         pending: collections.deque = collections.deque()
         window = 2 * self.workers + 2
         for t in tasks:
-            pending.append(self._ex.submit(fn, t))
+            pending.append(self._submit(fn, t))
             if len(pending) >= window:
                 yield self._result(pending.popleft())
         while pending:
             yield self._result(pending.popleft())
+
+    def _submit(self, fn: Callable, *args):
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self._ex.submit(fn, *args)
+        except BrokenProcessPool:  # a worker died before this task was handed out
+            raise UserError(WORKER_DIED) from None
 
     @staticmethod
     def _result(fut):
@@ -133,8 +143,7 @@ class OrderedPool:
         try:
             return fut.result()
         except BrokenProcessPool:
-            raise UserError("a tokenize worker process died (killed, or out of memory?); finished chunks are kept: "
-                            "re-run to resume, with fewer --workers if memory is short") from None
+            raise UserError(WORKER_DIED) from None
 
     def close(self) -> None:
         if self._ex is not None:
@@ -178,6 +187,13 @@ def read_lines(path: Path, start: int, end: int) -> list[dict]:
         f.seek(start)
         data = f.read(end - start)
     return [json.loads(line) for line in data.split(b"\n") if line.strip()]
+
+
+def export_slice(task: tuple) -> tuple[list[bytes], list[tuple[int, str]], int]:
+    """The export stage's task: see :func:`pipeline.data.sources.export_slice`."""
+    from pipeline.data.sources import export_slice as run
+
+    return run(*task)
 
 
 def chat_slice(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
