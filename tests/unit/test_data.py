@@ -47,6 +47,17 @@ def test_bad_rows_have_reasons(row, reason):
     assert normalise(row) == (None, reason)
 
 
+@pytest.mark.parametrize("doc", [b'{"a": NaN, "b": -Infinity}', b'{"x": "\\u00e9 \\ud83d\\ude00", "y": [1, 2.5, null]}',
+                                 b'"\\ud800"', b'{"a": 1, "a": 2}', b'{"m": [{"role": "user", "content": "\\n\\t\\""}]}'])
+def test_fast_json_parses_as_the_standard_parser(doc):
+    from pipeline.data.sources import loads
+
+    assert repr(loads(doc)) == repr(json.loads(doc))
+    for bad in (b"{not json", b"", b'{"a": 1'):
+        with pytest.raises(json.JSONDecodeError):
+            loads(bad)
+
+
 def test_sharegpt_shape_and_trailing_user_turn():
     conv, reason = normalise({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
                                                  {"from": "human", "value": "c"}]})

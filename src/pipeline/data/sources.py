@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pipeline.common.errors import UserError
 
 ROLE_ALIASES = {
@@ -93,8 +95,22 @@ def _chatterbot_rows() -> Iterator[dict]:
             yield {"messages": msgs, "source": f"chatterbot/{f.stem}"}
 
 
+def loads(raw: bytes) -> Any:
+    """``json.loads`` of one JSON document, ~2x faster: orjson first, and the standard parser for what orjson
+    refuses (NaN, a lone-surrogate escape, ...), with its error. One difference remains, harmless to a conversation
+    (only its strings are used): an integer beyond 64 bits comes back as a float."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def _parse_line(raw: bytes) -> Any:
     """One JSONL line's row; None for a blank line; ``{"__bad__": reason}`` for one that cannot be read."""
+    try:
+        return orjson.loads(raw)  # the common case (see loads); anything it refuses is decided below as before
+    except orjson.JSONDecodeError:
+        pass
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -133,8 +149,9 @@ def jsonl_files(dataset: str) -> list[Path] | None:
 
 
 def export_line(conv: dict) -> bytes:
-    """A normalised conversation as the export stage writes it (one JSONL line, without its newline)."""
-    return json.dumps(conv, ensure_ascii=False).encode("utf-8")
+    """A normalised conversation as the export stage writes it (one JSONL line, compact UTF-8, no newline; its
+    strings are valid Unicode, :func:`normalise` drops the rest)."""
+    return orjson.dumps(conv)
 
 
 def export_slice(path: Path, start: int, end: int) -> tuple[list[bytes], list[tuple[int, str]], int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -186,7 +185,9 @@ def read_lines(path: Path, start: int, end: int) -> list[dict]:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    return [json.loads(line) for line in data.split(b"\n") if line.strip()]
+    from pipeline.data.sources import loads
+
+    return [loads(line) for line in data.split(b"\n") if line.strip()]
 
 
 def export_slice(task: tuple) -> tuple[list[bytes], list[tuple[int, str]], int]:
