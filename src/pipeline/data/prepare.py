@@ -231,7 +231,10 @@ def _export_rows(opts: PrepareOptions, pool) -> tuple[list[bytes], collections.C
         return [export_line(c) for c in convs], stats
     tasks = []
     for f in files:
-        starts = wk.line_starts(f)
+        try:
+            starts = wk.line_starts(f)
+        except OSError as exc:
+            raise UserError(f"cannot read {f}: {exc.strerror or exc}") from None
         tasks += [(f, a, b) for a, b in _slices(starts, 0, len(starts) - 1)]
     lines: list[bytes] = []
     for kept, dropped, n in _progress(pool.imap(wk.export_slice, tasks), opts.quiet, "export", "slice", len(tasks)):
