@@ -220,3 +220,12 @@ def test_a_worker_that_dies_is_one_clear_error_wherever_it_is_noticed():
             list(pool.imap(_exit_now, range(50)))
         with pytest.raises(UserError, match="worker process died"):  # noticed by handing out the next task
             list(pool.imap(len, ["a"]))
+
+
+def test_a_chunk_too_large_for_a_parquet_list_is_refused_not_wrapped(tmp_path, monkeypatch):
+    from pipeline.common.errors import UserError
+    from pipeline.data import packed_parquet
+
+    monkeypatch.setattr(packed_parquet, "MAX_LIST_VALUES", 1000)  # stands for 2**31 - 1 (int32 list offsets)
+    with pytest.raises(UserError, match="chunk_00000.parquet would hold .* tokens.*smaller --chunk-size"):
+        prepare(chat_opts(tmp_path / "r", 1))

@@ -19,6 +19,7 @@ import numpy as np
 from pipeline.common.io import atomic_path
 
 ROW_GROUP_SIZE = 500  # Bridge's write_packed_parquet default
+MAX_LIST_VALUES = 2**31 - 1  # a list<...> column (int32 offsets) holds at most this many values
 REQUIRED_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 
 
@@ -60,9 +61,11 @@ def numpy_view(arr, dtype) -> np.ndarray:
 
 
 def list_column(offsets: np.ndarray, values: np.ndarray):
-    """``list<values.dtype>`` from int32-able ``offsets`` (``len(rows) + 1``, starting at 0) and flat values."""
+    """``list<values.dtype>`` from ``offsets`` (``len(rows) + 1``, from 0, at most MAX_LIST_VALUES) and flat values."""
     import pyarrow as pa
 
+    if len(offsets) and offsets[-1] > MAX_LIST_VALUES:  # list offsets are int32: never let them wrap
+        raise ValueError(f"{int(offsets[-1])} values in one list column (at most {MAX_LIST_VALUES})")
     return pa.ListArray.from_arrays(arrow(offsets.astype(np.int32)), arrow(values))
 
 

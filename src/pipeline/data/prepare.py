@@ -326,8 +326,11 @@ def _write_chunk(path: Path, parts: list[tuple]) -> dict:
     ids = np.concatenate([p[0] for p in parts])
     mask = np.concatenate([p[1] for p in parts])
     lengths = np.concatenate([p[2] for p in parts])
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > packed_parquet.MAX_LIST_VALUES:
+        raise UserError(f"{path.name} would hold {int(offsets[-1]):,} tokens, more than one Parquet list column "
+                        f"can ({packed_parquet.MAX_LIST_VALUES:,}); use a smaller --chunk-size")
     counts = {"examples": len(lengths), "tokens": int(offsets[-1]), "loss_tokens": int(np.count_nonzero(mask)),
               "dropped_template_mismatch": int(sum(p[3] for p in parts))}
     table = pa.Table.from_arrays([packed_parquet.list_column(offsets, ids), packed_parquet.list_column(offsets, mask)],
