@@ -64,6 +64,15 @@ def make(tmp, kind):
     if kind == "file":
         (p / "afile").write_text("x")
         return str(p / "afile")
+    if kind == "stray_dataset_info":  # a plain folder with a dataset_info.json that is not a saved dataset
+        (p / "fake").mkdir()
+        (p / "fake" / "a.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
+        (p / "fake" / "dataset_info.json").write_text("{}")
+        return str(p / "fake")
+    if kind == "own_training_file":  # the export would write its training.jsonl over this very file
+        (p / "root").mkdir()
+        (p / "root" / "training.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
+        return str(p / "root" / "training.jsonl")
     raise AssertionError(kind)
 
 
@@ -85,6 +94,14 @@ CASES = {
     "pad multiple 0": (lambda t: PREP + ["--dataset", make(t, "good"), "--pad-seq-to-mult", "0"]),
     "dataset root is a file": (lambda t: PREP + ["--dataset", make(t, "good"), "--dataset-root", make(t, "file")]),
     "unknown flag": (lambda t: PREP + ["--dataset", make(t, "good"), "--frobnicate"]),
+    "seed negative": (lambda t: PREP + ["--dataset", make(t, "good"), "--seed", "-1"]),
+    "dataset root below a file": (lambda t: PREP + ["--dataset", make(t, "good"), "--dataset-root",
+                                                    make(t, "file") + "/sub"]),
+    "dataset root would overwrite the input": (lambda t: PREP + ["--dataset", make(t, "own_training_file"),
+                                                                 "--dataset-root", str(t / "in" / "root")]),
+    "folder with a stray dataset_info.json": (lambda t: PREP + ["--dataset", make(t, "stray_dataset_info")]),
+    "missing relative dataset path": (lambda t: PREP + ["--dataset", "in/nope.jsonl"]),
+    "pack: seed negative": (lambda t: ["pack", str(t), "smollm2-135m", "64", "--seed", "-1"]),
     "pack: missing root": (lambda t: ["pack", str(t / "nowhere"), "smollm2-135m", "64"]),
     "pack: root without a tokenized export": (lambda t: ["pack", str(t), "smollm2-135m", "64"]),
     "pack: seq-length 2e9": (lambda t: ["pack", str(t), "smollm2-135m", "2000000000"]),

@@ -105,21 +105,21 @@ def test_pack_follows_bridge_conventions(tmp_path):
 def _reference_rows(seqs, masks, seq_length, pad_mult, pad_id, overlong, seed):
     """The pack stage written one sequence at a time (the suite's first implementation), as the oracle."""
     kept_ids, kept_masks, stats = [], [], {}
-    cap = seq_length // pad_mult * pad_mult
+    cap = seq_length // pad_mult * pad_mult  # the longest runtime length a padded sequence can have
     for x, m in zip(seqs, masks):
-        if len(x) - 1 > seq_length:
+        if len(x) - 1 > cap:
             if overlong == "drop":
                 stats["dropped_too_long"] = stats.get("dropped_too_long", 0) + 1
                 continue
             stats["truncated"] = stats.get("truncated", 0) + 1
-            x, m = x[:seq_length + 1], m[:seq_length + 1]
+            x, m = x[:cap + 1], m[:cap + 1]
         if not m[1:].any():
             stats["dropped_no_loss_tokens"] = stats.get("dropped_no_loss_tokens", 0) + 1
             continue
         if pad_mult > 1:
-            target = min(cap, -(-(len(x) - 1) // pad_mult) * pad_mult) + 1
-            x = np.concatenate([x, np.full(max(0, target - len(x)), pad_id)])[:target]
-            m = np.concatenate([m, np.zeros(max(0, target - len(m)), np.int8)])[:target]
+            target = -(-(len(x) - 1) // pad_mult) * pad_mult + 1
+            x = np.concatenate([x, np.full(target - len(x), pad_id)])
+            m = np.concatenate([m, np.zeros(target - len(m), np.int8)])
         kept_ids.append([int(v) for v in x])
         kept_masks.append([int(v) for v in m[1:]] + [0])
     bins = pack_sequences([len(x) - 1 for x in kept_ids], seq_length, seed=seed) if kept_ids else []
@@ -145,6 +145,10 @@ def test_vectorised_pack_equals_the_per_sequence_reference(tmp_path, monkeypatch
     rows, stats = _reference_rows(seqs, masks, seq_length, pad_mult, 7, overlong, 3)
     assert packed_parquet.read(out) == rows
     assert {k: v for k, v in res.items() if k in ("dropped_too_long", "truncated", "dropped_no_loss_tokens")} == stats
+    for row in rows:  # every packed sequence trains on something and fits the padded layout
+        bounds = [*row["seq_start_id"], len(row["input_ids"])]
+        for a, b in zip(bounds, bounds[1:]):
+            assert any(row["loss_mask"][a:b]) and (b - a - 1) % pad_mult == 0 and b - a - 1 <= seq_length
     assert res["packs"] == len(rows) and res["tokens"] == sum(len(r["input_ids"]) for r in rows)
     assert pq.ParquetFile(out).metadata.num_row_groups == -(-len(rows) // 2)
 

@@ -156,10 +156,11 @@ def _messy_jsonl(path, n, seed):
     bad = [b"{not json", b"\xff\xfe bad utf-8", b"   ", b"", json.dumps({"messages": []}).encode(),
            json.dumps({"text": "no messages"}).encode(), json.dumps([1, 2]).encode(),
            json.dumps({"messages": [{"role": "user", "content": "only a question"}]}).encode(),
-           json.dumps({"messages": [{"role": "user", "content": "\ud800"}, {"role": "assistant", "content": "x"}]}).encode()]
+           json.dumps({"messages": [{"role": "user", "content": "\ud800"}, {"role": "assistant", "content": "x"}]}).encode(),
+           b"null"]
     lines = []
     for i in range(n):
-        if i % 7 == seed % 7:  # every kind of bad line in every 63 lines
+        if i % 7 == seed % 7:  # every kind of bad line in every 70 lines
             lines.append(bad[(i // 7) % len(bad)])
         elif i % 3:
             lines.append(json.dumps({"messages": [{"role": "user", "content": f"q{i} é \"x\""},
@@ -169,7 +170,7 @@ def _messy_jsonl(path, n, seed):
             lines.append(json.dumps({"conversations": [{"from": "human", "value": f"q{i}"},
                                                        {"from": "gpt", "value": f"a{i}"}], "id": i},
                                     ensure_ascii=False).encode("utf-8"))
-    path.write_bytes(b"\n".join(lines) + b"\n")
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + b"\n")  # with the byte-order mark editors write
 
 
 @pytest.mark.parametrize("limit", [None, 1, 7, 40, 10_000])
@@ -184,7 +185,7 @@ def test_the_export_read_by_workers_equals_the_serial_reader(tmp_path, monkeypat
     folder = tmp_path / "folder"
     folder.mkdir()
     for i in range(3):
-        _messy_jsonl(folder / f"part{i}.jsonl", 60, seed=i)
+        _messy_jsonl(folder / f"part{i}.jsonl", 72, seed=i)
     for dataset in (folder / "part0.jsonl", folder):
         out = {}
         for how in ("serial", "workers"):
@@ -202,8 +203,10 @@ def test_the_export_read_by_workers_equals_the_serial_reader(tmp_path, monkeypat
         assert out["serial"] == out["workers"]
         stats = out["workers"][0]
         assert stats["kept"] == (min(limit, stats["kept"]) if limit else stats["kept"]) > 0
-        if limit in (None, 10_000):  # the whole input: every kind of bad line was seen
-            assert set(stats["dropped"]) >= {"invalid_json", "invalid_utf8", "empty_conversation", "invalid_unicode"}
+        if limit in (None, 10_000):  # the whole input: every kind of bad line was seen, and counted
+            assert set(stats["dropped"]) >= {"invalid_json", "invalid_utf8", "empty_conversation", "invalid_unicode",
+                                             "not_an_object"}
+            assert stats["rows_in"] == stats["kept"] + sum(stats["dropped"].values())
 
 
 def _exit_now(task):

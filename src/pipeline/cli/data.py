@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.data.chat import tokenizer_model_name
 
     problems = prep.check_pack_args(args.seq_length, args.pad_seq_to_mult, args.context_parallel_size,
-                                    args.tensor_parallel_size, args.sequence_parallel)
+                                    args.tensor_parallel_size, args.sequence_parallel, args.seed)
     if problems:
         raise UserError("; ".join(problems))
     if not args.dataset_root.is_dir():

@@ -136,7 +136,10 @@ def _check_parent(path: Path) -> None:
     for anc in [path.parent, *path.parent.parents]:
         if _TMP_DIR_NAME.fullmatch(anc.name) and not anc.is_dir():
             raise _vanished(anc, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where a directory must be, no permission, read-only file system
+        raise UserError(f"cannot create directory {path.parent}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager

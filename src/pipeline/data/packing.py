@@ -171,7 +171,7 @@ def check_pad_multiple(pad_seq_to_mult: int, context_parallel_size: int = 1, ten
         return f"pad_seq_to_mult({pad_seq_to_mult}) must be >= 1"
     if pad_seq_to_mult % need:
         rule = (f"lcm(2*cp, tp*cp) = lcm({2 * context_parallel_size}, {tensor_parallel_size * context_parallel_size})"
-                if sequence_parallel and context_parallel_size > 1 else f"2*cp = {2 * context_parallel_size}")
+                if sequence_parallel and context_parallel_size > 1 else "2*cp")
         return (f"pad_seq_to_mult({pad_seq_to_mult}) is not a multiple of {rule} = {need}: "
                 f"context parallelism needs every packed sequence aligned to {need}; set pad_seq_to_mult={need}")
     return None

@@ -115,9 +115,9 @@ def read_marker(path: Path) -> dict | None:
 
 
 def check_pack_args(seq_length: int, pad_seq_to_mult: int, context_parallel_size: int = 1,
-                    tensor_parallel_size: int = 1, sequence_parallel: bool = False) -> list[str]:
+                    tensor_parallel_size: int = 1, sequence_parallel: bool = False, seed: int = 0) -> list[str]:
     """Every problem with the packing arguments, checked before anything is read or allocated."""
-    problems = []
+    problems = [] if seed >= 0 else [f"--seed must be >= 0, got {seed}"]
     if not 2 <= seq_length <= MAX_SEQ_LENGTH:
         problems.append(f"--seq-length must be between 2 and {MAX_SEQ_LENGTH}, got {seq_length}")
     if pad_seq_to_mult < 1:
@@ -163,6 +163,14 @@ class PrepareOptions:
                                    self.tensor_parallel_size, self.sequence_parallel)
         if self.limit is not None and self.limit < 1:
             problems.append(f"--limit must be >= 1, got {self.limit}")
+        if self.seed < 0:
+            problems.append(f"--seed must be >= 0, got {self.seed}")
+        if self.dataset_root.exists() and self.dataset_root.is_dir():
+            from pipeline.data.sources import input_files
+
+            outputs = {(self.dataset_root / f).resolve() for f in SPLIT_FILES.values()}
+            problems += [f"--dataset-root {self.dataset_root} would overwrite the dataset's own {f.name}; choose "
+                         "another --dataset-root" for f in input_files(self.dataset) if f.resolve() in outputs]
         if self.chunk_size < 1:
             problems.append(f"--chunk-size must be >= 1, got {self.chunk_size}")
         if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
@@ -341,6 +349,21 @@ def _write_chunk(path: Path, parts: list[tuple]) -> dict:
     return counts
 
 
+def _chunk_counts(path: Path) -> dict | None:
+    """A finished chunk's counts, or None when it cannot be read (damaged on disk): then it is removed, to be
+    made again, with a warning."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return json.loads((pq.read_metadata(path).metadata or {})[b"pipeline_counts"])
+    except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
+        log.warning("%s is unreadable (%s); making it again", path, str(exc).splitlines()[0][:200] if str(exc) else
+                    type(exc).__name__)
+        path.unlink(missing_ok=True)
+        return None
+
+
 def _first_line(path: Path) -> dict | None:
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -398,8 +421,6 @@ def stage_tokenize(opts: PrepareOptions, tok_name: str, timer: Timer, tokenizer=
 
 
 def _stage_tokenize(opts, tok_name, timer, tokenizer, export, pool, keep) -> dict:
-    import pyarrow.parquet as pq
-
     from pipeline.data import workers as wk
     from pipeline.data.chat import ChatEncoder, load_tokenizer
 
@@ -431,12 +452,13 @@ def _stage_tokenize(opts, tok_name, timer, tokenizer, export, pool, keep) -> dic
             for c in range(n_chunks):
                 path = out_dir / f"chunk_{c:05d}.parquet"
                 first, last = c * opts.chunk_size, min(n_convs, (c + 1) * opts.chunk_size)
-                chunks.append((path, None if path.exists() else _slices(starts, first, last) or [(0, 0)]))
+                counts = _chunk_counts(path) if path.exists() else None  # a finished chunk is reused
+                chunks.append((path, counts, None if counts is not None else _slices(starts, first, last) or [(0, 0)]))
             plans.append((split, out_dir, done, src, chunks))
     if not plans:
         return result
     with timer.stage("tokenize"):
-        tasks = [(src, a, b) for _, _, _, src, chunks in plans for _, sl in chunks if sl for a, b in sl]
+        tasks = [(src, a, b) for _, _, _, src, chunks in plans for _, _, sl in chunks if sl for a, b in sl]
         first = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
         check = None
         if tasks and pool is not None:  # files-made encoder: checked in a worker
@@ -458,11 +480,10 @@ def _stage_tokenize(opts, tok_name, timer, tokenizer, export, pool, keep) -> dic
             results = pool.imap(wk.chat_slice, tasks)
             for split, out_dir, done, _, chunks in plans:
                 totals = collections.Counter()
-                parts: list | None = [] if keep is not None and all(sl for _, sl in chunks) else None
-                for path, sl in _progress(chunks, opts.quiet, f"tokenize {split}", "chunk", len(chunks)):
+                parts: list | None = [] if keep is not None and all(sl for _, _, sl in chunks) else None
+                for path, counts, sl in _progress(chunks, opts.quiet, f"tokenize {split}", "chunk", len(chunks)):
                     if sl is None:
-                        meta = pq.read_metadata(path).metadata or {}
-                        totals.update(json.loads(meta.get(b"pipeline_counts", b"{}")))
+                        totals.update(counts)
                         continue
                     got = [next(results) for _ in sl]
                     if check is not None:  # before the first chunk is written
@@ -499,6 +520,7 @@ PROBES = [
 
 def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A finished split's tokenized chunks as flat (int32 ids, int8 loss mask, int64 lengths)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     d = tokenized_dir(root, tok_name, split)
@@ -507,7 +529,13 @@ def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[np.ndarray, n
                         "run: pipeline_data_prepare.py prepare --dataset ... first")
     parts = []
     for f in sorted(d.glob("chunk_*.parquet")):
-        t = pq.ParquetFile(f).read()  # not read_table: that imports pyarrow.dataset (~0.3 s)
+        try:
+            t = pq.ParquetFile(f).read()  # not read_table: that imports pyarrow.dataset (~0.3 s)
+        except (OSError, pa.ArrowException) as exc:
+            f.unlink(missing_ok=True)
+            (d / "_DONE.json").unlink(missing_ok=True)
+            raise UserError(f"{f} is unreadable ({str(exc).splitlines()[0][:200] if str(exc) else 'damaged'}); "
+                            "removed it: re-run prepare, which makes only the missing chunk again") from None
         col_ids, col_mask = t.column("input_ids").combine_chunks(), t.column("loss_mask").combine_chunks()
         off = packed_parquet.numpy_view(col_ids.offsets, np.int32).astype(np.int64)
         a, b = int(off[0]), int(off[-1])
@@ -534,22 +562,23 @@ class Selected:
 
 def select_sequences(lengths: np.ndarray, mask: np.ndarray, seq_length: int, pad_mult: int,
                      overlong: str) -> Selected:
-    """Bridge's conventions, vectorised over a split: a sequence counts as len(input_ids)-1 (its runtime length);
-    longer than ``seq_length`` it is dropped or truncated to ``seq_length + 1`` tokens; one with no loss token
-    after its first is dropped; the runtime length is padded to ``pad_mult`` (capped at the largest multiple <=
-    ``seq_length``, cutting a longer sequence there)."""
+    """Bridge's conventions, vectorised over a split: a sequence counts as len(input_ids)-1 (its runtime length),
+    which is padded up to a multiple of ``pad_mult``; so the longest runtime length is the largest multiple of
+    ``pad_mult`` <= ``seq_length`` (``seq_length`` itself without padding), and a longer sequence is dropped or
+    truncated there (counted either way); then one with no loss token after its first is dropped."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     stats = {}
-    too_long = lengths - 1 > seq_length
+    limit = (seq_length // pad_mult) * pad_mult
+    too_long = lengths - 1 > limit
     n_long = int(np.count_nonzero(too_long))
     if overlong == "drop":
         keep, eff = ~too_long, lengths
         if n_long:
             stats["dropped_too_long"] = n_long
     else:
-        keep, eff = np.ones(len(lengths), dtype=bool), np.minimum(lengths, seq_length + 1)
+        keep, eff = np.ones(len(lengths), dtype=bool), np.minimum(lengths, limit + 1)
         if n_long:
             stats["truncated"] = n_long
     # Any loss token in positions 1 .. eff-1: one OR-reduction over the segments [start+1, start+eff) of the
@@ -566,12 +595,7 @@ def select_sequences(lengths: np.ndarray, mask: np.ndarray, seq_length: int, pad
         stats["dropped_no_loss_tokens"] = no_loss
     index = np.flatnonzero(keep & has_loss)
     copy = eff[index]
-    if pad_mult > 1:
-        cap = (seq_length // pad_mult) * pad_mult
-        final = np.minimum(cap, -(-(copy - 1) // pad_mult) * pad_mult) + 1
-        copy = np.minimum(copy, final)
-    else:
-        final = copy
+    final = -(-(copy - 1) // pad_mult) * pad_mult + 1 if pad_mult > 1 else copy  # <= limit + 1: nothing is cut
     return Selected(index, copy, final, stats)
 
 
@@ -651,7 +675,7 @@ def pack_fingerprint(root: Path, tok_name: str, tokenizer: str, seq_length: int,
 def stage_pack(root: Path, tok_name: str, tokenizer: str, seq_length: int, pad_mult: int, seed: int,
                overlong: str, force: bool, timer: Timer, pad_id: int | None = None, kept: dict | None = None) -> dict:
     """``kept``: splits' flat arrays from this run's tokenize stage (read back from the chunks otherwise)."""
-    problems = check_pack_args(seq_length, pad_mult)
+    problems = check_pack_args(seq_length, pad_mult, seed=seed)
     if problems:
         raise UserError("; ".join(problems))
     paths = packed_parquet.packed_paths(root, tok_name, pad_mult, seq_length)

@@ -31,6 +31,10 @@ ROLE_ALIASES = {
     "human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
 }
 BUILTIN = ("chatterbot-corpus",)
+# A conversation longer than this (8 Mi characters, ~2 Mi tokens of English: twice the longest --seq-length) is
+# dropped at export as too_large: tokenizing costs a worker ~150 bytes of memory per character (a 45 MB message
+# took 6 GB), so one such row could take a node's memory down, and packing could keep at most its first 1 Mi tokens.
+MAX_CONVERSATION_CHARS = 1 << 23
 
 
 def dataset_dirname(dataset: str) -> str:
@@ -49,8 +53,9 @@ def dataset_dirname(dataset: str) -> str:
 
 def input_identity(dataset: str, exclude: Path | None = None) -> dict:
     """What a dataset is, cheaply: path + size + mtime for a file; for a directory the same over its files
-    (count, total size, newest mtime, and a hash of the listing); the name (and package version) otherwise.
-    ``exclude``: an output folder inside the input directory, which is not part of the input."""
+    (count, total size, newest mtime, and a hash of the listing: every file of a saved ``datasets`` folder, the data
+    files of a plain one); the name (and package version) otherwise. ``exclude``: an output folder inside a saved
+    dataset's folder, which is not part of the input."""
     if dataset in BUILTIN:
         from importlib import metadata
 
@@ -67,7 +72,11 @@ def input_identity(dataset: str, exclude: Path | None = None) -> dict:
         if p.is_dir():
             skip = exclude.resolve() if exclude is not None else None
             h, n, size, mtime = hashlib.sha256(), 0, 0, 0
-            for dirpath, dirnames, filenames in os.walk(p):
+            if _is_saved_dataset(p):  # every file under it (but the output folder) is part of the dataset
+                walk = os.walk(p)
+            else:  # a plain folder is exactly the data files the export reads (the output root may be the folder)
+                walk = [(str(p), [], [f.name for f in _dir_files(p)])]
+            for dirpath, dirnames, filenames in walk:
                 dirnames[:] = sorted(d for d in dirnames if skip is None or Path(dirpath, d).resolve() != skip)
                 for fn in sorted(filenames):
                     f = Path(dirpath, fn)
@@ -105,8 +114,15 @@ def loads(raw: bytes) -> Any:
         return json.loads(raw)
 
 
+BLANK = object()  # what _parse_line gives for a blank line (a JSON ``null`` line is a row: None, not_an_object)
+_BOM = b"\xef\xbb\xbf"
+
+
 def _parse_line(raw: bytes) -> Any:
-    """One JSONL line's row; None for a blank line; ``{"__bad__": reason}`` for one that cannot be read."""
+    """One JSONL line's row; BLANK for a blank line; ``{"__bad__": reason}`` for one that cannot be read. A UTF-8
+    byte-order mark (which editors put at the start of a file) is not part of the row."""
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
     try:
         return orjson.loads(raw)  # the common case (see loads); anything it refuses is decided below as before
     except orjson.JSONDecodeError:
@@ -116,7 +132,7 @@ def _parse_line(raw: bytes) -> Any:
     except UnicodeDecodeError:
         return {"__bad__": "invalid_utf8"}
     if not line.strip():
-        return None
+        return BLANK
     try:
         return json.loads(line)
     except (json.JSONDecodeError, RecursionError):
@@ -128,24 +144,32 @@ def _jsonl_rows(path: Path) -> Iterator[dict]:
         with open(path, "rb") as f:
             for raw in f:
                 row = _parse_line(raw)
-                if row is not None:
+                if row is not BLANK:
                     yield row
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+
+
+def input_files(dataset: str) -> list[Path]:
+    """The local files the export reads: the file itself, or a plain folder's data files; [] for a saved
+    ``datasets`` folder, a hub id or the built-in corpus."""
+    p = Path(dataset)
+    if dataset in BUILTIN:
+        return []
+    if p.is_file():
+        return [p]
+    return _dir_files(p) if p.is_dir() and not _is_saved_dataset(p) else []
+
+
 def jsonl_files(dataset: str) -> list[Path] | None:
     """The files of a dataset made of JSONL files only (a ``.jsonl``/``.json`` file, or a folder of them), which
     the export stage reads in parallel, a byte range per task; None for any other kind of dataset."""
-    if dataset in BUILTIN:
-        return None
-    p = Path(dataset)
-    if p.is_file():
-        return [p] if p.suffix == ".jsonl" or p.name.endswith(".json") else None
-    if p.is_dir() and not (p / "dataset_info.json").exists() and not (p / "dataset_dict.json").exists():
-        files = _dir_files(p)
-        return files if files and all(f.suffix == ".jsonl" for f in files) else None
-    return None
+    files = input_files(dataset)
+    return files if files and all(f.suffix == ".jsonl" or f.name.endswith(".json") for f in files) else None
 
 
 def export_line(conv: dict) -> bytes:
@@ -166,7 +190,7 @@ def export_slice(path: Path, start: int, end: int) -> tuple[list[bytes], list[tu
     kept, dropped, n = [], [], 0
     for raw in data.split(b"\n"):
         row = _parse_line(raw)
-        if row is None:
+        if row is BLANK:
             continue
         conv, reason = normalise(row)
         if reason:
@@ -196,10 +220,14 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
 
 
 def _dir_rows(path: Path) -> Iterator[dict]:
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+    if _is_saved_dataset(path):
         import datasets
 
-        ds = datasets.load_from_disk(str(path))
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError, OSError) as exc:
+            raise UserError(f"{path} has a dataset_info.json or dataset_dict.json but is not a saved `datasets` "
+                            f"dataset: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}") from None
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
         yield from ds
@@ -212,7 +240,9 @@ def _dir_rows(path: Path) -> Iterator[dict]:
 
 
 def _dir_files(path: Path) -> list[Path]:
-    files = sorted([*path.glob("*.jsonl"), *path.glob("*.parquet")])
+    """The data files of a plain folder: its ``.jsonl`` and ``.parquet`` regular files (a FIFO would block), except
+    an earlier export's ``training.*``/``validation.*``/``test.*`` unless there is nothing else."""
+    files = sorted(f for f in [*path.glob("*.jsonl"), *path.glob("*.parquet")] if f.is_file())
     return [f for f in files if not f.name.startswith(("training.", "validation.", "test."))] or files
 
 
@@ -243,7 +273,8 @@ def iter_raw_rows(dataset: str, split: str = "train") -> Iterator[dict]:
         if p.suffix == ".parquet":
             return _parquet_rows(p)
         raise UserError(f"unsupported dataset file {p} (expected .jsonl or .parquet)")
-    if "/" in dataset and not dataset.startswith((".", "/")) and dataset.count("/") == 1:
+    if "/" in dataset and not dataset.startswith((".", "/")) and dataset.count("/") == 1 and not dataset.endswith(
+            (".jsonl", ".json", ".parquet")):
         return _hub_rows(dataset, split)
     raise UserError(f"dataset '{dataset}' not found: not a file, a directory, an org/name id, or one of {BUILTIN}")
 
@@ -261,7 +292,7 @@ def normalise(row: Any) -> tuple[dict | None, str | None]:
         return None, "missing_messages"
     if not isinstance(msgs, list) or not msgs:
         return None, "empty_conversation"
-    out = []
+    out, chars = [], 0
     for m in msgs:
         if not isinstance(m, dict):
             return None, "bad_message"
@@ -279,7 +310,10 @@ def normalise(row: Any) -> tuple[dict | None, str | None]:
                 content.encode("utf-8")
             except UnicodeEncodeError:
                 return None, "invalid_unicode"
+        chars += len(content)
         out.append({"role": role, "content": content})
+    if chars > MAX_CONVERSATION_CHARS:
+        return None, "too_large"
     if not any(m["role"] == "assistant" for m in out):
         return None, "no_assistant_turn"
     if out[-1]["role"] != "assistant":
