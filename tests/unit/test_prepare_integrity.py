@@ -36,14 +36,16 @@ def test_null_lines_and_a_byte_order_mark_are_read_as_rows(tmp_path):
     assert stats["rows_in"] == 6 and stats["dropped_not_an_object"] == 3  # two nulls and a list; the blank line is none
 
 
-def test_a_fifo_in_a_dataset_folder_is_not_read(tmp_path):
+def test_a_fifo_in_a_dataset_folder_is_not_read_and_what_is_left_out_is_logged(tmp_path, caplog):
     d = tmp_path / "folder"
     d.mkdir()
     write_rows(d / "a.jsonl", [], n_good=3)
+    write_rows(d / "training.jsonl", [], n_good=5)  # an earlier export's split, next to the data
     os.mkfifo(d / "b.jsonl")  # opening it would block until a writer came
     assert sources.input_files(str(d)) == [d / "a.jsonl"]
-    s = prepare(opts(d, tmp_path / "root", val_fraction=0))
-    assert s["export"]["kept"] == 3
+    with caplog.at_level("INFO", logger="pipeline.data.prepare"):
+        s = prepare(opts(d, tmp_path / "root", val_fraction=0))
+    assert s["export"]["kept"] == 3 and "not reading b.jsonl, training.jsonl" in caplog.text
 
 
 def test_a_root_that_is_the_dataset_folder_is_skipped_on_rerun(tmp_path, caplog):

@@ -274,6 +274,12 @@ def stage_export(opts: PrepareOptions, timer: Timer, fp: dict | None = None, poo
         if old is not None:
             return old
     with timer.stage("export"):
+        from pipeline.data.sources import unread_files
+
+        unread = unread_files(opts.dataset)
+        if unread:
+            log.info("stage export: not reading %s in %s (an earlier export's splits, or not regular files)",
+                     ", ".join(f.name for f in unread), opts.dataset)
         lines, stats = _export_rows(opts, pool)
         dropped = {k[len("dropped_"):]: v for k, v in stats.items() if k.startswith("dropped_")}
         if not lines:

@@ -165,6 +165,15 @@ def input_files(dataset: str) -> list[Path]:
     return _dir_files(p) if p.is_dir() and not _is_saved_dataset(p) else []
 
 
+def unread_files(dataset: str) -> list[Path]:
+    """A plain folder's ``.jsonl``/``.parquet`` entries that :func:`input_files` leaves out (said in the log)."""
+    p = Path(dataset)
+    if dataset in BUILTIN or not p.is_dir() or _is_saved_dataset(p):
+        return []
+    read = set(_dir_files(p))
+    return sorted(f for f in [*p.glob("*.jsonl"), *p.glob("*.parquet")] if f not in read)
+
+
 def jsonl_files(dataset: str) -> list[Path] | None:
     """The files of a dataset made of JSONL files only (a ``.jsonl``/``.json`` file, or a folder of them), which
     the export stage reads in parallel, a byte range per task; None for any other kind of dataset."""
