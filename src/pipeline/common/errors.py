@@ -16,6 +16,12 @@ class UserError(Exception):
     exit_code = 2
 
 
+def exc_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first line, at most ``limit`` characters (its type's name when it has no message): what a
+    one-line error quotes of a library's multi-line message."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]
+
+
 def cli_main(fn: F) -> F:
     """Wrap a ``main(argv)`` so a UserError prints ``error: ...`` and exits 2, without a traceback."""
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, exc_line
 from pipeline.common.io import atomic_path, exclusive_lock, read_json, write_bytes, write_json, write_text
 from pipeline.data import packed_parquet
 from pipeline.data.packing import check_pad_multiple, pack_order
@@ -364,8 +364,7 @@ def _chunk_counts(path: Path) -> dict | None:
     try:
         return json.loads((pq.read_metadata(path).metadata or {})[b"pipeline_counts"])
     except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
-        log.warning("%s is unreadable (%s); making it again", path, str(exc).splitlines()[0][:200] if str(exc) else
-                    type(exc).__name__)
+        log.warning("%s is unreadable (%s); making it again", path, exc_line(exc))
         path.unlink(missing_ok=True)
         return None
 
@@ -540,7 +539,7 @@ def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[np.ndarray, n
         except (OSError, pa.ArrowException) as exc:
             f.unlink(missing_ok=True)
             (d / "_DONE.json").unlink(missing_ok=True)
-            raise UserError(f"{f} is unreadable ({str(exc).splitlines()[0][:200] if str(exc) else 'damaged'}); "
+            raise UserError(f"{f} is unreadable ({exc_line(exc)}); "
                             "removed it: re-run prepare, which makes only the missing chunk again") from None
         col_ids, col_mask = t.column("input_ids").combine_chunks(), t.column("loss_mask").combine_chunks()
         off = packed_parquet.numpy_view(col_ids.offsets, np.int32).astype(np.int64)
@@ -561,6 +560,7 @@ PACK_BLOCK_TOKENS = 1 << 21  # packs are built and written this many tokens at a
 class Selected:
     """The sequences of a split that are packed, after Bridge's conventions (see :func:`select_sequences`)."""
     index: np.ndarray  # kept sequences (positions in the split)
+    start: np.ndarray  # per kept sequence: its first token's position in the split's flat arrays
     copy: np.ndarray  # per kept sequence: tokens taken from the tokenized sequence ...
     final: np.ndarray  # ... and its stored length (the rest is padding); its runtime length is final - 1
     stats: dict  # dropped_too_long / truncated / dropped_no_loss_tokens counts (only those that happened)
@@ -602,19 +602,17 @@ def select_sequences(lengths: np.ndarray, mask: np.ndarray, seq_length: int, pad
     index = np.flatnonzero(keep & has_loss)
     copy = eff[index]
     final = -(-(copy - 1) // pad_mult) * pad_mult + 1 if pad_mult > 1 else copy  # <= limit + 1: nothing is cut
-    return Selected(index, copy, final, stats)
+    return Selected(index, starts[index], copy, final, stats)
 
 
-def pack_blocks(ids: np.ndarray, mask: np.ndarray, lengths: np.ndarray, sel: Selected, items: np.ndarray,
-                bounds: np.ndarray, pad_id: int):
+def pack_blocks(ids: np.ndarray, mask: np.ndarray, sel: Selected, items: np.ndarray, bounds: np.ndarray,
+                pad_id: int):
     """The packed rows, PACK_BLOCK_TOKENS at a time (whole row groups): each pack concatenates its sequences,
     padded with ``pad_id`` (loss 0) to their stored length, the loss mask rolled by one (position i says whether
     token i+1 is a target; a sequence's last position is 0). Copies whole slices (one memcpy per sequence)."""
-    starts = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(np.asarray(lengths, dtype=np.int64)[:-1], out=starts[1:])
     rolled = np.zeros_like(mask)
     rolled[:-1] = mask[1:]  # a sequence's last copied position is set to 0 below, once packed
-    src, copy, final = starts[sel.index[items]], sel.copy[items], sel.final[items]  # in pack order
+    src, copy, final = sel.start[items], sel.copy[items], sel.final[items]  # in pack order
     pad = final - copy
     fill_ids = np.full(int(pad.max(initial=0)), pad_id, dtype=np.int64)
     fill_mask = np.zeros(len(fill_ids), dtype=np.int8)
@@ -655,7 +653,7 @@ def pack_split(flat: tuple, seq_length: int, pad_mult: int, pad_id: int, overlon
         return {"sequences": 0, **sel.stats}
     runtime = sel.final - 1
     items, bounds = pack_order(runtime, seq_length, seed=seed)
-    packed_parquet.write(pack_blocks(ids, mask, lengths, sel, items, bounds, pad_id), path)
+    packed_parquet.write(pack_blocks(ids, mask, sel, items, bounds, pad_id), path)
     sizes = np.diff(bounds)
     sums = np.add.reduceat(runtime[items], bounds[:-1])
     n_packs = len(sizes)

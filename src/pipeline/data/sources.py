@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, exc_line
 
 ROLE_ALIASES = {
     "system": "system", "user": "user", "assistant": "assistant",
@@ -224,7 +224,7 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
                 return
             yield from batch.to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        detail = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        detail = exc_line(exc)
         raise UserError(f"{path} is not a readable Parquet file: {detail}") from None
 
 
@@ -236,7 +236,7 @@ def _dir_rows(path: Path) -> Iterator[dict]:
             ds = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError, OSError) as exc:
             raise UserError(f"{path} has a dataset_info.json or dataset_dict.json but is not a saved `datasets` "
-                            f"dataset: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}") from None
+                            f"dataset: {exc_line(exc)}") from None
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
         yield from ds
