@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.tiers import FIXTURES_OF, TIERS, TierError, gpu_exemption, required_tiers
 
 os.environ.setdefault("PIPELINE_ROOT", str(ROOT))
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -45,3 +46,60 @@ def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+# ---- test tiers (tests/tiers.py): a required tier never skips; the summary counts every tier ----------------
+_OUTCOMES: dict[str, tuple[tuple[str, ...], str]] = {}
+
+
+def _tiers_of(item) -> tuple[str, ...]:
+    return tuple(t for t in TIERS if item.get_closest_marker(t) is not None)
+
+
+def pytest_configure(config):
+    try:
+        required_tiers()
+    except TierError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_collection_modifyitems(config, items):
+    exempt = gpu_exemption()
+    for item in items:
+        for tier, fixtures in FIXTURES_OF.items():
+            if item.get_closest_marker(tier) is None and set(fixtures) & set(getattr(item, "fixturenames", ())):
+                item.add_marker(tier)
+        if exempt and item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=f"test tier gpu {exempt}"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    tiers = _tiers_of(item)
+    if rep.skipped and not hasattr(rep, "wasxfail"):
+        must = [t for t in tiers if t in required_tiers() and not (t == "gpu" and gpu_exemption())]
+        if must:  # a skip inside a required tier, whoever raised it, fails the test with its reason
+            reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+            reason = reason.removeprefix("Skipped: ")
+            rep.outcome = "failed"
+            rep.longrepr = f"required test tier {must[0]} skipped a test: {reason}"
+    prev = _OUTCOMES.get(item.nodeid, (tiers, "passed"))[1]
+    now = "failed" if rep.failed or prev == "failed" else "skipped" if rep.skipped else prev
+    _OUTCOMES[item.nodeid] = (tiers, now)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _OUTCOMES:
+        return
+    required = required_tiers()
+    tr = terminalreporter
+    tr.section("test tiers")
+    for tier in (*TIERS, "untiered"):
+        rows = [o for t, o in _OUTCOMES.values() if (tier in t if tier != "untiered" else not t)]
+        counts = ", ".join(f"{rows.count(o)} {o}" for o in ("passed", "failed", "skipped"))
+        note = " (required)" if tier in required else ""
+        if tier == "gpu" and gpu_exemption():
+            note = f"; {gpu_exemption()}"
+        tr.write_line(f"tier {tier}: {counts}{note}")

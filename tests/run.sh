@@ -4,7 +4,10 @@
 # Usage: bash tests/run.sh [pytest args...]
 #
 # Installs everything the tests need (the pinned venv + test requirements, via pipeline_env_setup.sh),
-# then runs pytest. pytest's "no tests collected" (exit 5) is a failure here, never a silent pass.
+# starts the local Slurm cluster, then runs pytest. pytest's "no tests collected" (exit 5) is a failure here,
+# never a silent pass. Under CI=true (or for the tiers named in PIPELINE_REQUIRE_TIERS=slurm,bridge,...|all)
+# a test tier that cannot start fails the run with one line naming the tier and the log to read; pytest's
+# summary counts the tests each tier ran and skipped (tests/tiers.py).
 set -euo pipefail
 PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$PIPELINE_ROOT"
@@ -21,13 +24,34 @@ fi
 source pipeline_env_activate.sh
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline
 
-# A real multi-node Slurm on this machine for the tests marked `slurm` (they skip, saying why, without it).
-if bash tests/slurm/local_slurm.sh start; then
-  eval "$(bash tests/slurm/local_slurm.sh env)"
-  trap 'bash tests/slurm/local_slurm.sh stop || true' EXIT
-else
-  echo "warning: the local Slurm cluster could not be started; tests marked slurm will be skipped" >&2
+# Which test tiers must run (tests/tiers.py): under CI=true every tier that can run here, plus those named in
+# PIPELINE_REQUIRE_TIERS. A required tier that cannot start fails the run; any other is skipped, saying why.
+python -m tests.tiers list >/dev/null || exit 2
+
+# A real multi-node Slurm on this machine for the tests marked `slurm`: its own base directory and free ports,
+# so it never meets another Slurm or another test run on this host.
+if [[ -z "${PIPELINE_SLURM_BASE:-}" ]]; then
+  PIPELINE_SLURM_BASE=$(mktemp -d /tmp/pslurm.XXXXXX)
+  own_slurm_base=1
 fi
+export PIPELINE_SLURM_BASE
+slurm_log=$(mktemp)
+if bash tests/slurm/local_slurm.sh start 2>"$slurm_log"; then
+  cat "$slurm_log" >&2
+  eval "$(bash tests/slurm/local_slurm.sh env)"
+  trap 'bash tests/slurm/local_slurm.sh stop || true; [[ -z "${own_slurm_base:-}" ]] || rm -rf "$PIPELINE_SLURM_BASE"' EXIT
+else
+  cat "$slurm_log" >&2
+  reason=$(grep '^local_slurm: ' "$slurm_log" | tail -1 | sed 's/^local_slurm: \(error: \)\{0,1\}//')
+  rm -f "$slurm_log"  # the cluster's base (and its logs, named in the reason) stays for reading
+  line="test tier slurm cannot start: ${reason:-tests/slurm/local_slurm.sh start failed}"
+  if python -m tests.tiers required slurm; then
+    echo "error: $line [required: CI=true or PIPELINE_REQUIRE_TIERS]" >&2
+    exit 1
+  fi
+  echo "warning: $line; tests marked slurm will be skipped" >&2
+fi
+rm -f "$slurm_log"
 
 set +e
 python -m pytest "$@"

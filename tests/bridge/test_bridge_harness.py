@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import tier_unavailable
+
 pytestmark = [pytest.mark.bridge, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +60,8 @@ def harness(tmp_path_factory):
         unreachable = ("No matching distribution" in r.stderr or "Could not find a version" in r.stderr
                        or "NewConnectionError" in r.stderr or "Network is unreachable" in r.stderr)
         if unreachable:
-            pytest.skip(f"the harness venv cannot be installed (no package registry): {r.stderr[-500:]}")
+            tier_unavailable("bridge", f"the harness venv cannot be installed (no package registry): "
+                                       f"{r.stderr.strip().splitlines()[-1]}")
         pytest.fail(f"tests/bridge/setup_env.sh failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     hf_home = tmp_path_factory.mktemp("hf_home")
     for d in sorted(HF_CONFIGS.iterdir()):

@@ -7,20 +7,22 @@ import shutil
 import pytest
 
 from tests.helpers import ROOT, run
+from tests.tiers import tier_unavailable
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.charliecloud, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def ch_env(tmp_path_factory):
     if os.geteuid() != 0:
-        pytest.skip("building the Charliecloud image needs root (debootstrap)")
+        tier_unavailable("charliecloud", "building the Charliecloud image needs root (debootstrap)")
     image = tmp_path_factory.mktemp("ch") / "debian-bookworm"
     env = {**os.environ, "PIPELINE_RUNTIME": "charliecloud", "PIPELINE_CH_IMAGE": str(image), "USER": "root",
            "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     res = run(["bash", "pipeline_env_setup.sh"], env=env, timeout=900)
     if res.returncode != 0 and ("debootstrap" in res.stderr and "failed" in res.stderr.lower()):
-        pytest.skip(f"cannot build the Debian image here: {res.stderr.strip()[-300:]}")
+        tier_unavailable("charliecloud", "cannot build the Debian image here: "
+                         + (res.stderr.strip().splitlines() or ["?"])[-1])
     return env, image, res
 
 

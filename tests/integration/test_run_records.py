@@ -3,11 +3,8 @@ beside ``checkpoint.save`` when the checkpoints live outside the run directory, 
 and a multi-node salloc shell starts every node instead of waiting for ever on the rendezvous."""
 
 import json
-import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -43,14 +40,9 @@ def test_done_marker_beside_checkpoint_save_stops_the_poller(data, tmp_path):
         ["iter_0000010.failed", "iter_0000020.failed"], ["iter_0000010.done", "iter_0000020.failed"])
 
 
-CONF = Path(os.environ.get("PIPELINE_SLURM_BASE", "/tmp/pslurm")) / "etc" / "slurm.conf"
-
-
 @pytest.mark.slurm
-def test_by_hand_in_a_multi_node_salloc_every_node_starts(data, tmp_path):
-    if not (CONF.exists() and shutil.which("salloc")):
-        pytest.skip("no local Slurm cluster (tests/slurm/local_slurm.sh start)")
-    env = {**data, "SLURM_CONF": str(CONF), "PIPELINE_CLUSTER": "local_cpu"}
+def test_by_hand_in_a_multi_node_salloc_every_node_starts(slurm, data, tmp_path):
+    env = {**data, "SLURM_CONF": slurm["SLURM_CONF"], "PIPELINE_CLUSTER": "local_cpu"}
     run_dir = tmp_path / "run2"
     cmd = ["salloc", "--nodes=2", "--time=10", "bash", "pipeline_training_launch.sh", *TRAIN, "--run-dir",
            str(run_dir), "train.train_iters=6", "checkpoint.save_interval=6"]

@@ -2,25 +2,19 @@
 comes from the installed sbatch), unknown options are refused, a login node without the pipeline
 environment submits a training job without a traceback, and the job id and log path are printed."""
 
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT, run
 
 pytestmark = [pytest.mark.slurm]
-CONF = Path(os.environ.get("PIPELINE_SLURM_BASE", "/tmp/pslurm")) / "etc" / "slurm.conf"
 
 
 @pytest.fixture
-def senv(pipeline_env, tmp_path):
-    env = {**pipeline_env, "SLURM_CONF": str(CONF), "BAD_NODES_LOG": str(tmp_path / "bad.log")}
-    if not CONF.exists() or run(["sinfo"], env=env).returncode != 0:
-        pytest.skip("no local Slurm cluster (tests/slurm/local_slurm.sh start)")
-    return env
+def senv(slurm, pipeline_env, tmp_path):
+    return {**pipeline_env, "SLURM_CONF": slurm["SLURM_CONF"], "BAD_NODES_LOG": str(tmp_path / "bad.log")}
 
 
 def show(env, job: str) -> str:

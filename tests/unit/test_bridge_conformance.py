@@ -8,6 +8,9 @@ import pytest
 from pipeline.bridge import BRIDGE_API
 from pipeline.training.conformance import check, fetch_wheel_source, pinned_version
 from tests.helpers import ROOT
+from tests.tiers import tier_unavailable
+
+pytestmark = pytest.mark.bridge
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +18,7 @@ def wheel_source():
     try:
         return fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
     except Exception as exc:
-        pytest.skip(f"cannot download megatron-bridge=={pinned_version()} from PyPI: {exc}")
+        tier_unavailable("bridge", f"cannot download megatron-bridge=={pinned_version()} from PyPI: {exc}")
 
 
 def test_pinned_wheel_has_every_name(wheel_source):

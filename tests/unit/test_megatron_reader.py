@@ -15,6 +15,9 @@ import pytest
 from pipeline.data.indexed import tokenize_corpus
 from pipeline.training.conformance import fetch_wheel_source, pinned_version
 from tests.helpers import ROOT
+from tests.tiers import tier_unavailable
+
+pytestmark = pytest.mark.bridge
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +25,7 @@ def megatron_indexed_dataset():
     try:
         src = fetch_wheel_source(pinned_version("megatron-core"), ROOT / ".cache" / "wheels", "megatron-core")
     except Exception as exc:
-        pytest.skip(f"cannot download megatron-core from PyPI: {exc}")
+        tier_unavailable("bridge", f"cannot download megatron-core from PyPI: {exc}")
     saved = {k: v for k, v in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
     for name, sub in [("megatron", ""), ("megatron.core", "core"), ("megatron.core.datasets", "core/datasets")]:
         mod = types.ModuleType(name)
