@@ -12,7 +12,8 @@
 # Steps by runtime (PIPELINE_RUNTIME in pipeline_env_config.env):
 #   venv:         venv packages [tests] assets validate
 #   charliecloud: venv packages [tests] assets image validate   (validation runs inside the container)
-#   apptainer:    pull nccl-plugin overlay validate              (on a GPU node of the cluster)
+#   apptainer:    planner pull nccl-plugin overlay validate      (planner on the login node: --only planner;
+#                                                                 the rest on a GPU node of the cluster)
 # The steps:
 #   venv       create $PIPELINE_VENV from $PIPELINE_PYTHON
 #   packages   install the pinned lock $PIPELINE_REQUIREMENTS (torch $TORCH_VERSION CPU wheel on 3.11),
@@ -20,6 +21,9 @@
 #              when the lock file or pyproject.toml changes
 #   tests      install $PIPELINE_TEST_REQUIREMENTS (only with --with-tests or --only tests)
 #   assets     materialise the base models in $PIPELINE_MODELS_DIR (SmolLM2-135M-Instruct as safetensors)
+#   planner      apptainer: the login node's planner, a venv of $PIPELINE_PLANNER_PYTHON (>= 3.11) with
+#                $PIPELINE_PLANNER_REQUIREMENTS at $PIPELINE_PLANNER_VENV, where isambard_sbatch runs the training
+#                preflight; without such a Python, a bin/python there that runs the SIF's Python
 #   image        charliecloud: debootstrap a Debian $PIPELINE_CH_SUITE image into $PIPELINE_CH_IMAGE (root), digest
 #   pull         apptainer: pull $PIPELINE_IMAGE to $PIPELINE_SIF, record its digest
 #   nccl-plugin  apptainer: build aws-ofi-nccl $AWS_OFI_NCCL_VERSION against libfabric into $PIPELINE_NCCL_PLUGIN_DIR
@@ -34,7 +38,7 @@ FORCE=0; ONLY=""; WITH_TESTS=0
 case "${PIPELINE_RUNTIME}" in
   venv) STEPS=(venv packages tests assets validate) ;;
   charliecloud) STEPS=(venv packages tests assets image validate) ;;
-  apptainer) STEPS=(pull nccl-plugin overlay validate) ;;
+  apptainer) STEPS=(planner pull nccl-plugin overlay validate) ;;
   *) die "unknown PIPELINE_RUNTIME '$PIPELINE_RUNTIME' (venv, apptainer, charliecloud); fix pipeline_env_config.env" 2 ;;
 esac
 while [[ $# -gt 0 ]]; do
@@ -103,6 +107,31 @@ do_assets() {
   "$PIPELINE_VENV/bin/python" -m pipeline.env.assets --models-dir "$PIPELINE_MODELS_DIR"
 }
 
+# --- the login node's planner (apptainer) ---------------------------------------------------------------------
+do_planner() {
+  local py="$PIPELINE_PLANNER_PYTHON" tmp="$PIPELINE_PLANNER_VENV.tmp.$$" version
+  rm -rf "$tmp"; mkdir -p "$(dirname "$PIPELINE_PLANNER_VENV")"
+  if command -v "$py" >/dev/null && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    version=$("$py" -c 'import platform; print(platform.python_version())')
+    "$py" -m venv "$tmp"
+    with_retries 3 "$tmp/bin/python" -m pip install -q --disable-pip-version-check -r "$PIPELINE_PLANNER_REQUIREMENTS" \
+      2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+    # The planner must import what isambard_sbatch's preflight imports, from this checkout's src/.
+    PYTHONPATH="$PIPELINE_ROOT/src" "$tmp/bin/python" -c 'import pipeline.cli.train' \
+      || die "the planner venv cannot import the training preflight (pipeline.cli.train); see the error above" 1
+    log_info "planner: a venv of $py (Python $version, no torch) at $PIPELINE_PLANNER_VENV"
+  elif command -v apptainer >/dev/null && [[ -f "$PIPELINE_SIF" ]]; then
+    mkdir -p "$tmp/bin"
+    printf '#!/usr/bin/env bash\n# The planner is the container'"'"'s Python (no Python >= 3.11 on this login node).\nexec apptainer exec --bind %q %q python "$@"\n' \
+      "$PIPELINE_ROOT" "$PIPELINE_SIF" > "$tmp/bin/python"
+    chmod +x "$tmp/bin/python"
+    log_info "planner: the container's Python ($PIPELINE_SIF): $py is not a Python >= 3.11 here"
+  else
+    die "no planner possible here: $py is not a Python >= 3.11 and there is no apptainer with $PIPELINE_SIF; set PIPELINE_PLANNER_PYTHON to a Python 3.11+ (e.g. after module load) and rerun" 2
+  fi
+  rm -rf "$PIPELINE_PLANNER_VENV"; mv "$tmp" "$PIPELINE_PLANNER_VENV"
+}
+
 # --- container steps -------------------------------------------------------------------------------------
 CONTAINER_STEP_DIR="$PIPELINE_ROOT/.cache/containers/.pipeline_steps"
 do_image() {
@@ -159,6 +188,8 @@ case "$PIPELINE_RUNTIME" in
     fi ;;
   apptainer)
     STEP_DIR="$CONTAINER_STEP_DIR"
+    step planner "$(sha_of "$PIPELINE_PLANNER_REQUIREMENTS")-$PIPELINE_PLANNER_PYTHON-$PIPELINE_PLANNER_VENV" do_planner \
+      "$PIPELINE_PLANNER_VENV/bin/python"
     step pull "$PIPELINE_IMAGE-$PIPELINE_SIF" do_pull "$PIPELINE_SIF"
     step nccl-plugin "$AWS_OFI_NCCL_VERSION-$LIBFABRIC_VERSION-$PIPELINE_NCCL_PLUGIN_DIR" do_nccl_plugin \
       "$PIPELINE_NCCL_PLUGIN_DIR/lib/libnccl-net.so"

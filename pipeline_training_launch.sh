@@ -22,4 +22,8 @@ if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
   [[ $# -eq 0 ]] && exit 2 || exit 0
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+for arg in "$@"; do
+  # A dry run only plans: on a login node it runs in the planner when the job's environment is not there.
+  if [[ "$arg" == --dry-run ]]; then plan_in_env python -m pipeline.cli.train "$@"; fi
+done
 run_in_env python -m pipeline.cli.train "$@"

@@ -1,8 +1,9 @@
 """isambard_sbatch against the real local Slurm: every sbatch option reaches sbatch intact (the option table
 comes from the installed sbatch), unknown options are refused, a login node without the pipeline
-environment submits a training job without a traceback, and the job id and log path are printed."""
+environment refuses a training job it cannot check (the planner on the cluster's login node checks it), and the job id and log path are printed."""
 
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -51,18 +52,77 @@ def test_unknown_option_is_refused_before_sbatch(senv):
         "error: unknown sbatch option '--nodez=2' (not in this Slurm's sbatch --help); check the spelling")
 
 
-def test_training_submission_without_the_environment(senv, tmp_path):
-    """A login node in the container posture: only the system Python, no hydra/torch. The preflight is skipped
-    with one line (it runs inside the job) and the job is submitted."""
-    bare = tmp_path / "bare"  # a Python with the standard library only
+@pytest.fixture
+def login_node(senv, tmp_path):
+    """A login node in the container posture: only a standard-library Python (no hydra/numpy/torch) on PATH, no
+    pipeline venv, and an sbatch that records every submission (its --help/--usage reads are not submissions)."""
+    bare = tmp_path / "bare"
     subprocess.run(["python3.11", "-m", "venv", "--without-pip", str(bare)], check=True)
-    env = {**senv, "PIPELINE_VENV": str(tmp_path / "no-venv"), "PATH": f"{bare}/bin:/usr/bin:/bin",
-           "SLURM_CONF": senv["SLURM_CONF"]}
-    res = run([str(ROOT / "isambard_sbatch"), "--test-only", "--nodes=1", "pipeline_training_submit.sbatch",
-               "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft"], env=env)
-    assert "Traceback" not in res.stderr, res.stderr
-    assert "warning: preflight skipped: the pipeline environment is not available here" in res.stderr
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    record = tmp_path / "submitted.txt"
+    real = shutil.which("sbatch")
+    (bin_ / "sbatch").write_text(f'#!/bin/bash\ncase "$1" in --help|--usage) ;; *) echo "$*" >> {record} ;; esac\n'
+                                 f'exec {real} "$@"\n')
+    (bin_ / "sbatch").chmod(0o755)
+    env = {**senv, "PIPELINE_VENV": str(tmp_path / "no-venv"), "PIPELINE_PLANNER_VENV": str(tmp_path / "no-planner"),
+           "PATH": f"{bin_}:{bare}/bin:/usr/bin:/bin"}
+    env.pop("VIRTUAL_ENV", None)
+    return env, record
+
+
+TINY = ["pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft"]
+
+
+def test_training_submission_without_the_environment_is_refused(login_node):
+    """Without the venv or the planner the preflight cannot run: the submission is refused in one line naming the
+    command that creates the planner, nothing is queued; --no-preflight queues anyway, saying so."""
+    env, record = login_node
+    res = run([str(ROOT / "isambard_sbatch"), "--test-only", "--nodes=1", *TINY], env=env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(
+        r"error: the training preflight cannot run here: no pipeline venv or login-node planner \(No module named "
+        r"'\w+'\); create the pipeline venv with: bash pipeline_env_setup.sh \(or pass --no-preflight to queue "
+        r"without the checks\); nothing was submitted", lines[0]), lines
+    assert not record.exists()
+    res = run([str(ROOT / "isambard_sbatch"), "--no-preflight", "--test-only", "--nodes=1", *TINY], env=env)
+    assert "warning: preflight skipped (--no-preflight)" in res.stderr, res.stderr
     assert re.search(r"Job \d+ to start", res.stderr), res.stderr
+    assert "--no-preflight" not in record.read_text() and "--test-only" in record.read_text()
+
+
+@pytest.mark.slow
+def test_cluster_login_node_plans_before_anything_is_queued(login_node, tmp_path):
+    """The cluster's runtime (PIPELINE_CLUSTER=isambard_gh200: apptainer, no venv on the login node): the env
+    setup's planner step makes the login node's planner, and the broken Nano submission of issue 20 (tp 4 x ep 8
+    on 4-GPU nodes, a misspelled key) exits 2 with each problem before sbatch is called."""
+    env, record = login_node
+    env = {**env, "PIPELINE_CLUSTER": "isambard_gh200", "PIPELINE_PLANNER_PYTHON": "python3.11",
+           "PIPELINE_PLANNER_VENV": str(tmp_path / "planner")}
+    made = run(["bash", "pipeline_env_setup.sh", "--only", "planner"], env=env, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert "planner: a venv of python3.11 (Python 3.11" in made.stderr and "no torch" in made.stderr
+    assert not list((tmp_path / "planner").glob("lib/python*/site-packages/torch"))
+    nano = ["--nodes=16", "pipeline_training_submit.sbatch", "configs/quickstart/nemotron_nano_quickstart_sft.yaml",
+            "nano", "sft", "model.tensor_model_parallel_size=4", "model.expert_model_parallel_size=8"]
+    typo = run([str(ROOT / "isambard_sbatch"), *nano, "train.trian_iters=5"], env=env)
+    assert typo.returncode == 2, typo.stderr
+    assert "unknown key 'train.trian_iters' (did you mean 'train.train_iters'?)" in typo.stderr
+    bare = run([str(ROOT / "isambard_sbatch"), *nano], env={**env, "PIPELINE_PLANNER_VENV": str(tmp_path / "none")})
+    assert bare.returncode == 2 and "create the planner with: PIPELINE_CLUSTER=isambard_gh200 bash " \
+        "pipeline_env_setup.sh --only planner (or pass --no-preflight" in bare.stderr, bare.stderr
+    layout = run([str(ROOT / "isambard_sbatch"), *nano], env=env)
+    assert layout.returncode == 2, layout.stderr
+    assert "error: tp(4) * ep(8) = 32 > gpus_per_node(4) on 'isambard_gh200'" in layout.stderr
+    assert re.search(r"preflight: \d+ problem\(s\); nothing was submitted", layout.stderr)
+    assert not record.exists(), record.read_text()
+    # The login node's dry run plans in the planner too (the container's pieces are not there).
+    dry = run(["bash", "pipeline_training_launch.sh", nano[2], "--model", "nano", "--mode", "sft", "--dry-run",
+               "--nodes", "16", "--no-path-checks"], env=env)
+    assert dry.returncode == 0 and "== launch command (per node) ==" in dry.stdout + dry.stderr, dry.stderr[-2000:]
+    again = run(["bash", "pipeline_env_setup.sh", "--only", "planner"], env=env)
+    assert again.returncode == 0 and "step planner: already done, skipping" in again.stderr
 
 
 def test_options_shown_optional_but_required_by_sbatch(senv):

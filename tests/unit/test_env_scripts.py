@@ -65,3 +65,15 @@ def test_convert_bad_input(args, needle, pipeline_env):
     res = run(["bash", "pipeline_checkpoint_convert.sh", *args], env=pipeline_env)
     assert res.returncode == 2, res.stderr
     assert needle in res.stderr and res.stderr.count("\n") == 1
+
+
+def _pins(path):
+    return {line.split("==")[0].lower(): line.strip() for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def test_the_planner_pins_are_the_venv_pins():
+    """The login node's planner plans with the same libraries (and versions) as the venv that CI tests."""
+    planner, local = _pins(ROOT / "requirements" / "planner.txt"), _pins(ROOT / "requirements" / "local.txt")
+    assert {"hydra-core", "omegaconf", "pyyaml", "numpy"} <= set(planner) and "torch" not in planner
+    assert {k: v for k, v in planner.items() if local.get(k) != v} == {}

@@ -2,6 +2,7 @@
 
     isambard_sbatch [sbatch options] SCRIPT [script args]     submit, excluding every node in the shared
                                                              bad-node log younger than the TTL
+    isambard_sbatch --no-preflight [sbatch options] SCRIPT    the same without the training preflight
     isambard_sbatch --mark-bad NODE [REASON]                 report a node (or hostlist nid[001-004])
     isambard_sbatch --list-bad                               list the log (active entries marked *)
     isambard_sbatch --update-bad NODE REASON                 change the reason
@@ -10,7 +11,9 @@
 
 The log is $BAD_NODES_LOG (else PIPELINE_BAD_NODES_LOG from pipeline_env_config.env); the TTL is
 $BAD_NODES_TTL_DAYS (default 7). A user --exclude/-x is merged with the log's nodes. Training submissions
-(pipeline_training_submit.sbatch) run the login-node preflight first and are refused (exit 2) when it fails.
+(pipeline_training_submit.sbatch) run the login-node preflight first and are refused (exit 2) when it fails,
+or when it cannot run: it needs the pipeline venv or, on a cluster's login node, the planner environment
+(`bash pipeline_env_setup.sh --only planner`); `--no-preflight` queues without the checks.
 Only mark a node for hardware faults (GPU Xid, a tunnel that never comes up, NCCL dying on the first
 collective on that node) - not for OOM, bad YAML or parallelism mistakes.
 """
@@ -44,6 +47,8 @@ VALUE_OPTS = {
 MAX_EXCLUDE_ARG = 64 * 1024
 CRUD = ("--mark-bad", "--list-bad", "--update-bad", "--unmark-bad", "--prune-bad")
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
+OWN_FLAGS = ("--no-preflight",)  # isambard_sbatch's options among sbatch's; never passed to sbatch
+PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
 
 
 # Value options that sbatch accepts but that Slurm 22.05's --help/--usage do not list (from the sbatch manual),
@@ -120,6 +125,10 @@ def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[st
             return opts, excludes, (argv[i + 1] if i + 1 < len(argv) else None), argv[i + 2:]
         if not a.startswith("-") or a == "-":
             return opts, excludes, a, argv[i + 1:]
+        if a in OWN_FLAGS:  # isambard_sbatch's own, exactly as written (build_submission takes them out)
+            opts.append(a)
+            i += 1
+            continue
         if a.startswith("--"):
             name, eq, val = a.partition("=")
             if flags is not None and name not in values and name not in flags:
@@ -177,9 +186,11 @@ def option_value(opts: list[str], *names: str) -> str | None:
     return None
 
 
-def training_preflight(script_args: list[str], opts: list[str]) -> str | None:
+def training_preflight(script_args: list[str], opts: list[str], required: bool = True) -> str | None:
     """Run the training preflight for a pipeline_training_submit.sbatch submission; UserError on failure.
-    Returns the run's name (``logger.wandb_exp_name``), or None when the preflight could not run here."""
+    Returns the run's name (``logger.wandb_exp_name``), or None when the preflight could not run here: that is
+    refused (UserError naming the command that creates the login-node planner) unless ``required`` is False
+    (``--no-preflight``)."""
     if len(script_args) < 3:
         raise UserError(f"{TRAINING_SCRIPT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
     nodes = (option_value(opts, "--nodes", "-N") or "1").split("-")[0]
@@ -194,9 +205,17 @@ def training_preflight(script_args: list[str], opts: list[str]) -> str | None:
         from pipeline.cli.train import plan_from_argv  # the pipeline environment: not there on a bare login node
 
         launch = plan_from_argv(argv)
-    except ImportError as exc:  # a login node without the pipeline environment (the container posture)
-        print(f"warning: preflight skipped: the pipeline environment is not available here ({exc}); it runs "
-              "inside the job instead", file=sys.stderr)
+    except ImportError as exc:  # a login node without the pipeline venv or the planner (the container posture)
+        if required:
+            # The container runtime's login node gets the planner; a venv machine gets the venv itself.
+            fix = (f"create the planner with: {f'PIPELINE_CLUSTER={cluster} ' if cluster else ''}{PLANNER_SETUP}"
+                   if os.environ.get("PIPELINE_RUNTIME") == "apptainer" else
+                   "create the pipeline venv with: bash pipeline_env_setup.sh")
+            raise UserError(f"the training preflight cannot run here: no pipeline venv or login-node planner "
+                            f"({exc}); {fix} (or pass --no-preflight to queue without the checks); nothing was "
+                            "submitted") from None
+        print(f"warning: preflight skipped (--no-preflight): the pipeline environment is not available here "
+              f"({exc}); the job checks its config when it starts", file=sys.stderr)
         return None
     plan, cfg = launch.preflight, launch.cfg
     if not plan.ok:
@@ -387,6 +406,8 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
     log = from_env()
     opts, user_ex, script, script_args = split_sbatch_args(argv)
+    no_preflight = "--no-preflight" in opts
+    opts = [o for o in opts if o not in OWN_FLAGS]
     if script is None and option_value(opts, "--wrap") is None:
         raise UserError("no batch script given (usage: isambard_sbatch [sbatch options] SCRIPT [args])")
     user_nodes: list[str] = []
@@ -413,7 +434,7 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
         later = option_value(opts, "--dependency", "-d") is not None
         submit_checks(script, script_args, inputs_later=later)
     if script is not None and Path(script).name == TRAINING_SCRIPT:
-        name = training_preflight(script_args, opts)
+        name = training_preflight(script_args, opts, required=not no_preflight)
         if option_value(opts, "--job-name", "-J") is None:
             cmd.insert(1, f"--job-name={run_job_name(name, script_args[0])}")
     return cmd, bad, log.path

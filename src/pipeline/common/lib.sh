@@ -52,6 +52,22 @@ run_in_env() {
   exec "${argv[@]}"
 }
 
+# Plan only (a --dry-run): in the job's environment when it is complete, else - a cluster's login node, where the
+# container does not run - in the login node's planner (pipeline_env_setup.sh --only planner), which imports
+# everything a plan needs and no torch. Usage: plan_in_env python -m MODULE ARGS...
+plan_in_env() {
+  if [[ -n "${PIPELINE_IN_CONTAINER:-}" ]] || _runtimes check >/dev/null 2>&1; then run_in_env "$@"; fi
+  if [[ -x "$PIPELINE_PLANNER_VENV/bin/python" ]]; then
+    shift  # "python"
+    PYTHONPATH="$PIPELINE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}" exec "$PIPELINE_PLANNER_VENV/bin/python" "$@"
+  fi
+  _runtimes check || true
+  if [[ "$PIPELINE_RUNTIME" == apptainer ]]; then
+    die "or, to plan only (--dry-run) on this login node, create the planner: bash $PIPELINE_ROOT/pipeline_env_setup.sh --only planner" 1
+  fi
+  exit 1
+}
+
 with_retries() {
   local tries="$1"; shift
   local n=1
