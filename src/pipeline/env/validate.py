@@ -234,6 +234,36 @@ def check_import_in_container(module: str) -> Callable[[], str]:
     return fn
 
 
+def check_image_packages() -> str:
+    """The running image's packages are the recorded ones (3rdparty/image-packages.txt)."""
+    _container_only("the image's package set")
+    from pipeline.env import closure
+
+    recorded, actual = closure.read_freeze(closure.IMAGE_LIST), closure.installed_image()
+    diff = closure.diff_lists(recorded, actual)
+    _require(not diff, f"{len(diff)} difference(s) from {closure.IMAGE_LIST.name}: " + "; ".join(diff[:6])
+             + (f" (+{len(diff) - 6} more)" if len(diff) > 6 else ""))
+    return f"{len(actual)} packages, as recorded in {closure.IMAGE_LIST.name}"
+
+
+def check_overlay_closure() -> str:
+    """Every requirement of the overlay's packages is met by the running image + overlay, no pin is stale, and no
+    overlay pin breaks an image package."""
+    _container_only("the overlay's closure over the image")
+    import platform
+
+    from pipeline.env import closure
+
+    overlay_dir = os.environ.get("PIPELINE_OVERLAY", "")
+    pins = closure.read_overlay(closure.OVERLAY)
+    image = closure.installed_image()
+    requires = closure.installed_requires([overlay_dir])
+    problems = closure.check(image, pins, requires, closure.local_pins(closure.SUITE_NEEDS), platform.machine(),
+                             closure.installed_requires(closure.image_paths()))
+    _require(not problems, "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
+    return f"{len(pins)} overlay pins close over the image's {len(image)} packages"
+
+
 def check_ft_launcher() -> str:
     import shutil
 
@@ -315,6 +345,11 @@ CHECKS: list[Check] = [
     Check("wandb-dir-writable", check_wandb_dir, "export WANDB_DIR=<a writable dir> (pipeline_env_config.env)"),
     Check("wandb-offline-run", check_wandb_offline, f"{SETUP} --only packages --force"),
     Check("gloo-allreduce", check_gloo_allreduce, f"{SETUP} --only packages --force"),
+    Check("image-packages", check_image_packages,
+          'record the image: apptainer exec "$PIPELINE_SIF" python -m pip list --format=freeze > '
+          "3rdparty/image-packages.txt, then python -m pipeline.env.closure (docs/decisions.md #38)"),
+    Check("overlay-closure", check_overlay_closure,
+          f"fix the pins of 3rdparty/requirements-container.txt as the message says; {SETUP} --only overlay --force"),
     Check("import-megatron-core", check_import_in_container("megatron.core"), f"{SETUP} --only overlay --force"),
     Check("import-megatron-bridge", check_import_in_container("megatron.bridge"), f"{SETUP} --only overlay --force"),
     Check("import-transformer-engine", check_import_in_container("transformer_engine"),
