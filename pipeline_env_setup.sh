@@ -63,7 +63,7 @@ if [[ -n "$ONLY" ]]; then
 fi
 
 STEP_DIR="$(env_steps_dir)"
-sha_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
+sha_of() { cat "$@" | sha256sum | cut -c1-16; }  # contents only: the same pins in any checkout
 
 # step NAME KEY FUNCTION [ARTIFACT]: run FUNCTION unless NAME is done with the same KEY and its ARTIFACT
 # still exists (or --force).
@@ -122,8 +122,9 @@ do_planner() {
     log_info "planner: a venv of $py (Python $version, no torch) at $PIPELINE_PLANNER_VENV"
   elif command -v apptainer >/dev/null && [[ -f "$PIPELINE_SIF" ]]; then
     mkdir -p "$tmp/bin"
-    printf '#!/usr/bin/env bash\n# The planner is the container'"'"'s Python (no Python >= 3.11 on this login node).\nexec apptainer exec --bind %q %q python "$@"\n' \
-      "$PIPELINE_ROOT" "$PIPELINE_SIF" > "$tmp/bin/python"
+    # shellcheck disable=SC2016  # $PIPELINE_ROOT is the caller's checkout, expanded when the planner runs
+    printf '#!/usr/bin/env bash\n# The planner is the container'"'"'s Python (no Python >= 3.11 on this login node).\nexec apptainer exec --bind "$PIPELINE_ROOT" %q python "$@"\n' \
+      "$PIPELINE_SIF" > "$tmp/bin/python"
     chmod +x "$tmp/bin/python"
     log_info "planner: the container's Python ($PIPELINE_SIF): $py is not a Python >= 3.11 here"
   else
@@ -133,7 +134,18 @@ do_planner() {
 }
 
 # --- container steps -------------------------------------------------------------------------------------
-CONTAINER_STEP_DIR="$PIPELINE_ROOT/.cache/containers/.pipeline_steps"
+# Shared by every checkout on the cluster (PIPELINE_CONTAINER_DIR): a second checkout finds the steps done.
+CONTAINER_STEP_DIR="$PIPELINE_CONTAINER_DIR/.pipeline_steps"
+# Two setups at once (two teammates, two worktrees) take turns on the shared directory.
+lock_container_dir() {
+  mkdir -p "$PIPELINE_CONTAINER_DIR" || die "cannot create the shared container directory $PIPELINE_CONTAINER_DIR" 1
+  local lock="$PIPELINE_CONTAINER_DIR/.setup.lock"
+  exec 9>>"$lock" || die "cannot open the setup lock $lock" 1
+  if ! flock -n 9; then
+    log_info "another setup holds $lock; waiting for it"
+    flock -w 7200 9 || die "the setup lock $lock was not released within 2 hours" 1
+  fi
+}
 do_image() {
   [[ $(id -u) -eq 0 ]] || die "building the Charliecloud image needs root (debootstrap); run as root or set PIPELINE_CH_IMAGE to a built image" 1
   { command -v debootstrap >/dev/null && command -v ch-run >/dev/null; } || with_retries 2 bash -c \
@@ -154,23 +166,30 @@ do_pull() {
   command -v apptainer >/dev/null || die "apptainer not found: load the module (module load apptainer) on the GPU node" 1
   mkdir -p "$(dirname "$PIPELINE_SIF")"
   with_retries 3 apptainer pull --force "$PIPELINE_SIF.tmp" "docker://$PIPELINE_IMAGE"
+  # Renamed into place: jobs running from the old SIF keep their open file.
   mv "$PIPELINE_SIF.tmp" "$PIPELINE_SIF"
   sha256sum "$PIPELINE_SIF" | cut -d' ' -f1 > "$PIPELINE_SIF.digest"
+  printf '%s\n' "$PIPELINE_IMAGE" > "$PIPELINE_SIF.tag"   # the tag this SIF was pulled from
 }
 do_nccl_plugin() {
   # aws-ofi-nccl against the host's libfabric (Slingshot CXI provider), built inside the image's CUDA toolchain.
-  local src="$PIPELINE_ROOT/.cache/build/aws-ofi-nccl-$AWS_OFI_NCCL_VERSION"
-  mkdir -p "$(dirname "$src")" "$PIPELINE_NCCL_PLUGIN_DIR"
+  # Built aside and renamed into place: a job never sees a half-installed plugin.
+  local src="$PIPELINE_CONTAINER_DIR/build/aws-ofi-nccl-$AWS_OFI_NCCL_VERSION" tmp="$PIPELINE_NCCL_PLUGIN_DIR.tmp.$$"
+  rm -rf "$tmp"; mkdir -p "$(dirname "$src")" "$tmp"
   [[ -d "$src" ]] || with_retries 3 bash -c "curl -fsSL https://github.com/aws/aws-ofi-nccl/releases/download/v$AWS_OFI_NCCL_VERSION/aws-ofi-nccl-$AWS_OFI_NCCL_VERSION.tar.gz | tar xz -C '$(dirname "$src")'"
-  apptainer exec --nv --bind "$src,$PIPELINE_NCCL_PLUGIN_DIR,/opt/cray" "$PIPELINE_SIF" bash -c \
-    "cd '$src' && ./configure --prefix='$PIPELINE_NCCL_PLUGIN_DIR' --with-libfabric=/opt/cray/libfabric/$LIBFABRIC_VERSION \
+  apptainer exec --nv --bind "$src,$tmp,/opt/cray" "$PIPELINE_SIF" bash -c \
+    "cd '$src' && ./configure --prefix='$tmp' --with-libfabric=/opt/cray/libfabric/$LIBFABRIC_VERSION \
        --with-cuda=/usr/local/cuda --disable-tests && make -j && make install"
+  rm -rf "$PIPELINE_NCCL_PLUGIN_DIR"; mv "$tmp" "$PIPELINE_NCCL_PLUGIN_DIR"
 }
 do_overlay() {
-  mkdir -p "$PIPELINE_OVERLAY"
-  apptainer exec --bind "$PIPELINE_ROOT,$PIPELINE_OVERLAY" "$PIPELINE_SIF" \
-    python -m pip install -q --no-deps --target "$PIPELINE_OVERLAY" -r "$PIPELINE_ROOT/3rdparty/requirements-container.txt"
-  touch "$PIPELINE_OVERLAY/.pipeline_overlay.done"
+  # Built aside and renamed into place: a reader never sees a half-built overlay.
+  local tmp="$PIPELINE_OVERLAY.tmp.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  apptainer exec --bind "$PIPELINE_ROOT,$tmp" "$PIPELINE_SIF" \
+    python -m pip install -q --no-deps --target "$tmp" -r "$PIPELINE_ROOT/3rdparty/requirements-container.txt"
+  touch "$tmp/.pipeline_overlay.done"
+  rm -rf "$PIPELINE_OVERLAY"; mv "$tmp" "$PIPELINE_OVERLAY"
 }
 
 case "$PIPELINE_RUNTIME" in
@@ -183,11 +202,12 @@ case "$PIPELINE_RUNTIME" in
     step assets "$(sha_of "$PIPELINE_ROOT/src/pipeline/env/assets.py")-$PIPELINE_MODELS_DIR" do_assets \
       "$PIPELINE_MODELS_DIR/SmolLM2-135M-Instruct/config.json"
     if [[ "$PIPELINE_RUNTIME" == charliecloud ]]; then
-      STEP_DIR="$CONTAINER_STEP_DIR"
+      STEP_DIR="$PIPELINE_ROOT/.cache/containers/.pipeline_steps"
       step image "$PIPELINE_CH_SUITE-$PIPELINE_CH_IMAGE" do_image "$PIPELINE_CH_IMAGE/bin/bash"
     fi ;;
   apptainer)
     STEP_DIR="$CONTAINER_STEP_DIR"
+    [[ "$ONLY" == planner ]] || lock_container_dir
     step planner "$(sha_of "$PIPELINE_PLANNER_REQUIREMENTS")-$PIPELINE_PLANNER_PYTHON-$PIPELINE_PLANNER_VENV" do_planner \
       "$PIPELINE_PLANNER_VENV/bin/python"
     step pull "$PIPELINE_IMAGE-$PIPELINE_SIF" do_pull "$PIPELINE_SIF"

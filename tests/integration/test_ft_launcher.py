@@ -1,7 +1,12 @@
 """ft_launcher (nvidia-resiliency-ext) on the real local Slurm: the local engine's ranks report timed sections
 (setup, step, checkpointing) to their rank monitors, so a hung rank is detected by the cluster profile's
 section timeout (configs/cluster/local_cpu_ft.yaml), killed, and the worker group restarts and resumes from
-the latest complete checkpoint; a rank killed outright is restarted the same way."""
+the latest complete checkpoint; a rank killed outright is restarted the same way.
+
+Versions: these tests run the local venv's ft_launcher, nvidia-resiliency-ext 0.4.1 (requirements/local.txt): the
+last NVRx wheel for this machine's glibc 2.36 (0.5+ need glibc 2.39). The cluster's jobs run the NGC image's
+NVRx 0.6.0 (3rdparty/image-packages.txt); the container twin (tests/twin) runs 0.6.0's ft_launcher --help and
+megatron-core's import of it, not these restarts."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_cluster_login_node_plans_before_anything_is_queued(login_node, tmp_path
     on 4-GPU nodes, a misspelled key) exits 2 with each problem before sbatch is called."""
     env, record = login_node
     env = {**env, "PIPELINE_CLUSTER": "isambard_gh200", "PIPELINE_PLANNER_PYTHON": "python3.11",
-           "PIPELINE_PLANNER_VENV": str(tmp_path / "planner")}
+           "PIPELINE_PLANNER_VENV": str(tmp_path / "planner"), "PIPELINE_CONTAINER_DIR": str(tmp_path / "shared")}
     made = run(["bash", "pipeline_env_setup.sh", "--only", "planner"], env=env, timeout=600)
     assert made.returncode == 0, made.stderr[-3000:]
     assert "planner: a venv of python3.11 (Python 3.11" in made.stderr and "no torch" in made.stderr

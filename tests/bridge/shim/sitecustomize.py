@@ -35,6 +35,10 @@ _SCOPED = {
     # NVIDIA Model Optimizer (quantization/distillation), imported by Bridge's training modules.
     "modelopt": ("megatron.bridge.",),
 }
+# The container twin (tests/twin) has the real packages but Transformer Engine: PIPELINE_SHIM_ONLY names the
+# stand-ins it takes (comma-separated); every other package is imported for real there.
+if os.environ.get("PIPELINE_SHIM_ONLY") is not None:
+    _SCOPED = {k: v for k, v in _SCOPED.items() if k in os.environ["PIPELINE_SHIM_ONLY"].split(",")}
 _real_import = builtins.__import__
 
 
