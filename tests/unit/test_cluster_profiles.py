@@ -62,6 +62,25 @@ def test_shell_knobs_come_from_the_selected_profile_and_exports_win():
     assert out == f"apptainer {SIF}"
 
 
+def test_hub_and_wandb_defaults_come_from_the_profile(tmp_path):
+    """The cluster reaches the hub (the laptop does not); W&B is online when a key exists, and `wandb login`'s
+    netrc counts as one; an exported value wins."""
+    echo = "echo $HF_HUB_OFFLINE $WANDB_MODE"
+    home = tmp_path / "home"
+    home.mkdir()
+    assert shell(f"PIPELINE_CLUSTER=isambard_gh200; source pipeline_env_config.env; {echo}", HOME=str(home)) == \
+        "0 offline"
+    assert shell(f"source pipeline_env_config.env; {echo}", HOME=str(home)) == "1 offline"
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    (home / ".netrc").chmod(0o600)
+    assert shell(f"PIPELINE_CLUSTER=isambard_gh200; source pipeline_env_config.env; {echo}", HOME=str(home)) == \
+        "0 online"
+    assert shell(f"source pipeline_env_config.env; {echo}", HOME=str(tmp_path / "nohome"), WANDB_API_KEY="k") == \
+        "1 online"
+    assert shell(f"PIPELINE_CLUSTER=isambard_gh200; source pipeline_env_config.env; {echo}", HOME=str(home),
+                 HF_HUB_OFFLINE="1", WANDB_MODE="disabled") == "1 disabled"
+
+
 def test_the_helper_runs_on_the_host_python_without_yaml(tmp_path):
     # -S: no site-packages, so PyYAML cannot be imported; the profile must still be read
     res = run([sys.executable, "-S", "-m", "pipeline.config.cluster", "env", "isambard_gh200"],
@@ -78,6 +97,9 @@ BAD_VALUES = [
     ("exclusive: maybe", "exclusive 'maybe' must be true or false"),
     ("sif: [a, b]", "only plain scalars are supported"),
     ("gpus: 4", "unknown keys ['gpus']"),
+    ("hub_offline: sometimes", "hub_offline 'sometimes' must be true or false"),
+    ("wandb_mode: loud", "wandb_mode 'loud' is not one of auto, online, offline, disabled"),
+    ("wandb_entity: \"my team\"", "wandb_entity 'my team' is not a W&B entity name"),
 ]
 
 

@@ -144,7 +144,9 @@ def markdown(report: dict) -> str:
 def log_wandb(report: dict, project: str, name: str) -> str | None:
     import wandb
 
-    mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    from pipeline.config.cluster import wandb_key_present
+
+    mode = os.environ.get("WANDB_MODE") or ("online" if wandb_key_present() else "offline")
     run = wandb.init(project=project, name=name, mode=mode, job_type="coherence",
                      dir=os.environ.get("WANDB_DIR") or None, settings=wandb.Settings(silent=True))
     cols = ["model", "prompt", "response", "response_length", "empty", "truncated", "repetitive", "template_leak"]

@@ -38,7 +38,28 @@ KNOBS = {
     "PIPELINE_BAD_NODES_LOG": "bad_nodes_log",
     "PIPELINE_LOG_DIR": "log_dir",
     "PIPELINE_CACHE_DIR": "cache_dir",
+    "HF_HUB_OFFLINE": "hub_offline",
+    "WANDB_MODE": "wandb_mode",
+    "WANDB_ENTITY": "wandb_entity",
 }
+PATH_FIELDS = ("sif", "bad_nodes_log", "log_dir", "cache_dir")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+WANDB_HOST = "api.wandb.ai"
+
+
+def wandb_key_present(environ: dict[str, str] | None = None) -> bool:
+    """A W&B key is there: WANDB_API_KEY, or an entry for api.wandb.ai in the netrc that ``wandb login`` writes
+    (NETRC, else ~/.netrc)."""
+    import netrc
+
+    environ = os.environ if environ is None else environ
+    if environ.get("WANDB_API_KEY"):
+        return True
+    path = environ.get("NETRC") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(path).authenticators(WANDB_HOST) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 # The record of which knobs a profile filled (``NAME:KEY,KEY``), so that sourcing the env config again with
 # another profile selected refills them, while a knob the user exported keeps winning.
 FILLED = "PIPELINE_PROFILE_FILLED"
@@ -73,6 +94,10 @@ class ClusterProfile:
     max_restarts: int = 3
     rdzv_port: int = 29500
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Services the cluster reaches (an exported HF_HUB_OFFLINE / WANDB_MODE / WANDB_ENTITY still wins).
+    hub_offline: bool = True         # no Hugging Face hub at run time (laptop, CI); false where the hub is reachable
+    wandb_mode: str = "auto"         # auto: online when a W&B key exists (WANDB_API_KEY or `wandb login`'s netrc)
+    wandb_entity: str | None = None  # the team's W&B entity (None: the key's default)
 
     def __post_init__(self) -> None:
         where = f"cluster profile '{self.name}'"
@@ -118,6 +143,13 @@ class ClusterProfile:
         for f in ("sif", "bad_nodes_log", "log_dir", "cache_dir"):
             if not getattr(self, f):
                 raise bad(f, "must not be empty")
+        if not isinstance(self.hub_offline, bool):
+            raise bad("hub_offline", "must be true or false")
+        if self.wandb_mode not in WANDB_MODES:
+            raise bad("wandb_mode", f"is not one of {', '.join(WANDB_MODES)}")
+        if self.wandb_entity is not None and (not isinstance(self.wandb_entity, str)
+                                              or not re.match(r"^[A-Za-z0-9_.-]+$", self.wandb_entity)):
+            raise bad("wandb_entity", "is not a W&B entity name (letters, digits, '_', '.', '-'), or null")
         if not isinstance(self.env, dict):
             raise UserError(f"{where}: env must be a mapping of NAME: value")
         for k, v in self.env.items():
@@ -140,9 +172,20 @@ class ClusterProfile:
         """A path field, absolute (relative ones are under the checkout)."""
         return str((root or ROOT) / getattr(self, field))
 
-    def knob_values(self, root: Path | None = None) -> dict[str, str]:
-        """The shell knobs this profile fills (PIPELINE_RUNTIME, PIPELINE_SIF, ...), paths made absolute."""
-        return {k: (getattr(self, f) if f == "runtime" else self.path(f, root)) for k, f in KNOBS.items()}
+    def knob_values(self, root: Path | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+        """The shell knobs this profile fills (PIPELINE_RUNTIME, PIPELINE_SIF, ...), paths made absolute; W&B's
+        auto mode is resolved against ``environ``'s key or netrc."""
+        out = {}
+        for k, f in KNOBS.items():
+            v = getattr(self, f)
+            if f in PATH_FIELDS:
+                v = self.path(f, root)
+            elif f == "hub_offline":
+                v = "1" if v else "0"
+            elif f == "wandb_mode" and v == "auto":
+                v = "online" if wandb_key_present(environ) else "offline"
+            out[k] = "" if v is None else str(v)
+        return out
 
 
 def cluster_dir() -> Path:
@@ -317,7 +360,7 @@ def user_set(environ: dict[str, str]) -> dict[str, str]:
     prev: dict[str, str] = {}
     if filled:
         try:
-            prev = load_cluster(prev_name).knob_values()
+            prev = load_cluster(prev_name).knob_values(environ=environ)
         except UserError:
             prev = {}
     return {k: environ[k] for k in KNOBS if k in environ and not (k in filled and prev.get(k) == environ[k])}
@@ -326,7 +369,7 @@ def user_set(environ: dict[str, str]) -> dict[str, str]:
 def effective_knobs(profile: ClusterProfile, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Each profile knob as a job would see it: the user's exported value wins, else the profile's."""
     environ = os.environ if environ is None else environ
-    return {**profile.knob_values(), **user_set(environ)}
+    return {**profile.knob_values(environ=environ), **user_set(environ)}
 
 
 def env_lines(name: str, environ: dict[str, str] | None = None) -> list[str]:
