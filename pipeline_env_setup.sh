@@ -7,6 +7,8 @@
 #   bash pipeline_env_setup.sh --only STEP      # run one step (with --force to redo it); the reference's names
 #                                               # slingshot (= nccl-plugin) and sif (= pull) work too
 #   bash pipeline_env_setup.sh --with-tests     # also install the test requirements
+#   bash pipeline_env_setup.sh --only validate --run-training   # validate, plus 4 iterations of the Megatron Bridge
+#                                               # engine on the node's GPUs (cluster container; skipped elsewhere)
 #   bash pipeline_env_setup.sh --list           # list the steps of the configured runtime
 #
 # Steps by runtime (PIPELINE_RUNTIME in pipeline_env_config.env):
@@ -34,7 +36,7 @@ PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PIPELINE_ROOT
 source "$PIPELINE_ROOT/src/pipeline/common/lib.sh"
 
-FORCE=0; ONLY=""; WITH_TESTS=0
+FORCE=0; ONLY=""; WITH_TESTS=0; VALIDATE_ARGS=()
 case "${PIPELINE_RUNTIME}" in
   venv) STEPS=(venv packages tests assets validate) ;;
   charliecloud) STEPS=(venv packages tests assets image validate) ;;
@@ -47,6 +49,7 @@ while [[ $# -gt 0 ]]; do
     --only) [[ $# -ge 2 ]] || die "--only needs a step name (one of: ${STEPS[*]})" 2; ONLY="$2"; shift ;;
     --only=*) ONLY="${1#--only=}" ;;
     --with-tests) WITH_TESTS=1 ;;
+    --run-training) VALIDATE_ARGS+=(--run-training) ;;
     --list) printf '%s\n' "${STEPS[@]}"; exit 0 ;;
     -h|--help) usage "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" 2 ;;
@@ -218,5 +221,5 @@ case "$PIPELINE_RUNTIME" in
 esac
 if [[ -z "$ONLY" || "$ONLY" == validate ]]; then
   log_info "step validate: running inside the $PIPELINE_RUNTIME runtime (always)"
-  bash "$PIPELINE_ROOT/pipeline_env_exec.sh" "source '$PIPELINE_ROOT/pipeline_env_activate.sh' && exec python -m pipeline.env.validate"
+  bash "$PIPELINE_ROOT/pipeline_env_exec.sh" "source '$PIPELINE_ROOT/pipeline_env_activate.sh' && exec python -m pipeline.env.validate ${VALIDATE_ARGS[*]}"
 fi

@@ -58,6 +58,7 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.bridge.recipes.nemotronh.nemotron_3_super", "nemotron_3_super_pretrain_config", ()),
     ("megatron.bridge.recipes.nemotronh.nemotron_3_super", "nemotron_3_super_sft_config", ()),
     ("megatron.bridge.recipes.nemotronh.nemotron_3_super", "nemotron_3_super_peft_config", ("peft_scheme",)),
+    ("megatron.bridge.recipes.gpt.vanilla_gpt", "vanilla_gpt_pretrain_config", ()),
 ]
 
 
@@ -155,6 +156,29 @@ def run_training(container, *, pretrain: bool, on_step: StepHook | None = None) 
     run = _import("megatron.bridge.training.pretrain" if pretrain else "megatron.bridge.training.finetune",
                   "pretrain" if pretrain else "finetune")
     run(config=container, forward_step_func=forward_step, callbacks=callbacks or None)
+
+
+# ---- the cluster's own check: a few iterations of the Bridge engine (validate --run-training) ---------------
+def smoke_overrides(run_dir: Path, *, world: int, tp: int, iters: int) -> list[str]:
+    """Bridge's minimal GPT recipe shrunk to 2 layers x 256 on mock data (random tokens: Megatron's
+    MockGPTDataset, since the recipe names no blend), random init, ``iters`` steps, one checkpoint at the end."""
+    dp = world // tp
+    return ["model.num_layers=2", "model.hidden_size=256", "model.ffn_hidden_size=1024",
+            "model.num_attention_heads=4", "model.seq_length=256", f"model.tensor_model_parallel_size={tp}",
+            "dataset.seq_length=256", f"train.train_iters={iters}", "train.micro_batch_size=1",
+            f"train.global_batch_size={2 * dp}", "validation.eval_iters=0", f"validation.eval_interval={iters}",
+            "scheduler.lr_warmup_iters=0", f"scheduler.lr_decay_iters={iters}", "logger.log_interval=1",
+            f"logger.tensorboard_dir={run_dir / 'tb'}", f"checkpoint.save={run_dir / 'checkpoints'}",
+            f"checkpoint.save_interval={iters}"]
+
+
+def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4):
+    """The ``ConfigContainer`` of the smoke run: Bridge's own recipe and override code (buildable on CPU)."""
+    if world % tp:
+        raise UserError(f"{world} GPUs do not divide into tensor-parallel groups of {tp}")
+    recipe = _import("megatron.bridge.recipes.gpt.vanilla_gpt", "vanilla_gpt_pretrain_config")
+    process = _import("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides")
+    return process(config=recipe(), cli_overrides=smoke_overrides(Path(run_dir), world=world, tp=tp, iters=iters))
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------

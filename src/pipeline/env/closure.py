@@ -300,8 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlay", type=Path, default=OVERLAY, help="the overlay's pins")
     ap.add_argument("--wheels", type=Path, default=ROOT / ".cache" / "wheels", help="wheel cache")
     ap.add_argument("--machine", default="x86_64", choices=("x86_64", "aarch64"))
+    ap.add_argument("--provided", default="", metavar="NAME,...",
+                    help="NVIDIA builds counted as present although absent (the container twin's stand-ins)")
     args = ap.parse_args(argv)
     image = installed_image() if args.installed else read_freeze(args.image)
+    for name in filter(None, args.provided.split(",")):
+        if canonicalize_name(name) not in NVIDIA_PROVIDED:
+            raise UserError(f"--provided {name}: only NVIDIA's builds can be stood in for "
+                            f"({', '.join(sorted(NVIDIA_PROVIDED))})")
+        image.setdefault(canonicalize_name(name), Version("0"))
     overlay = read_overlay(args.overlay)
     problems = check(image, overlay, overlay_requires(overlay, args.wheels, args.machine), local_pins(SUITE_NEEDS),
                      args.machine, installed_requires(image_paths()) if args.installed else None)

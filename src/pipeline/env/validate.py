@@ -264,6 +264,29 @@ def check_overlay_closure() -> str:
     return f"{len(pins)} overlay pins close over the image's {len(image)} packages"
 
 
+def check_bridge_training() -> str:
+    """validate --run-training: a few real iterations of the Megatron Bridge engine on every GPU of the node."""
+    import shutil
+    import subprocess
+
+    _container_only("the Megatron Bridge training run")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skip("no GPU on this machine: the Megatron Bridge engine needs CUDA (the quickstart runs the local "
+                   "engine on CPU)")
+    gpus = torch.cuda.device_count()
+    run_dir = Path(tempfile.mkdtemp(prefix="bridge-smoke-", dir=os.environ.get("PIPELINE_RUNS_DIR") or None))
+    launcher = shutil.which("torchrun") or "torchrun"
+    cmd = [launcher, "--standalone", f"--nproc-per-node={gpus}", "-m", "pipeline.env.bridge_smoke",
+           "--run-dir", str(run_dir), "--tp", str(2 if gpus % 2 == 0 else 1), "--iters", "4"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    out = (res.stdout + res.stderr).strip().splitlines()
+    _require(res.returncode == 0, f"{' '.join(cmd)} exited {res.returncode}: {out[-1] if out else '?'}")
+    summary = next((ln for ln in reversed(out) if ln.startswith("bridge smoke:")), "bridge smoke: ?")
+    return f"{summary} (Bridge's GPT recipe, 2 layers, mock data; records in {run_dir})"
+
+
 def check_ft_launcher() -> str:
     import shutil
 
@@ -362,6 +385,12 @@ CHECKS: list[Check] = [
 ]
 
 
+TRAINING_CHECKS = [
+    Check("bridge-training", check_bridge_training,
+          "read the torchrun output above; check the node (nvidia-smi), the overlay and the image"),
+]
+
+
 def run_checks(checks: list[Check]) -> tuple[int, int, int]:
     passed = failed = skipped = 0
     for i, check in enumerate(checks, 1):
@@ -387,12 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="print the check names and exit")
     parser.add_argument("--only", action="append", default=[], help="run only this check (repeatable)")
+    parser.add_argument("--run-training", action="store_true",
+                        help="add bridge-training: 4 iterations of the Megatron Bridge engine on the node's GPUs")
     args = parser.parse_args(argv)
+    every = CHECKS + (TRAINING_CHECKS if args.run_training else [])
     if args.list:
-        for i, c in enumerate(CHECKS, 1):
+        for i, c in enumerate(every, 1):
             print(f"{i:2d} {c.name}")
         return 0
-    checks = [c for c in CHECKS if not args.only or c.name in args.only]
+    checks = [c for c in every if not args.only or c.name in args.only]
     _, failed, _ = run_checks(checks)
     return 1 if failed else 0
 
