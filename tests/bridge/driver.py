@@ -350,8 +350,33 @@ def op_fields(req: dict) -> dict:
                       "classes": {k: dict(sorted(v.items())) for k, v in sorted(classes.items())}}}
 
 
+# ---- f: our packed Parquet through Bridge's own packed-SFT reader and collate ----------------------------------
+def op_packed_read(req: dict) -> dict:
+    """Bridge's GPTSFTPackedParquetDataset + collate_fn on our file: for every pack, the label ids Bridge trains on
+    (loss_mask 1), cut at its cu_seqlens (one list per packed sequence). The tokenizer stands in with the ids Bridge
+    reads from it (eos_id: padding and its eos masking)."""
+    import types
+
+    import torch
+    from megatron.bridge.data.packing.parquet import GPTSFTPackedParquetDataset
+
+    tok = types.SimpleNamespace(eos_id=req["eos_id"], bos_id=req.get("bos_id"), pad_id=req["eos_id"],
+                                space_sensitive=False)
+    ds = GPTSFTPackedParquetDataset(file_path=req["path"], tokenizer=tok, max_seq_length=req["seq_length"],
+                                    prompt_template="{input} {output}", label_key="output", truncation_field="input")
+    seqs = []
+    for i in range(len(ds)):
+        b = ds.collate_fn([ds[i]])
+        labels, mask = b["labels"][0], b["loss_mask"][0]
+        cu = b["cu_seqlens_q"][0].tolist()
+        for a, e in zip(cu[:-1], cu[1:]):
+            if e > a:
+                seqs.append(labels[a:e][mask[a:e] > 0].to(torch.int64).tolist())
+    return {"rows": len(ds), "sequences": seqs}
+
+
 OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
-       "roundtrip": op_roundtrip}
+       "roundtrip": op_roundtrip, "packed_read": op_packed_read}
 
 
 def main() -> int:

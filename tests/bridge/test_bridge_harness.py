@@ -263,3 +263,24 @@ def test_hf_megatron_roundtrip_cpu(harness, tmp_path):
     assert fwd is not None and not fwd["ok"] and "rotary_pos_embedding.py" in fwd["where"], fwd
     save = steps["save_megatron_model"]
     assert not save["ok"] and "checkpointing.py" in save["where"] and "CUDA" in save["error"], save
+
+
+# ---- f: loss masks of short replies, read back by Bridge's own packed reader (issue 22) -------------------------
+def test_short_replies_are_trained_on_themselves_in_bridges_reader(harness, tmp_path, tokenizer):
+    """Multiple-choice data (one-letter replies, replies equal to template words): every sequence Bridge's packed-SFT
+    reader collates from our Parquet trains on the reply and its <|im_end|>, never on template tokens."""
+    from pipeline.data.prepare import PrepareOptions, prepare
+
+    replies = [*"abcdeimstn", "assistant", "im_end", "user", "system", "a", "b"] * 3
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Question {i}: pick one"},
+                                                     {"role": "assistant", "content": r}]}) + "\n"
+                            for i, r in enumerate(replies)))
+    summary = prepare(PrepareOptions(dataset=str(data), dataset_root=tmp_path / "root", seq_length=256,
+                                     val_fraction=0.0, quiet=True, workers=1))
+    [r] = drive(harness, [{"op": "packed_read", "path": summary["pack"]["paths"]["train"], "seq_length": 256,
+                           "eos_id": tokenizer.eos_token_id, "bos_id": tokenizer.bos_token_id}])
+    assert "error" not in r, f"{r['error']} at {r['where']}"
+    # Bridge's collate pads each pack and gives the padding its own cu_seqlens segment (no loss there)
+    got = sorted(tokenizer.decode(ids) for ids in r["sequences"] if ids)
+    assert got == sorted(f"{x}<|im_end|>" for x in replies), got

@@ -226,8 +226,11 @@ def render_text(tokenizer, messages: list[dict[str, Any]], special: dict | None 
 
 def render(tokenizer, messages: list[dict[str, Any]], special: dict | None = None
            ) -> tuple[str, list[tuple[int, int]]] | None:
-    """Rendered text and assistant character spans; None when a turn cannot be located."""
-    return _spans(render_text(tokenizer, messages, special), messages, tokenizer.eos_token or "")
+    """Rendered text and assistant character spans; None when a turn cannot be located exactly."""
+    def fn(msgs):
+        return render_text(tokenizer, msgs, special)
+
+    return locate_spans(fn(messages), messages, tokenizer.eos_token or "", fn)
 
 
 class ChatEncoder:
@@ -296,12 +299,13 @@ class ChatEncoder:
         self.template = None
         return self
 
-    def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
+    def render_text(self, messages: list[dict[str, Any]]) -> str:
         if self.template is not None:
-            text = render_direct(self.template, messages, self.special)
-        else:
-            text = self.hf.apply_chat_template(messages, tokenize=False)
-        return _spans(text, messages, self.eos)
+            return render_direct(self.template, messages, self.special)
+        return self.hf.apply_chat_template(messages, tokenize=False)
+
+    def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
+        return locate_spans(self.render_text(messages), messages, self.eos, self.render_text)
 
     def encode(self, conversations: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """(flat int32 token ids, flat int8 unrolled loss mask, int64 per-conversation lengths, template mismatches).
@@ -352,19 +356,50 @@ class ChatEncoder:
         return np.concatenate(ids_parts), np.concatenate(mask_parts), np.concatenate(len_parts), mismatched
 
 
-def _spans(text: str, messages: list[dict[str, Any]], eot: str) -> tuple[str, list[tuple[int, int]]] | None:
-    spans = []
-    cursor = 0
-    for m in messages:
-        idx = text.find(m["content"], cursor)
-        if idx < 0:
+# Markers that stand for each assistant reply in the probe render: private-use characters, which no template
+# rewrites and which real text does not hold (a conversation that does is dropped, never guessed at).
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+
+
+def locate_spans(text: str, messages: list[dict[str, Any]], eot: str, render_fn
+                 ) -> tuple[str, list[tuple[int, int]]] | None:
+    """The assistant replies' character spans in ``text`` (the conversation rendered by ``render_fn``), located by
+    the template's own structure, never by searching for the reply: the conversation is rendered once more with
+    each reply replaced by a unique marker, and the template's text around the markers must be exactly ``text``'s
+    around the replies. Each span is the reply plus ``eot`` where the template ends the turn with it.
+
+    None - the conversation is dropped and counted - when the template does not render every reply verbatim in
+    place (it strips or rewrites a reply, rewrites an earlier turn such as stripping past reasoning, or renders
+    differently depending on the reply's text): a mask is never a guess. (Searching the rendered text put the
+    loss of a one-letter reply such as "a" on the template's own "<|im_start|>assistant".)"""
+    asst = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not asst:
+        return text, []
+    marks = {i: f"{_MARK_OPEN}{n}{_MARK_CLOSE}" for n, i in enumerate(asst)}
+    if _MARK_OPEN in text or _MARK_CLOSE in text:
+        return None
+    try:
+        probe = render_fn([{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)])
+    except Exception:  # a template that refuses the probe (it inspects the reply) cannot be located by structure
+        return None
+    spans: list[tuple[int, int]] = []
+    p = t = 0  # positions in the probe and in the text
+    for i in asst:
+        s = probe.find(marks[i], p)
+        if s < 0:
             return None
-        end = idx + len(m["content"])
-        if m["role"] == "assistant":
-            if eot and text.startswith(eot, end):
-                end += len(eot)
-            spans.append((idx, end))
-        cursor = end
+        seg = probe[p:s]
+        if not text.startswith(seg, t):
+            return None
+        t += len(seg)
+        content = messages[i]["content"]
+        if not isinstance(content, str) or not text.startswith(content, t):
+            return None
+        end = t + len(content)
+        spans.append((t, end + len(eot) if eot and text.startswith(eot, end) else end))
+        t, p = end, s + len(marks[i])
+    if text[t:] != probe[p:]:
+        return None
     return text, spans
 
 

@@ -1,0 +1,115 @@
+"""Loss masks located by the template's structure, not by searching for the reply (issue 22, item 1).
+
+Searching the rendered text for each reply put the loss of a one-letter reply ("a") on the template's own
+"<|im_start|>assistant"; 51 of 60 multiple-choice conversations trained on the wrong tokens while prepare said
+"kept: 60". The spans now come from a second render with each reply replaced by a marker: the template's text around
+the markers must equal the real render around the replies, or the conversation is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.data import packed_parquet
+from pipeline.data.chat import locate_spans, tokenize_conversations
+from pipeline.data.prepare import PrepareOptions, prepare
+
+# Replies that a search finds in the template first, or twice, or not as themselves.
+HOSTILE_REPLIES = ["a", "b", "i", "m", "s", "t", "n", "e", "d", "c", "assistant", "im_end", "im_start", "user",
+                   "<|im_end|>", "system", "\n", " ", "   ", "\n\n", "You are", "a" * 3, "Hello.", "<", "|", ">"]
+
+
+def conversation(reply: str, question: str = "Pick one: a, b, c or d?") -> dict:
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]}
+
+
+@pytest.mark.parametrize("reply", HOSTILE_REPLIES, ids=repr)
+def test_each_reply_is_masked_as_itself(tokenizer, reply):
+    ids, masks, mismatched = tokenize_conversations(tokenizer, [conversation(reply)])
+    assert mismatched == 0
+    masked = tokenizer.decode(ids[0][masks[0] == 1])
+    if reply.strip():
+        assert masked == reply + "<|im_end|>", (reply, masked)
+    else:  # BPE merges the template's "\n" with a whitespace reply into one token; that token is the reply's first
+        assert masked in (reply + "<|im_end|>", "\n" + reply + "<|im_end|>"), (reply, masked)
+    # every masked token lies after the last "<|im_start|>assistant" of the render: the reply's own turn
+    turn = int(np.flatnonzero(ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>"))[-1])
+    assert np.flatnonzero(masks[0]).min() > turn + 1
+
+
+def test_repeated_replies_and_a_reply_equal_to_the_question(tokenizer):
+    conv = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "a"},
+                         {"role": "user", "content": "a"}, {"role": "assistant", "content": "a"},
+                         {"role": "user", "content": "b?"}, {"role": "assistant", "content": ""}]}
+    ids, masks, mismatched = tokenize_conversations(tokenizer, [conv])
+    assert mismatched == 0
+    assert tokenizer.decode(ids[0][masks[0] == 1]) == "a<|im_end|>a<|im_end|><|im_end|>"
+
+
+def test_the_old_search_would_have_been_wrong_here(tokenizer):
+    """The regression the issue measured: a one-letter reply that the template's "assistant" also contains."""
+    from pipeline.data.chat import render_text
+
+    msgs = conversation("a")["messages"]
+    text = render_text(tokenizer, msgs)
+    cursor = text.index("Pick one: a, b, c or d?") + len("Pick one: a, b, c or d?")
+    searched = text.find("a", cursor)  # the old rule: the first "a" after the previous turn
+    located = locate_spans(text, msgs, "<|im_end|>", lambda m: render_text(tokenizer, m))
+    assert located is not None
+    (start, end), = located[1]
+    assert text[start:end] == "a<|im_end|>" and searched < start  # the search landed inside "assistant"
+
+
+def strip_reasoning_template(messages):
+    """A template that rewrites earlier turns (drops past reasoning, as some reasoning models' templates do)."""
+    out, last = [], max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    for i, m in enumerate(messages):
+        c = m["content"]
+        if m["role"] == "assistant" and i != last and "</think>" in c:
+            c = c.split("</think>")[-1].lstrip()
+        out.append(f"<{m['role']}>{c}</s>")
+    return "".join(out)
+
+
+def test_a_template_that_rewrites_a_turn_is_never_guessed():
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>hm</think> yes"},
+            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "no"}]
+    text = strip_reasoning_template(msgs)
+    assert locate_spans(text, msgs, "</s>", strip_reasoning_template) is None
+    # a template that keeps every turn verbatim is located exactly
+    def verbatim(m):
+        return "".join(f"<{x['role']}>{x['content']}</s>" for x in m)
+
+    text, spans = locate_spans(verbatim(msgs), msgs, "</s>", verbatim)
+    assert [text[a:b] for a, b in spans] == ["<think>hm</think> yes</s>", "no</s>"]
+    # a reply that holds the marker characters is dropped, never guessed
+    odd = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\ue0000\ue001"}]
+    assert locate_spans(verbatim(odd), odd, "</s>", verbatim) is None
+
+
+def test_multiple_choice_through_prepare_and_the_packed_parquet(tmp_path, tokenizer):
+    """60 multiple-choice conversations (the issue's reproduction) through prepare: every packed segment's loss is on
+    the reply and its <|im_end|>, read back from the packed Parquet (loss_mask rolled by one: mask[j] marks the
+    target token j + 1). Bridge's own reader reads the same rows in the Bridge harness (test_bridge_harness)."""
+    letters = "abcdeimstn"
+    data = tmp_path / "mc.jsonl"
+    rows = [conversation(letters[i % len(letters)], f"Question {i}: which letter?") for i in range(60)]
+    rows.append(conversation("   "))  # empty after strip: dropped and counted at export, never trained on
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = prepare(PrepareOptions(dataset=str(data), dataset_root=tmp_path / "root", seq_length=256,
+                                     val_fraction=0.0, quiet=True, workers=1))
+    assert summary["export"]["dropped"] == {"empty_content": 1}
+    assert summary["export"]["kept"] == 60 and summary["tokenize"]["train"]["dropped_template_mismatch"] == 0
+    assert summary["tokenize"]["train"]["loss_tokens"] == 120  # each reply is one token, plus its <|im_end|>
+    packed = packed_parquet.read(summary["pack"]["paths"]["train"])
+    replies = []
+    for row in packed:
+        ids, mask, starts = row["input_ids"], row["loss_mask"], row["seq_start_id"] + [len(row["input_ids"])]
+        for a, b in zip(starts[:-1], starts[1:]):
+            seg, m = ids[a:b], mask[a:b]
+            replies.append(tokenizer.decode([seg[j + 1] for j in range(len(seg) - 1) if m[j]]))
+    assert len(replies) == 60
+    assert sorted(replies) == sorted(f"{letters[i % len(letters)]}<|im_end|>" for i in range(60))
