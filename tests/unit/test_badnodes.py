@@ -312,3 +312,21 @@ def test_expanded_names_are_checked_before_writing(tmp_path, node):
     with pytest.raises(UserError, match="at most 63 characters"):
         log.mark(node, "x")
     assert not (tmp_path / "bad.log").exists() or (tmp_path / "bad.log").read_text() == ""
+
+
+def test_the_scripts_own_exclude_is_kept_when_the_log_has_entries(tmp_path, monkeypatch):
+    """sbatch lets a command-line --exclude replace the header's #SBATCH --exclude: the header's nodes must be merged
+    in (issue 22, item 4: ExcNodeList=node2 instead of node2,node3)."""
+    log = tmp_path / "bad.log"
+    BadNodeLog(log).mark("node2", "GPU Xid 79")
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --exclude=node3,node[5-6]\n#SBATCH -x node9\nhostname\n")
+    monkeypatch.setenv("BAD_NODES_LOG", str(log))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    cmd, bad, _ = sbatch_cli.build_submission([str(script)])
+    assert bad == ["node2"]
+    (ex,) = [a for a in cmd if a.startswith("--exclude=")]
+    assert sorted(sbatch_cli.expand(ex.split("=", 1)[1])) == ["node2", "node3", "node5", "node6", "node9"]
+    script.write_text("#!/bin/bash\n#SBATCH --exclude=a;b\nhostname\n")
+    with pytest.raises(UserError, match="invalid --exclude value 'a;b'"):
+        sbatch_cli.build_submission([str(script)])

@@ -410,8 +410,14 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     opts = [o for o in opts if o not in OWN_FLAGS]
     if script is None and option_value(opts, "--wrap") is None:
         raise UserError("no batch script given (usage: isambard_sbatch [sbatch options] SCRIPT [args])")
+    # sbatch lets a command-line --exclude replace the script's own #SBATCH --exclude: merge the header's in, or a
+    # bad-node exclusion would silently drop the nodes the script itself excludes.
+    try:
+        header_ex = split_sbatch_args(script_directives(script))[1] if script is not None else []
+    except UserError:
+        header_ex = []  # a header sbatch itself would refuse: sbatch says so when it reads it
     user_nodes: list[str] = []
-    for ex in user_ex:
+    for ex in user_ex + header_ex:
         if not is_hostlist(ex):
             raise UserError(f"invalid --exclude value {ex!r}: expected node names or a hostlist like nid[001-004]")
         user_nodes += expand(ex)
