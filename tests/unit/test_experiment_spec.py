@@ -95,6 +95,10 @@ def test_labels_that_print_alike_get_a_stable_hash(tmp_path):
     ("phases: [{name: a, kind: export}]\n", "needs 'from' a training phase"),
     ("computed:\n  optimizer.min_lr: ${calc:'__import__(1)'}\n", "does not resolve"),
     ("computed:\n  optimizer.min_lr: ${nope.key}\n", "does not resolve"),
+    # bounded arithmetic (issue 22, items 13 and 14): 9**9**9 hung for good, 10**5000 was a traceback
+    ("computed:\n  train.train_iters: ${calc:'9**9**9'}\n", "9**387420489 is out of range"),
+    ("computed:\n  train.train_iters: ${calc:'10**5000'}\n", "10**5000 is out of range"),
+    ("computed:\n  optimizer.lr: ${calc:'1e308 * 10'}\n", "inf is not a finite number"),
     ("grid: {optimizer.lr: [" + ",".join(map(str, range(1000))) + "], rng.seed: [" + ",".join(map(str, range(1000)))
      + "]}\n",
      "the axes expand to 1000000 runs, more than 1000"),

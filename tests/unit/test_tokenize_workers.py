@@ -4,6 +4,7 @@ and a bad --workers is one line and exit 2."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -232,3 +233,12 @@ def test_a_chunk_too_large_for_a_parquet_list_is_refused_not_wrapped(tmp_path, m
     monkeypatch.setattr(packed_parquet, "MAX_LIST_VALUES", 1000)  # stands for 2**31 - 1 (int32 list offsets)
     with pytest.raises(UserError, match="chunk_00000.parquet would hold .* tokens.*smaller --chunk-size"):
         prepare(chat_opts(tmp_path / "r", 1))
+
+
+def test_a_worker_count_above_the_usable_cpus_is_capped(caplog):
+    """--workers 1000 started 1000 spawned processes (45-70 MB each) on any machine (issue 22, item 12)."""
+    cpus = len(os.sched_getaffinity(0))
+    with caplog.at_level("WARNING"):
+        assert wk.resolve_workers(1000) == cpus
+    assert f"--workers 1000 is more than the {cpus} usable CPU(s) of this process; using {cpus}" in caplog.text
+    assert wk.resolve_workers(1) == 1

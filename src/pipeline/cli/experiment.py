@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cli.parser import Parser
+from pipeline.cli.parser import Parser, watch_seconds
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import exclusive_lock, write_text
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue a run directory that holds another config (passed to the training launcher)")
     s = add("status", "the status board of every run; loss-curve PNGs")
     s.add_argument("--only", action="append", metavar="NAME", help="one run (repeatable)")
-    s.add_argument("--watch", nargs="?", type=float, const=10.0, metavar="SECONDS",
+    s.add_argument("--watch", nargs="?", type=watch_seconds, const=10.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 10) until every run has finished or stopped")
     s.add_argument("--no-plots", action="store_true", help="do not write the loss-curve PNGs")
     s = add("csv", "one row per run: its fields and results")

@@ -28,3 +28,20 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
     return value
+
+
+WATCH_MAX_SECONDS = 86400.0
+
+
+def watch_seconds(text: str) -> float:
+    """An argparse ``type`` for a refresh interval: a finite number of seconds, 1 to one day (inf and 1e300 made
+    time.sleep raise, a negative one was taken as 1)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 1.0 <= value <= WATCH_MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text} must be a number of seconds from 1 to {WATCH_MAX_SECONDS:g}")
+    return value

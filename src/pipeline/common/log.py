@@ -28,6 +28,22 @@ def progress_disabled(quiet: bool = False) -> bool:
     return quiet or not sys.stderr.isatty()
 
 
+def progress_interval() -> float:
+    """PIPELINE_PROGRESS_INTERVAL in seconds (default 30); a value that is not a finite number >= 0 is one line."""
+    import math
+
+    from pipeline.common.errors import UserError
+
+    raw = os.environ.get("PIPELINE_PROGRESS_INTERVAL", "30")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"PIPELINE_PROGRESS_INTERVAL={raw!r} is not a number of seconds >= 0")
+    return value
+
+
 class Progress:
     """Progress for long loops that works in a Slurm log: a tqdm bar on a terminal, and otherwise a plain line
     every ``interval`` seconds (``PIPELINE_PROGRESS_INTERVAL``, default 30): done / total, rate, ETA, extras.
@@ -41,7 +57,7 @@ class Progress:
         import time
 
         self.desc, self.total, self.unit, self.quiet = desc, total, unit, quiet
-        self.interval = float(os.environ.get("PIPELINE_PROGRESS_INTERVAL", "30")) if interval is None else interval
+        self.interval = progress_interval() if interval is None else interval
         self.log = logger or logging.getLogger("pipeline.progress")
         self.n = self.n0 = 0  # n0: where this process started (a resumed run), for the rate
         self.t0 = self.last = time.monotonic()

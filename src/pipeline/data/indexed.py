@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -70,12 +71,30 @@ def read_index(path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
     return dtype, lengths, pointers, docs
 
 
+_OUTPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _with(prefix: Path, ext: str) -> Path:
+    """``PREFIX.bin`` / ``PREFIX.idx``: appended, never ``with_suffix`` (a name with a dot, ``corpus.v2``, lost
+    its ``.v2_text_document`` and wrote ``corpus.bin``)."""
+    return prefix.with_name(prefix.name + ext)
+
+
+def check_output_name(output_name: str) -> None:
+    """OUTPUT_NAME is a file name inside the output folder, never a path (``../../escape`` wrote outside it)."""
+    if not isinstance(output_name, str) or not _OUTPUT_NAME.match(output_name) or output_name in (".", ".."):
+        raise UserError(f"output name {output_name!r} must be a file name (letters, digits, '.', '_', '-'; starting "
+                        "with a letter or digit), not a path: the files are written to OUTPUT_DIR/<name>_text_document"
+                        ".bin/.idx")
+
+
 def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name: str, *,
                     text_field: str = "text", docs_per_part: int = 2000, limit: int | None = None,
                     force: bool = False, quiet: bool = False, workers: int | None = None) -> dict:
     """``workers``: processes that encode parts (default every usable CPU); the files do not depend on it."""
     from pipeline.data.sources import input_identity
 
+    check_output_name(output_name)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"output {out_dir} exists and is not a directory")
@@ -96,7 +115,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
 
     prefix = out_dir / f"{output_name}_text_document"
     count_path = out_dir / "token_count.json"
-    finished = all(p.exists() for p in (count_path, prefix.with_suffix(".bin"), prefix.with_suffix(".idx")))
+    finished = all(p.exists() for p in (count_path, _with(prefix, ".bin"), _with(prefix, ".idx")))
     if not force and finished:
         old = reuse_if_current(count_path, fp, "tokenize", prefix)
         if old is not None:
@@ -112,7 +131,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     if eod is None:
         raise UserError(f"tokenizer '{tokenizer_name}' has no EOS token to separate documents")
     dtype = optimal_dtype(len(tok))
-    texts = iter_texts(source, field=text_field)
+    texts = iter_texts(source, field=text_field, exclude=out_dir)
     if limit:
         texts = itertools.islice(texts, limit)
     workers = wk.resolve_workers(workers)
@@ -147,13 +166,13 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
                 "pretraining corpus from text; for SFT data use prepare (or pack)") if chat else ""
         raise UserError(f"corpus '{source}' has no documents (field '{text_field}'){hint}")
     lengths = []
-    with atomic_path(prefix.with_suffix(".bin")) as tmp, open(tmp, "wb") as out:
+    with atomic_path(_with(prefix, ".bin")) as tmp, open(tmp, "wb") as out:
         for p in range(part):
             with open(parts_dir / f"part_{p:05d}.bin", "rb") as f:
                 shutil.copyfileobj(f, out, 1 << 24)
             lengths.append(np.load(parts_dir / f"part_{p:05d}.lens.npy"))
     lengths_arr = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-    write_index(prefix.with_suffix(".idx"), dtype, lengths_arr)
+    write_index(_with(prefix, ".idx"), dtype, lengths_arr)
     result = {"documents": int(len(lengths_arr)), "tokens": int(lengths_arr.sum()),
               "tokens_without_eod": int(lengths_arr.sum() - len(lengths_arr)), "dtype": dtype.name,
               "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix), "fingerprint": fp}

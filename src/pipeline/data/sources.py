@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -74,6 +75,8 @@ def input_identity(dataset: str, exclude: Path | None = None) -> dict:
             h, n, size, mtime = hashlib.sha256(), 0, 0, 0
             if _is_saved_dataset(p):  # every file under it (but the output folder) is part of the dataset
                 walk = os.walk(p)
+            elif is_text_folder(p):  # a text corpus: exactly the files iter_texts reads
+                walk = [(str(p), [], [str(f.relative_to(p)) for f in text_files(p, exclude)])]
             else:  # a plain folder is exactly the data files the export reads (the output root may be the folder)
                 walk = [(str(p), [], [f.name for f in _dir_files(p)])]
             for dirpath, dirnames, filenames in walk:
@@ -248,6 +251,33 @@ def _dir_rows(path: Path) -> Iterator[dict]:
         yield from (_jsonl_rows(f) if f.suffix == ".jsonl" else _parquet_rows(f))
 
 
+# A text corpus folder (no .jsonl/.parquet in it): its text files, recursively (tokenize DIR).
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst", ".py", ".tex", ".org", ".adoc", ".html", ".c", ".h",
+                 ".cpp", ".js", ".ts", ".java", ".go", ".rs", ".sh", ".yaml", ".yml", ".toml")
+
+
+def is_text_folder(path: Path) -> bool:
+    return path.is_dir() and not any(path.glob("*.jsonl")) and not any(path.glob("*.parquet"))
+
+
+def text_files(path: Path, exclude: Path | None = None) -> list[Path]:
+    """The documents of a text corpus folder: regular files with a text suffix under it, sorted, except those under
+    ``exclude`` (an output folder inside it). One list for reading and for the fingerprint, so a changed corpus is
+    always tokenized again (the fingerprint of a text folder used to cover no file at all)."""
+    skip = exclude.resolve() if exclude is not None else None
+    out = []
+    for f in sorted(path.rglob("*")):
+        if f.suffix.lower() in TEXT_SUFFIXES and f.is_file() and not f.is_symlink() and \
+                (skip is None or skip not in f.resolve().parents):
+            out.append(f)
+    return out
+
+
+def is_binary(head: bytes) -> bool:
+    """A file that holds NUL bytes in its first 8 KiB is not text (a binary named .txt is skipped and counted)."""
+    return b"\0" in head
+
+
 def _dir_files(path: Path) -> list[Path]:
     """The data files of a plain folder: its ``.jsonl`` and ``.parquet`` regular files (a FIFO would block), except
     an earlier export's ``training.*``/``validation.*``/``test.*`` unless there is nothing else."""
@@ -347,12 +377,22 @@ def load_conversations(dataset: str, split: str = "train", limit: int | None = N
     return convs, stats
 
 
-def iter_texts(dataset: str, field: str = "text", split: str = "train") -> Iterable[str]:
-    """Documents of a pretraining corpus: rows with a ``text`` field, or plain-text files in a folder."""
+def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude: Path | None = None
+               ) -> Iterable[str]:
+    """Documents of a pretraining corpus: rows with a ``text`` field, or the text files of a folder
+    (:func:`text_files`; binary ones skipped and counted; ``exclude``: an output folder inside it)."""
     p = Path(dataset)
-    if p.is_dir() and not any(p.glob("*.jsonl")) and not any(p.glob("*.parquet")):
-        for f in sorted(x for x in p.rglob("*") if x.is_file() and x.suffix in (".txt", ".rst", ".md")):
-            yield f.read_text(encoding="utf-8", errors="replace")
+    if is_text_folder(p):
+        binary = 0
+        for f in text_files(p, exclude):
+            data = f.read_bytes()
+            if is_binary(data[:8192]):
+                binary += 1
+                continue
+            yield data.decode("utf-8", errors="replace")
+        if binary:
+            logging.getLogger(__name__).warning("%s: skipped %d binary file(s) (NUL bytes) among the text files",
+                                                dataset, binary)
         return
     for row in iter_raw_rows(dataset, split):
         if isinstance(row, dict) and isinstance(row.get(field), str):

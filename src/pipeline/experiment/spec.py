@@ -134,15 +134,39 @@ _FUNCS = {"min": min, "max": max, "int": int, "float": float, "round": round, "a
           "floor": math.floor}
 
 
+CALC_INT_LIMIT = 2**63  # a config value; a bigger integer is a typo (9**9**9 hung the planner for good)
+
+
+def _bounded(value):
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= CALC_INT_LIMIT:
+        raise ValueError(f"an integer of {value.bit_length()} bits is out of range (|x| < 2**63)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
+    return value
+
+
+def _power(base, exp):
+    """``**`` refused before it runs when an integer result would leave the range (it would never finish)."""
+    if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1 \
+            and exp * math.log2(abs(base)) >= 63:
+        raise ValueError(f"{base}**{exp} is out of range (|x| < 2**63)")
+    return operator.pow(base, exp)
+
+
 def calc(expr: str) -> int | float:
-    """Evaluate arithmetic on numbers (``+ - * / // % **``, min, max, int, float, round, abs, ceil, floor)."""
+    """Evaluate arithmetic on numbers (``+ - * / // % **``, min, max, int, float, round, abs, ceil, floor); every
+    integer stays below 2**63 and every float finite, checked as it is computed."""
     def ev(node):
+        return _bounded(ev_(node))
+
+    def ev_(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+            op = _power if isinstance(node.op, ast.Pow) else _OPS[type(node.op)]
+            return op(ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \

@@ -1,0 +1,124 @@
+"""Never silently wrong, round 2 (issue 22): the reproductions of the hostile review, area by area, each asserting
+the one-line error or the correct result. Other items live beside the code they test: loss masks
+(test_loss_masks.py), the script's own --exclude (test_badnodes.py), bounded calc (test_experiment_spec.py), the
+worker cap (test_tokenize_workers.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.common.errors import UserError
+from pipeline.data.indexed import tokenize_corpus
+from pipeline.data.sources import input_identity
+from tests.helpers import run
+
+
+# ---- data: a text corpus folder is what its fingerprint covers -------------------------------------------------
+def corpus(tmp_path: Path) -> Path:
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    for i in range(3):
+        (d / f"doc{i}.txt").write_text(f"document {i} " * 50)
+    (d / "sub" / "notes.md").write_text("# notes\n" * 20)
+    return d
+
+
+def tokenize(d: Path, out: Path, name: str = "corpus") -> dict:
+    return tokenize_corpus(str(d), "smollm2-135m", out, name, quiet=True, workers=1)
+
+
+@pytest.mark.parametrize("change", ["add", "edit", "delete", "rename"])
+def test_a_changed_text_folder_is_tokenized_again(tmp_path, change):
+    """The fingerprint of a folder of text files covered no file ("files": 0): adding three files and editing one
+    returned the old .bin/.idx with exit 0 (item 2)."""
+    d, out = corpus(tmp_path), tmp_path / "out"
+    first = tokenize(d, out)
+    assert first["documents"] == 4 and first["fingerprint"]["input"]["files"] == 4
+    time.sleep(0.01)
+    if change == "add":
+        (d / "doc9.txt").write_text("a new document " * 30)
+    elif change == "edit":
+        (d / "doc0.txt").write_text("edited " * 300)
+    elif change == "delete":
+        (d / "doc1.txt").unlink()
+    else:
+        (d / "doc2.txt").rename(d / "doc2b.txt")
+    again = tokenize(d, out)
+    assert again["fingerprint"]["input"] != first["fingerprint"]["input"]
+    want = {"add": 5, "edit": 4, "delete": 3, "rename": 4}[change]
+    assert again["documents"] == want
+    if change in ("add", "edit"):
+        assert again["tokens"] != first["tokens"]
+
+
+def test_the_fingerprint_is_the_list_that_is_read(tmp_path):
+    d = corpus(tmp_path)
+    (d / "image.png").write_bytes(b"\x89PNG\0\0")  # not a text suffix: neither read nor fingerprinted
+    ident = input_identity(str(d), exclude=d / "out")
+    assert ident["kind"] == "dir" and ident["files"] == 4
+    (d / "out").mkdir()
+    (d / "out" / "stale.txt").write_text("an output folder inside the corpus is not part of it")
+    assert input_identity(str(d), exclude=d / "out") == ident
+
+
+def test_binary_files_are_skipped_and_counted(tmp_path, caplog):
+    d = corpus(tmp_path)
+    (d / "blob.txt").write_bytes(b"text\0\x01\x02binary")
+    res = tokenize(d, tmp_path / "out")
+    assert res["documents"] == 4 and "skipped 1 binary file(s)" in caplog.text
+
+
+def test_code_and_markdown_folders_are_corpora(tmp_path):
+    d = tmp_path / "code"
+    d.mkdir()
+    (d / "a.py").write_text("def f():\n    return 1\n" * 20)
+    (d / "README.md").write_text("# readme\n" * 10)
+    assert tokenize(d, tmp_path / "out")["documents"] == 2  # was: "no documents (field 'text')"
+
+
+def test_an_empty_corpus_is_an_error(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    with pytest.raises(UserError, match="has no documents"):
+        tokenize(d, tmp_path / "out")
+
+
+def test_the_output_name_is_the_file_written(tmp_path):
+    """An output name with a dot wrote corpus.bin/.idx while reporting corpus.v2_text_document (item 3)."""
+    res = tokenize(corpus(tmp_path), tmp_path / "out", "corpus.v2")
+    assert res["prefix"] == str(tmp_path / "out" / "corpus.v2_text_document")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")) == [
+        "corpus.v2_text_document.bin", "corpus.v2_text_document.idx", "token_count.json"]
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "..", ".hidden", "", "-rf", "x\0y"])
+def test_an_output_name_that_is_a_path_is_refused(tmp_path, name):
+    """``../../escape`` wrote outside the output directory (item 3)."""
+    with pytest.raises(UserError, match="must be a file name"):
+        tokenize(corpus(tmp_path), tmp_path / "out", name)
+    assert not (tmp_path.parent / "escape_text_document.bin").exists()
+
+
+# ---- experiments and common knobs: durations and intervals are finite numbers, in one line ---------------------
+@pytest.mark.parametrize("value", ["inf", "1e300", "-5", "nan", "abc", "0"])
+def test_status_watch_takes_a_finite_interval(value):
+    res = run([sys.executable, "pipeline_experiment.py", "status", "configs/experiments/tiny_lr_batch_sweep.yaml",
+               "--watch", value], env={**os.environ, "PIPELINE_RUNS_DIR": "/nonexistent"})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "argument --watch" in lines[0] and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan"])
+def test_a_bad_progress_interval_is_one_line(tmp_path, value):
+    d = corpus(tmp_path)
+    res = run([sys.executable, "pipeline_data_prepare.py", "tokenize", str(d), "smollm2-135m", "c", "--output-dir",
+               str(tmp_path / "out"), "--workers", "1"], env={**os.environ, "PIPELINE_PROGRESS_INTERVAL": value})
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: PIPELINE_PROGRESS_INTERVAL={value!r} is not a number of seconds >= 0")
+
