@@ -122,3 +122,60 @@ def test_a_bad_progress_interval_is_one_line(tmp_path, value):
     assert res.stderr.strip().splitlines()[-1] == (
         f"error: PIPELINE_PROGRESS_INTERVAL={value!r} is not a number of seconds >= 0")
 
+
+
+# ---- the bad-node log: through its symlink, never a FIFO ---------------------------------------------------------
+def test_a_symlinked_team_log_stays_the_teams(tmp_path):
+    """--unmark-bad through BAD_NODES_LOG=link.log replaced the link by a private copy; later marks went to the copy
+    and the lock beside the link no longer serialised users of the target (item 5)."""
+    from pipeline.slurm.badnodes import BadNodeLog
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    team = shared / "team.log"
+    BadNodeLog(team).mark("nid000001", "Xid 79")
+    link = tmp_path / "link.log"
+    link.symlink_to(team)
+    log = BadNodeLog(link)
+    assert log.unmark("nid000001") == 1
+    assert link.is_symlink() and os.readlink(link) == str(team)
+    assert BadNodeLog(team).entries() == []
+    log.mark("nid000002", "ECC")
+    assert [e.node for e in BadNodeLog(team).entries()] == ["nid000002"]
+    assert (shared / "team.log.lock").exists() and not (tmp_path / "link.log.lock").exists()
+
+
+def test_a_fifo_as_the_bad_node_log_is_one_line(tmp_path):
+    """A FIFO as the log blocked every submission forever (item 13)."""
+    fifo = tmp_path / "bad.log"
+    os.mkfifo(fifo)
+    env = {**os.environ, "BAD_NODES_LOG": str(fifo)}
+    for args in (["--list-bad"], ["--mark-bad", "nid000001", "x"], ["--wrap", "true"]):
+        res = run(["bash", "isambard_sbatch", *args], env=env, timeout=30)
+        assert res.returncode == 2, (args, res.stderr)
+        assert res.stderr.strip().splitlines()[-1] == (
+            f"error: the bad-node log {fifo} is not a regular file; point BAD_NODES_LOG (or the profile's "
+            "bad_nodes_log) at one")
+
+
+# ---- experiments: csv --output never replaces a special file ---------------------------------------------------
+def _csv(tmp_path, output) -> object:
+    env = {**os.environ, "PIPELINE_RUNS_DIR": str(tmp_path / "runs")}
+    return run([sys.executable, "pipeline_experiment.py", "csv", "configs/experiments/tiny_lr_batch_sweep.yaml",
+                "--output", str(output)], env=env, timeout=120)
+
+
+def test_csv_output_refuses_fifos_and_directories(tmp_path):
+    """csv --output turned a FIFO (and /dev/full) into a regular file, and a directory was a traceback (items 6, 14)."""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    res = _csv(tmp_path, fifo)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        f"error: {fifo} is not a regular file (a FIFO, device or socket): name a regular file, or /dev/stdout")
+    assert fifo.is_fifo()
+    res = _csv(tmp_path, tmp_path)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path} is a directory")
+    res = _csv(tmp_path, "/dev/stdout")
+    assert res.returncode == 0 and res.stdout.startswith("run,"), res.stderr[-2000:]
+    good = tmp_path / "r.csv"
+    assert _csv(tmp_path, good).returncode == 0 and good.read_text().startswith("run,")

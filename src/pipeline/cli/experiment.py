@@ -44,7 +44,7 @@ import yaml
 from pipeline.cli.parser import Parser, watch_seconds
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
-from pipeline.common.io import exclusive_lock, write_text
+from pipeline.common.io import exclusive_lock, write_output_text
 from pipeline.experiment import locks, spec
 from pipeline.experiment import plan as planning
 from pipeline.experiment import status as board
@@ -217,8 +217,8 @@ def cmd_csv(exp: spec.Experiment, changed: bool, output: Path | None) -> int:
         w.writerow([rp.run.label, *(fields.get(k, "") for k in keys), *("" if res[c] is None else res[c]
                                                                           for c in board.RESULT_COLUMNS)])
     out = output or planning.state_dir(exp) / ("results.changed.csv" if changed else "results.csv")
-    write_text(out, buf.getvalue())
-    print(f"{len(plans)} row(s) -> {out}")
+    write_output_text(out, buf.getvalue())
+    print(f"{len(plans)} row(s) -> {out}", file=sys.stderr if str(out) == "/dev/stdout" else sys.stdout)
     return 0
 
 

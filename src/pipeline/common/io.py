@@ -276,3 +276,32 @@ def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+DIRECT_OUTPUTS = ("/dev/null", "/dev/stdout", "/dev/stderr")
+
+
+def write_output_text(path: str | os.PathLike, text: str) -> Path:
+    """A user-named output file: written atomically like every output, except the streams of DIRECT_OUTPUTS, which
+    are written to directly. A directory, a FIFO, a device or a socket is refused in one line (an atomic replace
+    would have turned a FIFO or /dev/full into a regular file)."""
+    import stat
+
+    from pipeline.common.errors import UserError
+
+    p = Path(path)
+    if str(p) in DIRECT_OUTPUTS:
+        with open(p, "w") as f:
+            f.write(text)
+        return p
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        return write_text(p, text)
+    except OSError as exc:
+        raise UserError(f"cannot write {p}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{p} is a directory: name a file to write (e.g. {p / 'results.csv'})")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{p} is not a regular file (a FIFO, device or socket): name a regular file, or /dev/stdout")
+    return write_text(p, text)

@@ -31,6 +31,7 @@ import math
 import os
 import re
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,9 +108,28 @@ class BadNodeLog:
         self.ttl_days = ttl_days
         self._warned: set[int] = set()
 
+    @property
+    def target(self) -> Path:
+        """The file itself: a symlinked team log (``BAD_NODES_LOG=link.log``) is read, locked beside and rewritten
+        through its target, never replaced by a private copy that detaches the link from the team."""
+        return Path(os.path.realpath(self.path))
+
+    def _require_regular(self) -> None:
+        """A FIFO or a device as the log would block every submission (or write into a device): refused."""
+        try:
+            st = os.stat(self.target)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UserError(f"cannot read the bad-node log {self.path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):  # a directory: "cannot read", below
+            raise UserError(f"the bad-node log {self.path} is not a regular file; point BAD_NODES_LOG (or the "
+                            "profile's bad_nodes_log) at one")
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        lock = self.path.with_name(self.path.name + ".lock")
+        target = self.target
+        lock = target.with_name(target.name + ".lock")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             lf = open(lock, "a")
@@ -124,8 +144,9 @@ class BadNodeLog:
                 fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
 
     def _read(self) -> bytes:
+        self._require_regular()
         try:
-            return self.path.read_bytes()
+            return self.target.read_bytes()
         except FileNotFoundError:
             return b""
         except OSError as exc:
@@ -196,7 +217,7 @@ class BadNodeLog:
             new_data = b"".join(out)
             if n and new_data != data:
                 try:
-                    write_bytes(self.path, new_data, like=self.path.stat())
+                    write_bytes(self.target, new_data, like=self.target.stat())
                 except OSError as exc:
                     raise UserError(f"cannot rewrite the bad-node log {self.path}: {exc.strerror or exc}; "
                                     "it was left as it was") from None
@@ -232,14 +253,15 @@ class BadNodeLog:
         now, user, host = _now(), _clean_ident(_user()), _clean_ident(socket.gethostname().split(".")[0])
         lines = "".join(Entry(now, n, user, host, _clean_reason(reason)).line() + "\n" for n in names)
         self.check_writable()
+        self._require_regular()
         with self.locked():
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o664)
+                fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o664)
             except OSError as exc:
                 raise UserError(f"cannot append to the bad-node log {self.path}: {exc.strerror or exc}") from None
             try:
                 data = lines.encode()
-                if self.path.stat().st_size and not self._ends_with_newline():
+                if self.target.stat().st_size and not self._ends_with_newline():
                     data = b"\n" + data
                 os.write(fd, data)
                 os.fsync(fd)
@@ -250,7 +272,7 @@ class BadNodeLog:
         return names
 
     def _ends_with_newline(self) -> bool:
-        with open(self.path, "rb") as f:
+        with open(self.target, "rb") as f:
             f.seek(-1, os.SEEK_END)
             return f.read(1) == b"\n"
 
