@@ -179,3 +179,46 @@ def test_csv_output_refuses_fifos_and_directories(tmp_path):
     assert res.returncode == 0 and res.stdout.startswith("run,"), res.stderr[-2000:]
     good = tmp_path / "r.csv"
     assert _csv(tmp_path, good).returncode == 0 and good.read_text().startswith("run,")
+
+
+# ---- checkpoint: fidelity decides an export, quality is reported ----------------------------------------------
+@pytest.fixture(scope="module")
+def random_init_pair(tokenizer):
+    """A random-init model and its exact copy: a perfect conversion of a model that learned nothing."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
+    src = LlamaForCausalLM(cfg).eval()
+    return src, copy.deepcopy(src).eval()
+
+
+def test_a_perfect_conversion_of_an_untrained_model_passes(random_init_pair, tokenizer):
+    """A 16-iteration from-scratch export with logit difference 0.0 FAILED on its reference loss (item 10)."""
+    from pipeline.checkpoint.verify import verify
+
+    src, exp = random_init_pair
+    rec = verify(src, exp, tokenizer)
+    assert rec["verdict"] == "PASS" and rec["max_abs_logit_diff"] == 0.0 and rec["decided_on"] == "conversion fidelity"
+    assert any("not well below the uniform-guess loss" in w for w in rec["quality"]["warnings"]), rec["quality"]
+    strict = verify(src, exp, tokenizer, require_quality=True)
+    assert strict["verdict"] == "FAIL" and any("uniform-guess" in f for f in strict["failures"])
+
+
+def test_an_unfaithful_conversion_still_fails(random_init_pair, tokenizer):
+    import copy
+
+    import torch
+
+    from pipeline.checkpoint.verify import verify
+
+    src, exp = random_init_pair
+    bad = copy.deepcopy(exp)
+    with torch.no_grad():
+        bad.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    rec = verify(src, bad, tokenizer)
+    assert rec["verdict"] == "FAIL" and rec["failures"][0].startswith("logits differ from the source checkpoint")

@@ -68,7 +68,7 @@ def _barrier() -> None:
 
 def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict: bool = True,
                      atol: float = 1e-3, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1,
-                     locked: bool = False) -> dict[str, Any]:
+                     locked: bool = False, require_quality: bool = False) -> dict[str, Any]:
     """Export and verify exactly one iteration directory (both engines); returns the verification record.
 
     The one publish-and-verify flow: the export is written to a temporary sibling of ``hf/``, the source
@@ -84,7 +84,8 @@ def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict:
         log.info("export: %s already exported and verified (%s), skipping", iter_path.name, rec.get("verdict"))
         return rec
     if locked or int(os.environ.get("RANK", "0")) != 0:
-        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol, tp=tp,
+        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
+                       require_quality=require_quality, tp=tp,
                        pp=pp, ep=ep)
     lock = Lock(iteration_lock_path(iter_path.parent, int(iter_path.name.split("_")[-1])), ttl=6 * 3600)
     if not lock.acquire():
@@ -95,7 +96,8 @@ def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict:
         if rec is not None and not force:
             log.info("export: %s was exported and verified meanwhile, skipping", iter_path.name)
             return rec
-        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol, tp=tp,
+        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
+                       require_quality=require_quality, tp=tp,
                        pp=pp, ep=ep)
 
 
@@ -119,7 +121,7 @@ def published_export(out: Path) -> dict | None:
 
 
 def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, strict: bool, atol: float, tp: int,
-            pp: int, ep: int) -> dict[str, Any]:
+            pp: int, ep: int, require_quality: bool = False) -> dict[str, Any]:
     engine = layout.engine_of(iter_path)
     if engine not in ("local", "megatron"):
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
@@ -136,7 +138,7 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
             if rank != 0:
                 return {"verdict": "rank", "rank": rank}
             return _verify_and_publish(iter_path, tmp, out, engine, hf_model=hf_model, reasoning=reasoning,
-                                       strict=strict, atol=atol, tmp_root=tmp_root)
+                                       strict=strict, atol=atol, require_quality=require_quality, tmp_root=tmp_root)
 
     (iter_path / FAILED).unlink(missing_ok=True)
     with atomic_path(out) as tmp:
@@ -146,14 +148,15 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
             bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict)
         else:
             _copy_local(iter_path, tmp)
-        record = _verify(iter_path, tmp, engine, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol)
+        record = _verify(iter_path, tmp, engine, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
+                         require_quality=require_quality)
     log.info("export: %s -> %s (max |logit diff| %.2e, reference loss %.3f)", iter_path.name, out,
              record["max_abs_logit_diff"], record["reference_loss"])
     return record
 
 
 def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning: bool, strict: bool,
-            atol: float) -> dict[str, Any]:
+            atol: float, require_quality: bool = False) -> dict[str, Any]:
     """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -179,7 +182,10 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
                 raise UserError(f"strict export: parameter names differ ({sorted(a ^ b)[:5]}); --not-strict to allow")
         iteration = marker.get("iteration")
         model_name = marker.get("model")
-    record = verify(source.eval(), exported.eval(), tokenizer, atol=atol)
+    record = verify(source.eval(), exported.eval(), tokenizer, atol=atol, require_quality=require_quality)
+    for w in record.get("quality", {}).get("warnings", []):
+        log.warning("export: %s: %s (model quality: reported, not fatal; --require-quality makes it fatal)",
+                    iter_path.name, w)
     record.update({"source": str(iter_path), "iteration": iteration, "engine": engine, "hf_model": hf_model,
                    "reasoning": reasoning, "strict": strict, "model": model_name, "prompts": VERIFY_PROMPTS})
     if record["verdict"] != "PASS":

@@ -1,12 +1,14 @@
 """Numerical verification of an exported Hugging Face checkpoint.
 
-Three checks, all of which must pass:
+Conversion fidelity decides the verdict:
   1. logits: the exported model's logits on a fixed prompt set match the source checkpoint's
      (max absolute difference within ``atol``, compared in float32);
-  2. sanity: the exported model's mean next-token loss on fixed reference text is finite and well
-     below the loss of a uniform guess, ln(vocab) (a model with zeroed, missing or scrambled weights
-     sits at or above it), and no weight tensor is all zeros or non-finite;
-  3. generation: a short greedy generation for each prompt is non-empty.
+  2. weights: no weight matrix is all zeros or non-finite (a broken file, not a young model).
+Model quality is reported, and fatal only with ``require_quality`` (``--require-quality``): an early checkpoint of
+a from-scratch run is a faithful conversion of a model that has not learned much yet (a perfect 16-iteration
+export, logit difference 0.0, used to FAIL on its reference loss):
+  3. the mean next-token loss on fixed reference text against a uniform guess, ln(vocab);
+  4. a short greedy generation for each prompt is non-empty.
 The verdict and every number are returned as a dict (written next to the export by the caller).
 """
 
@@ -77,7 +79,8 @@ def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 16) -> li
     return outs
 
 
-def verify(source_model, exported_model, tokenizer, *, atol: float = 1e-3) -> dict[str, Any]:
+def verify(source_model, exported_model, tokenizer, *, atol: float = 1e-3, require_quality: bool = False
+           ) -> dict[str, Any]:
     src = logits_for(source_model, tokenizer, VERIFY_PROMPTS)
     exp = logits_for(exported_model, tokenizer, VERIFY_PROMPTS)
     diffs = [float((a - b).abs().max()) for a, b in zip(src, exp)]
@@ -87,20 +90,24 @@ def verify(source_model, exported_model, tokenizer, *, atol: float = 1e-3) -> di
     loss = reference_loss(exported_model, tokenizer)
     gens = greedy(exported_model, tokenizer, VERIFY_PROMPTS)
     weights = weight_problems(exported_model)
-    failures = []
+    failures, quality = [], []
     if not math.isfinite(max_diff) or max_diff > atol:
         failures.append(f"logits differ from the source checkpoint by {max_diff:.3g} (tolerance {atol:g})")
-    if not math.isfinite(loss) or loss > 0.8 * uniform:
-        failures.append(f"reference-text loss {loss:.3f} is not well below the uniform-guess loss ln({vocab}) = "
-                        f"{uniform:.3f}: the weights look broken")
     if weights:
         failures.append(f"{len(weights)} bad weight tensor(s): {'; '.join(weights[:3])}")
+    if not math.isfinite(loss) or loss > 0.8 * uniform:
+        quality.append(f"reference-text loss {loss:.3f} is not well below the uniform-guess loss ln({vocab}) = "
+                       f"{uniform:.3f}")
     empty = [p for p, g in zip(VERIFY_PROMPTS, gens) if not g.strip()]
     if empty:
-        failures.append(f"empty greedy generation for {len(empty)} of {len(gens)} prompts")
+        quality.append(f"empty greedy generation for {len(empty)} of {len(gens)} prompts")
+    if require_quality:
+        failures += quality
     return {
         "verdict": "PASS" if not failures else "FAIL",
         "failures": failures,
+        "decided_on": "fidelity and quality" if require_quality else "conversion fidelity",
+        "quality": {"warnings": quality, "fatal": require_quality, "reference_loss": loss, "uniform_loss": uniform},
         "max_abs_logit_diff": max_diff,
         "per_prompt_max_abs_logit_diff": diffs,
         "logit_tolerance": atol,

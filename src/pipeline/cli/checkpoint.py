@@ -44,6 +44,9 @@ def _add_common(p: Parser) -> None:
     g.add_argument("--no-reasoning", dest="reasoning", action="store_false")
     p.add_argument("--not-strict", action="store_true", help="allow parameter-name mismatches (SFT without MTP)")
     p.add_argument("--atol", type=float, default=1e-3, help="logit tolerance of the verification")
+    p.add_argument("--require-quality", action="store_true",
+                   help="also fail the verification on model quality (reference loss near a uniform guess, empty "
+                        "generations); by default they are reported, and only conversion fidelity decides")
     p.add_argument("--force", action="store_true", help="re-export even when a verified hf/ exists")
 
 
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     def convert(iter_path: Path) -> dict:
         rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
                                   strict=not args.not_strict, atol=args.atol, force=args.force,
+                                  require_quality=args.require_quality,
                                   locked=args.action == "upload-all",  # upload-all holds the iteration's lock
                                   tp=getattr(args, "tp", 1), pp=getattr(args, "pp", 1), ep=getattr(args, "ep", 1))
         if rec.get("verdict") == "rank":  # a non-zero rank of a model-parallel export: rank 0 reports
