@@ -222,3 +222,52 @@ def test_an_unfaithful_conversion_still_fails(random_init_pair, tokenizer):
         bad.model.layers[0].mlp.down_proj.weight.mul_(1.5)
     rec = verify(src, bad, tokenizer)
     assert rec["verdict"] == "FAIL" and rec["failures"][0].startswith("logits differ from the source checkpoint")
+
+
+def _published(tmp_path):
+    from pipeline.checkpoint.export import record_files
+    from pipeline.common.io import write_json
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(os.urandom(4096))
+    (hf / "config.json").write_text('{"model_type": "llama"}')
+    files = record_files(hf)
+    write_json(hf / "verification.json", {"verdict": "PASS"})
+    write_json(hf / "pipeline_export.json", {"weights": {"model.safetensors": 4096}, "files": files})
+    return hf
+
+
+def test_an_export_overwritten_in_place_is_not_trusted(tmp_path):
+    """model.safetensors overwritten with 0xFF bytes of the same size was "already exported and verified" (item 8)."""
+    from pipeline.checkpoint.export import published_export
+
+    hf = _published(tmp_path)
+    assert published_export(hf) == {"verdict": "PASS"}
+    os.utime(hf / "model.safetensors", ns=(1, 1))  # touched, same bytes: the digest is re-checked and matches
+    assert published_export(hf) == {"verdict": "PASS"}
+    (hf / "model.safetensors").write_bytes(b"\xff" * 4096)
+    assert published_export(hf) is None
+    (tmp_path / "b").mkdir()
+    hf2 = _published(tmp_path / "b")
+    (hf2 / "config.json").write_text('{"model_type": "gpt2"}')  # same size class, other content
+    assert published_export(hf2) is None
+
+
+def test_upload_all_poll_names_an_incomplete_final_iteration(tmp_path, caplog):
+    """upload-all --poll said "every complete iteration is converted", "converted 0, failed none" when the tracked
+    final iteration was incomplete (item 9)."""
+    from pipeline.checkpoint import layout
+    from pipeline.checkpoint.poll import upload_all
+
+    ckpt = tmp_path / "checkpoints"
+    half = ckpt / "iter_0000020"  # a Megatron save cut short: metadata, no shards
+    half.mkdir(parents=True)
+    (half / "metadata.json").write_text("{}")
+    (half / "common.pt").write_bytes(b"")
+    layout.write_tracker(ckpt, 20)
+    (ckpt / layout.TRAINING_DONE).write_text("done\n")
+    conv, failed = upload_all(ckpt, lambda p: {"verdict": "PASS"}, poll=True, interval=0.01)
+    assert conv == [] and failed == [20]
+    assert "names iteration 20, but iter_0000020 is incomplete: it was not converted" in caplog.text
+    assert "every complete iteration is converted" not in caplog.text

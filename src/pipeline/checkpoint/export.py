@@ -101,21 +101,57 @@ def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict:
                        pp=pp, ep=ep)
 
 
+RECORDS = ("verification.json", "pipeline_export.json")
+
+
+def file_digest(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def record_files(tmp: Path) -> dict[str, dict]:
+    """Size, mtime and SHA-256 of every file of an export (its two records aside), computed once when written."""
+    out = {}
+    for f in sorted(tmp.iterdir()):
+        if f.is_file() and f.name not in RECORDS:
+            st = f.stat()
+            out[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_digest(f)}
+    return out
+
+
 def published_export(out: Path) -> dict | None:
     """The verification record of a complete published export, or None: ``verification.json`` with a PASS, and
-    every weight file its record lists present with the recorded size (an ``hf/`` holding only the records, or
-    with a truncated weight file, is not an export)."""
+    every file its record lists matching what was recorded when the export was written: size and mtime, else
+    (a file touched since) its content digest, re-hashed only then, so polling a large export stays cheap. An
+    ``hf/`` holding only the records, a truncated file or one overwritten in place is not an export (a weight file
+    overwritten with 0xFF bytes of the same size was "already exported and verified")."""
     try:
         rec = read_json(out / "verification.json")
-        files = read_json(out / "pipeline_export.json").get("weights")
-    except (OSError, ValueError):
+        meta = read_json(out / "pipeline_export.json")
+        files = meta.get("files") or meta.get("weights")
+    except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(rec, dict) or rec.get("verdict") != "PASS" or not isinstance(files, dict) or not files:
         return None
-    for name, size in files.items():
+    for name, want in files.items():
         f = out / name
-        if not f.is_file() or f.stat().st_size != size:
+        try:
+            st = f.stat()
+        except OSError:
+            st = None
+        if isinstance(want, int):  # an export written before digests were recorded: its size only
+            want = {"size": want}
+        if st is None or not f.is_file() or st.st_size != want.get("size"):
             log.warning("export %s: %s is missing or has the wrong size; it will be redone", out, name)
+            return None
+        if "sha256" in want and st.st_mtime_ns != want.get("mtime_ns") and file_digest(f) != want["sha256"]:
+            log.warning("export %s: %s changed since the export was verified (content digest differs); it will be "
+                        "redone", out, name)
             return None
     return rec
 
@@ -191,12 +227,13 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
     if record["verdict"] != "PASS":
         write_json(iter_path / FAILED, record)
         raise VerificationFailed(record)
-    weights = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.suffix in (".safetensors", ".bin")}
+    files = record_files(tmp)
+    weights = {n: f["size"] for n, f in files.items() if n.endswith((".safetensors", ".bin"))}
     if not weights:
         raise UserError(f"the export of {iter_path} wrote no weight files into {tmp}")
     write_json(tmp / "verification.json", record)
     write_json(tmp / "pipeline_export.json", {"hf_model": hf_model, "reasoning": reasoning, "weights": weights,
-                                              "source": str(iter_path), "iteration": iteration})
+                                              "files": files, "source": str(iter_path), "iteration": iteration})
     return record
 
 

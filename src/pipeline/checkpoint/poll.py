@@ -16,7 +16,6 @@ iteration is converted, or after ``idle_timeout`` seconds without a new checkpoi
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,7 +66,9 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
                idle_timeout: float | None = None, lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
     all_conv, all_failed = [], []
     last_new = last_status = time.time()
-    status_every = float(os.environ.get("PIPELINE_PROGRESS_INTERVAL", "30"))
+    from pipeline.common.log import progress_interval
+
+    status_every = progress_interval()
     while True:
         finished_before = training_finished(ckpt)
         conv, failed = convert_pending(ckpt, convert, lock_ttl)
@@ -75,10 +76,15 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
         all_failed += failed
         if conv or failed:
             last_new = time.time()
-        if not poll:
-            break
-        if finished_before:
-            log.info("training has finished and every complete iteration is converted; stopping")
+        if not poll or finished_before:
+            tracked = layout.read_tracker(ckpt)
+            if tracked is not None and tracked not in layout.complete_iterations(ckpt):
+                state = "incomplete" if tracked in layout.list_iterations(ckpt) else "missing"
+                log.error("%s names iteration %d, but %s is %s: it was not converted (the run's final checkpoint, "
+                          "if training has finished)", layout.TRACKER, tracked, layout.iter_dirname(tracked), state)
+                all_failed.append(tracked)
+            elif finished_before and poll:
+                log.info("training has finished and every complete iteration is converted; stopping")
             break
         if idle_timeout is not None and time.time() - last_new > idle_timeout:
             log.info("no new checkpoint for %.0f s; stopping", idle_timeout)
