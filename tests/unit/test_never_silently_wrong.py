@@ -271,3 +271,20 @@ def test_upload_all_poll_names_an_incomplete_final_iteration(tmp_path, caplog):
     assert conv == [] and failed == [20]
     assert "names iteration 20, but iter_0000020 is incomplete: it was not converted" in caplog.text
     assert "every complete iteration is converted" not in caplog.text
+
+
+# ---- training: a local run's pretrained checkpoint is checked before torchrun ----------------------------------
+@pytest.mark.parametrize("kind", ["missing", "not_a_checkpoint"])
+def test_a_bad_pretrained_checkpoint_is_refused_by_the_preflight(tmp_path, kind):
+    """A missing checkpoint.pretrained_checkpoint passed the preflight and then failed four times under torchrun
+    (9 tracebacks; item 14)."""
+    target = tmp_path / ("nope" if kind == "missing" else "empty")
+    if kind == "not_a_checkpoint":
+        target.mkdir()
+    res = run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
+               "--mode", "sft", "--dry-run", f"checkpoint.pretrained_checkpoint={target}"],
+              env={**os.environ, "PIPELINE_DATA_ROOT": str(tmp_path / "data")})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    want = "does not exist" if kind == "missing" else "is neither a checkpoints/ folder"
+    assert any(line.startswith(f"error: checkpoint.pretrained_checkpoint {target} {want}")
+               for line in res.stderr.splitlines()), res.stderr

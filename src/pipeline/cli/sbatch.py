@@ -198,6 +198,10 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
         raise UserError(f"--nodes={nodes!r} is not a node count")
     config, model, mode, *rest = script_args
     argv = [config, "--model", model, "--mode", mode, "--nodes", nodes, *rest]
+    if option_value(opts, "--dependency", "-d") is not None and "--no-path-checks" not in rest:
+        # a job that waits for another leaves its inputs (the previous phase's checkpoint) to the job, whose launcher
+        # checks them when it starts, as submit_checks does for the other pipelines
+        argv.append("--no-path-checks")
     cluster = os.environ.get("PIPELINE_CLUSTER")
     if cluster and "--cluster" not in rest:
         argv += ["--cluster", cluster]

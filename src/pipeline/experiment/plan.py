@@ -167,7 +167,10 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
         words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
         req = LaunchRequest(config=exp.base.config, model=exp.base.model, mode=exp.base.mode, overrides=tuple(words),
                             disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=exp.base.cluster,
-                            peft=flag_value(exp.base.flags, "--peft"), allow_config_change=True)
+                            peft=flag_value(exp.base.flags, "--peft"), allow_config_change=True,
+                            # a phase after another starts from its checkpoint, which exists once that phase ran:
+                            # its launcher checks the paths when the job starts (isambard_sbatch does the same)
+                            path_checks=src is None)
         launch = plan_launch(req)
         return launch.cfg, launch.run_dir, launch.preflight
 

@@ -431,6 +431,17 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
                                  f"{get(cfg, 'dataset.offline_packing_specs.pad_seq_to_mult') or 1}")
         elif paths:
             _note_epochs(paths["train"], plan)
+    pre = get(cfg, "checkpoint.pretrained_checkpoint")
+    if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
+        from pipeline.checkpoint.layout import TRACKER
+
+        p = Path(str(pre))
+        if not p.exists():
+            plan.problems.append(f"checkpoint.pretrained_checkpoint {pre} does not exist: point it at a run's "
+                                 "checkpoints/ folder, an iter_NNNNNNN folder or a Hugging Face model folder")
+        elif not p.is_dir() or not ((p / TRACKER).exists() or (p / "config.json").exists()):
+            plan.problems.append(f"checkpoint.pretrained_checkpoint {pre} is neither a checkpoints/ folder ({TRACKER})"
+                                 " nor a model folder (config.json)")
     if not spec.is_local and mode in ("sft", "cpt") or (not spec.is_local and peft):
         ckpt = get(cfg, "checkpoint.pretrained_checkpoint") or get(cfg, "checkpoint.load")
         if ckpt is None:
