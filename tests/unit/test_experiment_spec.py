@@ -95,6 +95,8 @@ def test_labels_that_print_alike_get_a_stable_hash(tmp_path):
     ("phases: [{name: a, kind: export}]\n", "needs 'from' a training phase"),
     ("computed:\n  optimizer.min_lr: ${calc:'__import__(1)'}\n", "does not resolve"),
     ("computed:\n  optimizer.min_lr: ${nope.key}\n", "does not resolve"),
+    # YAML 1.1 read 1e-3 as a string: two labels for one run (issue 22, item 15); now one value, refused as such
+    ("grid: {optimizer.lr: [1e-3, 0.001]}\n", "two runs have identical overrides"),
     # bounded arithmetic (issue 22, items 13 and 14): 9**9**9 hung for good, 10**5000 was a traceback
     ("computed:\n  train.train_iters: ${calc:'9**9**9'}\n", "9**387420489 is out of range"),
     ("computed:\n  train.train_iters: ${calc:'10**5000'}\n", "10**5000 is out of range"),

@@ -288,3 +288,13 @@ def test_a_bad_pretrained_checkpoint_is_refused_by_the_preflight(tmp_path, kind)
     want = "does not exist" if kind == "missing" else "is neither a checkpoints/ folder"
     assert any(line.startswith(f"error: checkpoint.pretrained_checkpoint {target} {want}")
                for line in res.stderr.splitlines()), res.stderr
+
+
+def test_1e_3_is_a_number_in_configs_as_on_the_command_line(tmp_path):
+    """YAML 1.1 reads 1e-3 as a string: `lr: 1e-3` in a config and `optimizer.lr=1e-3` as an override differed."""
+    from pipeline.config.loader import read_yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("optimizer:\n  lr: 1e-3\n  min_lr: 3E-5\nlogger:\n  wandb_exp_name: \"1e-3\"\n")
+    data = read_yaml(cfg)
+    assert data["optimizer"] == {"lr": 0.001, "min_lr": 3e-05} and data["logger"]["wandb_exp_name"] == "1e-3"

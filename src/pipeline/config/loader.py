@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.common import yamlio
 from pipeline.common.errors import UserError
 from pipeline.config.schema import schema_copy
 
@@ -57,7 +58,7 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yamlio.load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError:

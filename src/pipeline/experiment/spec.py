@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.common import yamlio
 from pipeline.common.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
@@ -321,7 +322,7 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
     if not path.is_file():
         raise UserError(f"experiment file {path} is not a file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlio.load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -363,7 +364,7 @@ def _base_context(base: Base, root: Path | None) -> dict:
     if not p.is_absolute() and root is not None:
         p = root / p
     try:
-        cfg = yaml.safe_load(p.read_text())
+        cfg = yamlio.load(p.read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return cfg if isinstance(cfg, dict) else {}
