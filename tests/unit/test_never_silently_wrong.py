@@ -298,3 +298,19 @@ def test_1e_3_is_a_number_in_configs_as_on_the_command_line(tmp_path):
     cfg.write_text("optimizer:\n  lr: 1e-3\n  min_lr: 3E-5\nlogger:\n  wandb_exp_name: \"1e-3\"\n")
     data = read_yaml(cfg)
     assert data["optimizer"] == {"lr": 0.001, "min_lr": 3e-05} and data["logger"]["wandb_exp_name"] == "1e-3"
+
+
+# ---- coherence: a folder that is not a model is one line -------------------------------------------------------
+def test_coherence_on_a_folder_without_tokenizer_files_is_one_line(tmp_path, smollm2_dir):
+    """Coherence on a directory without tokenizer files was a traceback (item 14)."""
+    import shutil
+
+    d = tmp_path / "weights_only"
+    d.mkdir()
+    shutil.copy(smollm2_dir / "config.json", d / "config.json")
+    res = run([sys.executable, "pipeline_coherence_test.py", str(d), "--max-tokens", "4"],
+              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: {d} is not a Hugging Face model folder: it has no tokenizer files (tokenizer.json, "
+        "tokenizer_config.json) (an export's hf/ folder has both; a Megatron checkpoint needs --backend megatron)")

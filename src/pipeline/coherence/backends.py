@@ -31,12 +31,25 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
     p = Path(model_path)
     if not p.exists() and ("/" not in model_path or model_path.startswith((".", "/"))):
         raise UserError(f"model {model_path} does not exist (a local HF directory or a hub id ORG/NAME)")
+    if p.is_dir():
+        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        missing = [what for what, names in (("config.json", ("config.json",)),
+                                             ("tokenizer files (tokenizer.json, tokenizer_config.json)",
+                                              tokenizer_files))
+                   if not any((p / n).is_file() for n in names)]
+        if missing:
+            raise UserError(f"{model_path} is not a Hugging Face model folder: it has no {' and no '.join(missing)} "
+                            "(an export's hf/ folder has both; a Megatron checkpoint needs --backend megatron)")
     try:
         tok = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-    except OSError as exc:
-        raise UserError(f"cannot load model {model_path}: {str(exc).splitlines()[0][:200]}") from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise UserError(f"cannot load model {model_path}: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}"
+                        ) from None
+    if not tok.chat_template:
+        raise UserError(f"the tokenizer of {model_path} has no chat template: the coherence prompts are chat turns "
+                        "(export with the model's tokenizer files, or add chat_template.jinja)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device).eval()
     eos = {tok.eos_token_id} | set(model.generation_config.eos_token_id
