@@ -314,3 +314,24 @@ def test_coherence_on_a_folder_without_tokenizer_files_is_one_line(tmp_path, smo
     assert res.stderr.strip().splitlines()[-1] == (
         f"error: {d} is not a Hugging Face model folder: it has no tokenizer files (tokenizer.json, "
         "tokenizer_config.json) (an export's hf/ folder has both; a Megatron checkpoint needs --backend megatron)")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("not json {", "is not readable JSON"),
+    ('["a"]', "is not a submission record"),
+    ('{"runs": {"lr0.001": {"jobs": "oops"}}}', "the entry of run 'lr0.001' is malformed"),
+    ('{"runs": {"lr0.001": {"jobs": {"train": {"job_id": 12}}}}}', "the entry of run 'lr0.001' is malformed"),
+])
+def test_a_broken_submission_record_is_one_line(tmp_path, text, needle):
+    """A non-JSON submissions.json showed every run as "not submitted" (and the next submit overwrote it);
+    malformed entries were tracebacks (item 14)."""
+    env = {**os.environ, "PIPELINE_RUNS_DIR": str(tmp_path / "runs")}
+    state = tmp_path / "runs" / "_experiments" / "tiny_lr_batch_sweep"
+    state.mkdir(parents=True)
+    (state / "submissions.json").write_text(text)
+    res = run([sys.executable, "pipeline_experiment.py", "status", "configs/experiments/tiny_lr_batch_sweep.yaml",
+               "--no-plots"], env=env, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert needle in line and line.endswith("nothing was changed"), line
+    assert (state / "submissions.json").read_text() == text

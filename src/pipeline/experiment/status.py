@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.checkpoint import layout
+from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
 from pipeline.experiment.plan import Job, RunPlan, state_dir
 from pipeline.experiment.spec import Experiment
@@ -35,12 +36,26 @@ def submissions_path(exp: Experiment) -> Path:
 
 
 def read_submissions(exp: Experiment) -> dict[str, Any]:
+    """The submission record; a file that is not the record this tool writes is one line (UserError), never read
+    as empty: that showed every run as "not submitted" and the next submit would have overwritten the record."""
     p = submissions_path(exp)
+    if not p.exists():
+        return {"runs": {}}
+    fix = "fix it or move it aside (the job ids are also in Slurm: squeue --me); nothing was changed"
     try:
-        data = read_json(p) if p.exists() else {}
-    except (OSError, ValueError):
-        data = {}
-    return data if isinstance(data, dict) and isinstance(data.get("runs"), dict) else {"runs": {}}
+        data = read_json(p)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{p} is not readable JSON ({str(exc).splitlines()[0][:120]}): {fix}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs", {}), dict):
+        raise UserError(f"{p} is not a submission record (no 'runs' mapping): {fix}")
+    data.setdefault("runs", {})
+    for label, entry in data["runs"].items():
+        jobs = entry.get("jobs") if isinstance(entry, dict) else None
+        if not isinstance(jobs, dict) or not all(isinstance(j, dict) and isinstance(j.get("job_id", ""), str)
+                                                 for j in jobs.values()):
+            raise UserError(f"{p}: the entry of run {label!r} is malformed (expected jobs: {{phase: {{job_id, "
+                            f"log}}}}): {fix}")
+    return data
 
 
 def record_job(exp: Experiment, label: str, job: Job, job_id: str, log: str | None, submitted_at: str) -> None:
