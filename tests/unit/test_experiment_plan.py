@@ -52,7 +52,8 @@ def test_chain_inputs_come_from_the_previous_phase(dirs):
     lines = render_lines(exp, rp)
     text = "\n".join(lines)
     assert lines[0].startswith("# pretrain: submit refuses: dataset.dataset_root")  # no data prepared here
-    assert 'JOB_3=$(isambard_sbatch --parsable "--dependency=afterok:${JOB_1%%;*}" --nodes=1 --time=9 ' \
+    assert 'JOB_3=$(isambard_sbatch --parsable "--dependency=afterok:${JOB_1%%;*}" --kill-on-invalid-dep=yes ' \
+           '--nodes=1 --time=9 ' \
            "pipeline_training_submit.sbatch configs/local/tiny_moe_sft.yaml" in text
     assert "--job-name=checkpoint-c.base.export pipeline_checkpoint_submit.sbatch export " in text
     assert f"mkdir -p {runs}/c.base.pretrain/checkpoints" in text

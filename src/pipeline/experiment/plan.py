@@ -68,6 +68,9 @@ class Job:
         opts = list(self.sbatch)
         if self.after is not None:
             opts.insert(0, f"--dependency={self.dep_type}:{dep_job if dep_job is not None else '$JOB'}")
+            # a phase whose dependency can never be satisfied (the previous phase failed) is cancelled by Slurm,
+            # not left pending for ever (DependencyNeverSatisfied)
+            opts.insert(1, "--kill-on-invalid-dep=yes")
         return [*opts, self.script, *self.args]
 
     def saved_iterations(self) -> list[int]:

@@ -278,9 +278,16 @@ def verdict(rows: list[PhaseRow]) -> str:
 
 
 def blocked_jobs(statuses: list[RunStatus]) -> list[str]:
-    """Jobs left pending for ever behind a failed phase (Slurm keeps them as DependencyNeverSatisfied)."""
+    """Jobs left pending behind a failed phase (DependencyNeverSatisfied): submissions made before phases carried
+    --kill-on-invalid-dep=yes, or a Slurm that has not cancelled them yet."""
     return [r.job_id for s in statuses if s.verdict.startswith("stopped at") for r in s.rows
             if r.state == "PENDING" and r.job_id]
+
+
+def cancelled_behind(statuses: list[RunStatus]) -> list[str]:
+    """Jobs Slurm cancelled because the phase they waited for failed (--kill-on-invalid-dep=yes)."""
+    return [r.job_id for s in statuses if s.verdict.startswith("stopped at") for r in s.rows
+            if r.state == "CANCELLED" and r.job_id]
 
 
 # ---- the board ----------------------------------------------------------------------------------------------
@@ -310,6 +317,10 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
         lines.append(f"{s.label}: {s.verdict}{curve}")
     if plots and "__overlay__" in plots:
         lines.append(f"loss curves of every run: {plots['__overlay__']}")
+    cancelled = cancelled_behind(statuses)
+    if cancelled:
+        lines.append(f"{len(cancelled)} job(s) behind a phase that failed were cancelled by Slurm (their dependency "
+                     f"can never be satisfied): {' '.join(cancelled)}")
     blocked = blocked_jobs(statuses)
     if blocked:
         lines.append(f"{len(blocked)} job(s) wait for a phase that failed and will never start: scancel "
