@@ -75,3 +75,41 @@ def test_nan_stops_the_run_without_retrying(data, tmp_path):
     assert (run_dir / "FAILED_NAN").exists()
     assert "this run stopped on a NaN" in out  # the restarted worker refuses to burn more time
     assert final(run_dir)["status"] == "failed_nan"
+
+
+def test_one_training_per_run_directory_and_the_trainer_dies_with_its_launcher(data, tmp_path):
+    """A relaunch on a live run "resumed" and both wrote; killing the launcher's process group left the trainer
+    running (torchrun starts ranks in their own session). Issue 22, item 7."""
+    import fcntl
+    import os
+
+    run_dir = tmp_path / "live"
+    first = subprocess.Popen(["bash", "pipeline_training_launch.sh", *ARGS[:-2], "train.train_iters=2000",
+                              "checkpoint.save_interval=1000", "--run-dir", str(run_dir)], cwd=ROOT, env=data,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        progress = run_dir / "progress.ndjson"
+        deadline = time.time() + 300
+        while not (progress.exists() and progress.read_text().strip()):
+            assert time.time() < deadline and first.poll() is None, "the first training did not start"
+            time.sleep(0.2)
+        second = run(["bash", "pipeline_training_launch.sh", *ARGS[:-2], "train.train_iters=2000",
+                      "checkpoint.save_interval=1000", "--run-dir", str(run_dir)], env=data, timeout=300)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        line = second.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: run directory {run_dir} is being written by pid ") and "one training per run " \
+            "directory" in line, line
+        assert len(worker_pids(run_dir)) == 1
+        os.killpg(first.pid, signal.SIGKILL)  # the launcher's whole process group, as a user's kill would
+        first.wait(timeout=60)
+        deadline = time.time() + 60
+        while worker_pids(run_dir):
+            assert time.time() < deadline, f"the trainer outlived its launcher: {worker_pids(run_dir)}"
+            time.sleep(0.5)
+        with open(run_dir / ".writer.lock", "rb+") as f:  # released: the next launch may write
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        for pid in worker_pids(run_dir):
+            psutil.Process(pid).kill()

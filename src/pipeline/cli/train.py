@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
               + " ".join(shlex.quote(c) for c in fan), flush=True)
         os.execvp(fan[0], fan)
     run_dir = plan.run_dir
+    records.claim_run_dir(Path(run_dir))  # held by torchrun after the exec below; refused if another run writes
     if plan.alloc.node_rank == 0:
         records.write_launch_records(run_dir, cfg=plan.cfg, spec=plan.spec, mode=request.mode, peft=request.peft,
                                      cluster=plan.cluster, alloc=plan.alloc, nodes=plan.nodes, plan=plan.preflight,

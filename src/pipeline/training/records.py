@@ -154,6 +154,46 @@ def check_run_identity(run_dir: Path, cfg: dict, allow_change: bool = False) -> 
     return diff
 
 
+WRITER_LOCK = ".writer.lock"
+
+
+def claim_run_dir(run_dir: Path) -> int | None:
+    """One writer per run directory. Takes an exclusive ``flock`` on ``<run_dir>/.writer.lock`` and returns its file
+    descriptor, inheritable, so the lock lives on in torchrun / ft_launcher after the launcher execs into it (and
+    with it, torchrun's restarts of the ranks); it ends when that process tree ends. A second launch while the lock
+    is held is refused (UserError naming the holder: its Slurm job, or host and pid); the launchers of the same Slurm
+    job (the other nodes of a multi-node job, a requeued job: it keeps its id) are the same writer and return None.
+    Before this, a relaunch on a live run "resumed" and both wrote (progress.ndjson read 8, 10, 11, 9, 12, ...)."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / WRITER_LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raw = os.pread(fd, 1000, 0).decode("utf-8", "replace")
+        os.close(fd)
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = {}
+        job = os.environ.get("SLURM_JOB_ID")
+        if job and str(holder.get("slurm_job_id")) == job:
+            return None  # this job's own writer (another node's launcher, or a requeue's previous incarnation)
+        who = (f"Slurm job {holder['slurm_job_id']} (host {holder.get('host')}, pid {holder.get('pid')})"
+               if holder.get("slurm_job_id") else f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}")
+        raise UserError(f"run directory {run_dir} is being written by {who}, started {holder.get('started', '?')}: "
+                        "one training per run directory; wait for it (or cancel it), or use another run "
+                        "(logger.wandb_exp_name / --run-dir)") from None
+    record = {"slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname(), "pid": os.getpid(),
+              "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.set_inheritable(fd, True)
+    return fd
+
+
 def wait_for_records(run_dir: Path, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while not (run_dir / "launch.json").exists():

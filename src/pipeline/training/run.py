@@ -10,6 +10,24 @@ from pathlib import Path
 
 from pipeline.common.errors import cli_main
 
+_PARENT = os.getppid()  # at start: the launcher's agent that started this rank
+
+
+def _die_with_launcher() -> None:
+    """Linux: this rank gets SIGTERM when its parent (torchrun's or ft_launcher's agent) dies. torchrun starts the
+    ranks in their own session, so killing the launcher's process group left them training, and a relaunch then
+    trained beside them."""
+    import signal
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != _PARENT:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.training import records
 
     log = setup_logging("pipeline.training")
+    _die_with_launcher()
     run_dir = args.run_dir.resolve()
     if (run_dir / records.NAN_MARKER).exists():
         print(f"error: this run stopped on a NaN ({(run_dir / records.NAN_MARKER).read_text().strip()}); "
