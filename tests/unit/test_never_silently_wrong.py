@@ -335,3 +335,16 @@ def test_a_broken_submission_record_is_one_line(tmp_path, text, needle):
     line = res.stderr.strip().splitlines()[-1]
     assert needle in line and line.endswith("nothing was changed"), line
     assert (state / "submissions.json").read_text() == text
+
+
+def test_terminal_escapes_in_a_reply_are_written_escaped():
+    """An endpoint reply's terminal escapes were written raw into coherence_endpoint.md (item 15)."""
+    from pipeline.coherence.run import markdown
+
+    row = {"prompt": "hi", "response": "ok \x1b]0;pwned\x07\x1b[2J done", "response_length": 5, "empty": False,
+           "truncated": False, "repetitive": False, "template_leak": None}
+    report = {"time": "t", "prompts": ["hi"], "results": [{"model": "m\x1b[31m", "backend": "endpoint",
+                                                            "summary": {"num_prompts": 1}, "rows": [row]}]}
+    text = markdown(report)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "ok \\x1b]0;pwned\\x07\\x1b[2J done" in text and "## m\\x1b[31m (endpoint)" in text

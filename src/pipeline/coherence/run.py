@@ -113,15 +113,24 @@ def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, An
     return {"model": model, "backend": cfg.backend, "rows": rows, "summary": summary}
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(s: str) -> str:
+    """Control characters (terminal escapes among them) shown escaped: a model's or an endpoint's reply is never
+    replayed into the terminal of whoever reads the report with cat."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], s)
+
+
 def _md_cell(s: str) -> str:
-    return re.sub(r"\s+", " ", s.replace("|", "\\|")).strip() or "*(empty)*"
+    return _escaped(re.sub(r"\s+", " ", s.replace("|", "\\|")).strip()) or "*(empty)*"
 
 
 def markdown(report: dict) -> str:
     lines = [f"# Coherence test - {report['time']}", ""]
     for res in report["results"]:
         s = res["summary"]
-        lines += [f"## {res['model']} ({res['backend']})", "",
+        lines += [f"## {_escaped(str(res['model']))} ({res['backend']})", "",
                   "| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in s.items()], "",
                   "| # | prompt | response | length | empty | truncated | repetitive | template leak |",
                   "|---|---|---|---|---|---|---|---|"]
