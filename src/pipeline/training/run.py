@@ -14,19 +14,20 @@ _PARENT = os.getppid()  # at start: the launcher's agent that started this rank
 
 
 def _die_with_launcher() -> None:
-    """Linux: this rank gets SIGTERM when its parent (torchrun's or ft_launcher's agent) dies. torchrun starts the
+    """Linux: this rank gets SIGKILL when its parent (torchrun's or ft_launcher's agent) dies. torchrun starts the
     ranks in their own session, so killing the launcher's process group left them training, and a relaunch then
-    trained beside them."""
+    trained beside them. SIGKILL, not SIGTERM (which asks the local engine for a save-and-exit): the run directory's
+    writer lock ends with the agent, so a rank must not outlive it by even one checkpoint."""
     import signal
 
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != _PARENT:  # the parent died before the signal was armed
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @cli_main
