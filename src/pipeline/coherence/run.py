@@ -113,13 +113,12 @@ def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, An
     return {"model": model, "backend": cfg.backend, "rows": rows, "summary": summary}
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 def _escaped(s: str) -> str:
     """Control characters (terminal escapes among them) shown escaped: a model's or an endpoint's reply is never
-    replayed into the terminal of whoever reads the report with cat."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], s)
+    replayed into the terminal of whoever reads the report with cat (the bad-node log's rule)."""
+    from pipeline.slurm.badnodes import printable
+
+    return printable(s)
 
 
 def _md_cell(s: str) -> str:
