@@ -151,6 +151,25 @@ def test_auto_requeue_chain_stops_after_completion(senv, tmp_path):
     assert json.loads((run_dir / "metrics_summary.json").read_text())["final_step"] == 120
 
 
+def test_auto_requeue_chain_reads_a_log_path_with_spaces(senv, tmp_path):
+    """The stop line is looked for in the job's own log, wherever --output put it: a path with a space used to be
+    cut at the space, the finished run's successor was never cancelled and ran after training had finished."""
+    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
+         "--limit", "200", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
+    logs = tmp_path / "team logs"
+    logs.mkdir()
+    first = submit({**senv, "PIPELINE_AUTO_REQUEUE": "1"}, "--nodes=1", "--time=10", f"--job-name=sp-{os.getpid()}",
+                   f"--output={logs}/training-%j.out", "pipeline_training_submit.sbatch",
+                   "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft", "train.train_iters=4",
+                   "checkpoint.save_interval=1000")
+    assert wait_job(senv, first) == "COMPLETED"
+    log = (logs / f"training-{first}.out").read_text()
+    assert "[after training is done]" in log
+    successor = re.search(r"successor job (\d+)", log).group(1)
+    assert "cancelling successor" in log
+    assert wait_job(senv, successor) == "CANCELLED"
+
+
 def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
     """A real Slurm time limit, no scancel: --signal=B:USR1@90 on a 3-minute job. slurmctld checks limits every
     30 s and sends the warning early rather than late, so USR1 reaches the batch shell 90-120 s before the limit
