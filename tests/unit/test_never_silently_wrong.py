@@ -348,3 +348,31 @@ def test_terminal_escapes_in_a_reply_are_written_escaped():
     text = markdown(report)
     assert "\x1b" not in text and "\x07" not in text
     assert "ok \\x1b]0;pwned\\x07\\x1b[2J done" in text and "## m\\x1b[31m (endpoint)" in text
+
+
+# ---- sbatch: an unreadable sbatch --help still knows which options take a value --------------------------------
+@pytest.mark.parametrize("argv, script, opt", [
+    (["--tmp", "10G", "job.sbatch", "a"], "job.sbatch", "--tmp=10G"),
+    (["--gpus-per-task", "1", "job.sbatch"], "job.sbatch", "--gpus-per-task=1"),
+    (["-M", "c1", "job.sbatch"], "job.sbatch", "-M"),
+    (["--newer-option=x", "job.sbatch"], "job.sbatch", "--newer-option=x"),
+])
+def test_a_failing_sbatch_help_uses_the_built_in_table(tmp_path, monkeypatch, argv, script, opt):
+    from pipeline.cli import sbatch as sbatch_cli
+
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")  # --help and --usage print nothing
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    sbatch_cli.sbatch_option_table.cache_clear()
+    try:
+        assert sbatch_cli.sbatch_option_table() is None
+        cmd, _, _ = sbatch_cli.build_submission(argv)
+        assert script in cmd and cmd[cmd.index(script) - (2 if opt == "-M" else 1)] == opt
+        with pytest.raises(UserError, match="sbatch --help could not be read; write it --opt=value"):
+            sbatch_cli.build_submission(["--newer-option", "x", "job.sbatch"])
+    finally:
+        sbatch_cli.sbatch_option_table.cache_clear()

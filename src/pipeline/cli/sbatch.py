@@ -32,16 +32,31 @@ from pipeline.config.cluster import profile_sbatch_options, script_directives  #
 from pipeline.slurm.badnodes import from_env, is_future, printable
 from pipeline.slurm.hostlist import compress, expand, is_hostlist
 
-# sbatch options that take a value when written without "=" (long and short forms).
-VALUE_OPTS = {
-    "-A", "--account", "-p", "--partition", "-t", "--time", "-N", "--nodes", "-n", "--ntasks", "-J", "--job-name",
-    "-o", "--output", "-e", "--error", "-x", "--exclude", "-w", "--nodelist", "--gpus-per-node", "--gres", "--mem",
-    "-c", "--cpus-per-task", "-d", "--dependency", "--signal", "-q", "--qos", "--reservation", "-C", "--constraint",
-    "-a", "--array", "--begin", "-D", "--chdir", "--export", "--mail-type", "--mail-user", "--ntasks-per-node",
-    "--time-min", "--comment", "--mem-per-cpu", "--mem-per-gpu", "-G", "--gpus", "--gpus-per-task", "--nice",
-    "--wckey", "--cpus-per-gpu", "-i", "--input", "--network", "--licenses", "-L", "--deadline", "--wrap",
-    "--open-mode",
-}
+# The option table used when the installed sbatch's --help cannot be read (no sbatch on a laptop's dry run, or one
+# that fails): Slurm 22.05's sbatch --help/--usage as parsed by sbatch_option_table, plus the value options of newer
+# Slurm's manual. With it, `--tmp 10G` still takes its value (the old short list made `10G` the job script); an
+# option outside it is refused unless written `--opt=value`, which cannot be misread.
+BUILTIN_VALUE_OPTS = frozenset({
+    "--account", "--acctg-freq", "--array", "--batch", "--bb", "--bbf", "--begin", "--chdir", "--cluster-constraint",
+    "--clusters", "--comment", "--constraint", "--container-id", "--core-spec", "--cores-per-socket", "--cpu-freq",
+    "--cpus-per-gpu", "--cpus-per-task", "--deadline", "--delay-boot", "--dependency", "--distribution", "--error",
+    "--exclude", "--export", "--export-file", "--extra-node-info", "--gid", "--gpu-bind", "--gpu-freq", "--gpus",
+    "--gpus-per-node", "--gpus-per-socket", "--gpus-per-task", "--gres", "--gres-flags", "--hint", "--input",
+    "--job-name", "--kill-on-invalid-dep", "--licenses", "--mail-type", "--mail-user", "--mcs-label", "--mem",
+    "--mem-bind", "--mem-per-cpu", "--mem-per-gpu", "--mincpus", "--mpi", "--network", "--nodefile", "--nodelist",
+    "--nodes", "--ntasks", "--ntasks-per-core", "--ntasks-per-node", "--ntasks-per-socket", "--open-mode",
+    "--output", "--partition", "--power", "--prefer", "--priority", "--profile", "--qos", "--relative",
+    "--reservation", "--resv-ports", "--segment", "--signal", "--sockets-per-node", "--switches", "--thread-spec",
+    "--threads-per-core", "--time", "--time-min", "--tmp", "--tres-bind", "--tres-per-task", "--uid", "--wckey",
+    "--wrap", "-A", "-B", "-C", "-D", "-F", "-G", "-J", "-L", "-M", "-N", "-S", "-a", "-b", "-c", "-d", "-e", "-i",
+    "-m", "-n", "-o", "-p", "-q", "-r", "-t", "-w", "-x",
+})
+BUILTIN_FLAGS = frozenset({
+    "--container", "--contiguous", "--exclusive", "--get-user-env", "--help", "--hold", "--ignore-pbs", "--nice",
+    "--no-kill", "--no-requeue", "--overcommit", "--oversubscribe", "--parsable", "--propagate", "--quiet",
+    "--reboot", "--requeue", "--spread-job", "--test-only", "--usage", "--use-min-nodes", "--verbose", "--version",
+    "--wait", "-H", "-O", "-Q", "-V", "-W", "-h", "-k", "-s", "-v",
+})
 # Above this length the exclusion goes to a file (sbatch reads --exclude=PATH when the value has a "/"):
 # one argument may not exceed MAX_ARG_STRLEN (128 KiB) on Linux.
 MAX_EXCLUDE_ARG = 64 * 1024
@@ -57,7 +72,7 @@ PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
 UNLISTED_VALUE_OPTS = {"--wrap", "--export", "--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq",
                        "--batch", "--tres-per-task", "--kill-on-invalid-dep", "--resv-ports", "--mpi", "--prefer",
                        "--distribution", "--clusters", "--cpus-per-gpu", "--gpus-per-node", "-r", "--relative"}
-UNLISTED_FLAGS = {"--test-only", "--exclusive", "--mem-per-cpu", "--parsable"}
+UNLISTED_FLAGS = {"--test-only", "--exclusive", "--parsable"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,8 +107,12 @@ def sbatch_option_table() -> tuple[frozenset[str], frozenset[str]] | None:
     return frozenset(values), frozenset(flags | UNLISTED_FLAGS)
 
 
-def _table(table=None) -> tuple[frozenset[str], frozenset[str] | None]:
-    return table if table is not None else (sbatch_option_table() or (frozenset(VALUE_OPTS), None))
+def _table(table=None) -> tuple[frozenset[str], frozenset[str], bool]:
+    """(value options, flags, from the built-in table)"""
+    if table is not None:
+        return table[0], table[1], False
+    read = sbatch_option_table()
+    return (read[0], read[1], False) if read else (BUILTIN_VALUE_OPTS, BUILTIN_FLAGS, True)
 
 
 def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[str]] | None = None
@@ -103,8 +122,8 @@ def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[st
     options (``-HN 2``), unique abbreviations of long options (``--job`` for ``--job-name``) and ``--`` work;
     an option sbatch does not know is refused with one line. The options come back normalised (``--long=value``,
     ``-S value``, flags alone), which sbatch reads the same way."""
-    values, flags = _table(table)
-    known = sorted(values | (flags or frozenset()))
+    values, flags, builtin = _table(table)
+    known = sorted(values | flags)
     opts: list[str] = []
     excludes: list[str] = []
 
@@ -131,10 +150,16 @@ def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[st
             continue
         if a.startswith("--"):
             name, eq, val = a.partition("=")
-            if flags is not None and name not in values and name not in flags:
+            if name not in values and name not in flags:
                 matches = [k for k in known if k.startswith(name) and k.startswith("--")]
+                if len(matches) != 1 and builtin and eq:
+                    add(name, val)  # --opt=value: unambiguous, whatever the cluster's sbatch options are
+                    i += 1
+                    continue
                 if len(matches) != 1:
-                    what = f"ambiguous ({', '.join(matches[:5])})" if matches else "not in this Slurm's sbatch --help"
+                    what = f"ambiguous ({', '.join(matches[:5])})" if matches else (
+                        "not in the built-in option table: sbatch --help could not be read; write it --opt=value"
+                        if builtin else "not in this Slurm's sbatch --help")
                     raise UserError(f"unknown sbatch option {a!r} ({what}); check the spelling")
                 name = matches[0]
             if name in values and not eq:
@@ -156,8 +181,10 @@ def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[st
                     val, i = argv[i + 1], i + 1
                 add(name, val)
                 break
-            if flags is not None and name not in flags:
-                raise UserError(f"unknown sbatch option {name!r} in {a!r} (not in this Slurm's sbatch --help)")
+            if name not in flags:
+                where = "the built-in option table (sbatch --help could not be read)" if builtin else \
+                    "this Slurm's sbatch --help"
+                raise UserError(f"unknown sbatch option {name!r} in {a!r} (not in {where})")
             add(name, None)
             j += 1
         i += 1
@@ -167,7 +194,7 @@ def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[st
 def option_value(opts: list[str], *names: str) -> str | None:
     """The value of an option in normalised ``opts`` (as split_sbatch_args returns them); values of other
     options are never mistaken for options."""
-    values, _ = _table()
+    values, _, _ = _table()
     i = 0
     while i < len(opts):
         a = opts[i]
