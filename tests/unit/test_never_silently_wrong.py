@@ -81,6 +81,19 @@ def test_code_and_markdown_folders_are_corpora(tmp_path):
     assert tokenize(d, tmp_path / "out")["documents"] == 2  # was: "no documents (field 'text')"
 
 
+def test_glob_chooses_the_files_of_a_corpus_folder(tmp_path):
+    d = corpus(tmp_path)
+    (d / "data.jsonl").write_text('{"text": "a row, read as a text file only when --glob picks it"}\n')
+    res = tokenize_corpus(str(d), "smollm2-135m", tmp_path / "out", "c", quiet=True, workers=1, glob="*.md")
+    assert res["documents"] == 1 and res["fingerprint"]["input"]["files"] == 1  # sub/notes.md: '*' crosses folders
+    both = tokenize_corpus(str(d), "smollm2-135m", tmp_path / "out", "c", quiet=True, workers=1, glob="doc[01].txt")
+    assert both["documents"] == 2 and both["fingerprint"] != res["fingerprint"]  # tokenized again, not reused
+    with pytest.raises(UserError, match=r"has no documents .*the files --glob '\*.rs' matches"):
+        tokenize_corpus(str(d), "smollm2-135m", tmp_path / "out2", "c", quiet=True, workers=1, glob="*.rs")
+    with pytest.raises(UserError, match="--glob chooses the files of a corpus folder, and .* is not a folder"):
+        tokenize_corpus(str(d / "doc0.txt"), "smollm2-135m", tmp_path / "out3", "c", quiet=True, glob="*")
+
+
 def test_an_empty_corpus_is_an_error(tmp_path):
     d = tmp_path / "empty"
     d.mkdir()

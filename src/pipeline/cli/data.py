@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--docs-per-part", type=int, default=2000)
     t.add_argument("--workers", type=positive_int, help="worker processes (default: every usable CPU); the output "
                    "is the same for any number")
+    t.add_argument("--glob", metavar="PATTERN",
+                   help="the files of a corpus folder to read, matched against their path in the folder (fnmatch: "
+                        "'*' crosses folders, e.g. '*.py' or 'docs/*.md'; default: every file with a common text "
+                        "suffix: .txt .md .py .rst ...); binary files are skipped and counted")
     t.add_argument("--limit", type=int)
     t.add_argument("--force", action="store_true")
     t.add_argument("--quiet", action="store_true")
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.output_dir or ((src if src.is_dir() else paths.data_root()) / args.output_name)
         res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name, text_field=args.text_field,
                               docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet,
-                              workers=args.workers)
+                              workers=args.workers, glob=args.glob)
         print(json.dumps(res, indent=2))
         return 0
 

@@ -90,23 +90,28 @@ def check_output_name(output_name: str) -> None:
 
 def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name: str, *,
                     text_field: str = "text", docs_per_part: int = 2000, limit: int | None = None,
-                    force: bool = False, quiet: bool = False, workers: int | None = None) -> dict:
-    """``workers``: processes that encode parts (default every usable CPU); the files do not depend on it."""
+                    force: bool = False, quiet: bool = False, workers: int | None = None, glob: str | None = None
+                    ) -> dict:
+    """``workers``: processes that encode parts (default every usable CPU); the files do not depend on it.
+    ``glob``: the files of a corpus folder to read (default: every file with a common text suffix)."""
     from pipeline.data.sources import input_identity
 
     check_output_name(output_name)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"output {out_dir} exists and is not a directory")
-    fp = {"input": input_identity(source, exclude=out_dir), "tokenizer": tokenizer_name, "text_field": text_field,
-          "docs_per_part": docs_per_part, "limit": limit}
+    if glob is not None and not Path(source).is_dir():
+        raise UserError(f"--glob chooses the files of a corpus folder, and {source} is not a folder")
+    fp = {"input": input_identity(source, exclude=out_dir, glob=glob), "tokenizer": tokenizer_name,
+          "text_field": text_field, "docs_per_part": docs_per_part, "limit": limit, "glob": glob}
     with exclusive_lock(out_dir / ".tokenize.lock", f"output folder {out_dir}"):
         return _tokenize_locked(source, tokenizer_name, out_dir, output_name, fp, text_field=text_field,
-                                docs_per_part=docs_per_part, limit=limit, force=force, quiet=quiet, workers=workers)
+                                docs_per_part=docs_per_part, limit=limit, force=force, quiet=quiet, workers=workers,
+                                glob=glob)
 
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
-                     limit, force, quiet, workers) -> dict:
+                     limit, force, quiet, workers, glob) -> dict:
     from pipeline.common.log import Progress
     from pipeline.data import workers as wk
     from pipeline.data.chat import load_tokenizer
@@ -131,7 +136,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     if eod is None:
         raise UserError(f"tokenizer '{tokenizer_name}' has no EOS token to separate documents")
     dtype = optimal_dtype(len(tok))
-    texts = iter_texts(source, field=text_field, exclude=out_dir)
+    texts = iter_texts(source, field=text_field, exclude=out_dir, glob=glob)
     if limit:
         texts = itertools.islice(texts, limit)
     workers = wk.resolve_workers(workers)
@@ -164,6 +169,8 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
         chat = Path(source).is_dir() and (Path(source) / "training.jsonl").exists()
         hint = (f"; {source} looks like a prepared chat dataset (training.jsonl with 'messages'): tokenize makes a "
                 "pretraining corpus from text; for SFT data use prepare (or pack)") if chat else ""
+        if glob is not None:
+            hint += f" (the files --glob {glob!r} matches)"
         raise UserError(f"corpus '{source}' has no documents (field '{text_field}'){hint}")
     lengths = []
     with atomic_path(_with(prefix, ".bin")) as tmp, open(tmp, "wb") as out:

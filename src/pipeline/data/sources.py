@@ -52,11 +52,12 @@ def dataset_dirname(dataset: str) -> str:
     return dataset.replace("/", "__")
 
 
-def input_identity(dataset: str, exclude: Path | None = None) -> dict:
+def input_identity(dataset: str, exclude: Path | None = None, glob: str | None = None) -> dict:
     """What a dataset is, cheaply: path + size + mtime for a file; for a directory the same over its files
     (count, total size, newest mtime, and a hash of the listing: every file of a saved ``datasets`` folder, the data
     files of a plain one); the name (and package version) otherwise. ``exclude``: an output folder inside a saved
-    dataset's folder, which is not part of the input."""
+    dataset's folder, which is not part of the input; ``glob``: the files of a text corpus folder (see
+    :func:`text_files`)."""
     if dataset in BUILTIN:
         from importlib import metadata
 
@@ -75,8 +76,8 @@ def input_identity(dataset: str, exclude: Path | None = None) -> dict:
             h, n, size, mtime = hashlib.sha256(), 0, 0, 0
             if _is_saved_dataset(p):  # every file under it (but the output folder) is part of the dataset
                 walk = os.walk(p)
-            elif is_text_folder(p):  # a text corpus: exactly the files iter_texts reads
-                walk = [(str(p), [], [str(f.relative_to(p)) for f in text_files(p, exclude)])]
+            elif glob is not None or is_text_folder(p):  # a text corpus: exactly the files iter_texts reads
+                walk = [(str(p), [], [str(f.relative_to(p)) for f in text_files(p, exclude, glob)])]
             else:  # a plain folder is exactly the data files the export reads (the output root may be the folder)
                 walk = [(str(p), [], [f.name for f in _dir_files(p)])]
             for dirpath, dirnames, filenames in walk:
@@ -260,14 +261,20 @@ def is_text_folder(path: Path) -> bool:
     return path.is_dir() and not any(path.glob("*.jsonl")) and not any(path.glob("*.parquet"))
 
 
-def text_files(path: Path, exclude: Path | None = None) -> list[Path]:
-    """The documents of a text corpus folder: regular files with a text suffix under it, sorted, except those under
-    ``exclude`` (an output folder inside it). One list for reading and for the fingerprint, so a changed corpus is
-    always tokenized again (the fingerprint of a text folder used to cover no file at all)."""
+def text_files(path: Path, exclude: Path | None = None, glob: str | None = None) -> list[Path]:
+    """The documents of a text corpus folder: regular files under it with a text suffix (``TEXT_SUFFIXES``) or,
+    with ``glob``, whose path relative to the folder matches it (``fnmatch``: ``*`` crosses folders, so ``*.py``
+    is every Python file and ``docs/*.md`` the Markdown under docs/), sorted, except those under ``exclude`` (an
+    output folder inside it). One list for reading and for the fingerprint, so a changed corpus is always tokenized
+    again (the fingerprint of a text folder used to cover no file at all)."""
+    import fnmatch
+
     skip = exclude.resolve() if exclude is not None else None
     out = []
     for f in sorted(path.rglob("*")):
-        if f.suffix.lower() in TEXT_SUFFIXES and f.is_file() and not f.is_symlink() and \
+        chosen = fnmatch.fnmatchcase(str(f.relative_to(path)), glob) if glob is not None else \
+            f.suffix.lower() in TEXT_SUFFIXES
+        if chosen and f.is_file() and not f.is_symlink() and \
                 (skip is None or skip not in f.resolve().parents):
             out.append(f)
     return out
@@ -377,14 +384,17 @@ def load_conversations(dataset: str, split: str = "train", limit: int | None = N
     return convs, stats
 
 
-def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude: Path | None = None
-               ) -> Iterable[str]:
+def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude: Path | None = None,
+               glob: str | None = None) -> Iterable[str]:
     """Documents of a pretraining corpus: rows with a ``text`` field, or the text files of a folder
-    (:func:`text_files`; binary ones skipped and counted; ``exclude``: an output folder inside it)."""
+    (:func:`text_files`, or those ``glob`` matches; binary ones skipped and counted; ``exclude``: an output folder
+    inside it)."""
     p = Path(dataset)
-    if is_text_folder(p):
+    if glob is not None and not p.is_dir():
+        raise UserError(f"--glob chooses the files of a corpus folder, and {dataset} is not a folder")
+    if glob is not None or is_text_folder(p):
         binary = 0
-        for f in text_files(p, exclude):
+        for f in text_files(p, exclude, glob):
             data = f.read_bytes()
             if is_binary(data[:8192]):
                 binary += 1
