@@ -159,6 +159,13 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
     summary = json.loads((tmp_path / "runs" / name / "metrics_summary.json").read_text())
     assert summary["final_step"] == 6  # the finished run is untouched
 
+    # runs edited out of the file after submit are still shown, with Slurm's state and their log (they were hidden)
+    exp.write_text(SWEEP.format(tag=tag).replace("optimizer.lr: [3.0e-3, 1.0e-3]", "optimizer.lr: [3.0e-3]"))
+    out = experiment(senv, "status", exp, "--no-plots", check=True).stdout
+    for label in ("lr0.001_gbs2", "lr0.001_gbs4"):
+        assert re.search(rf"^{label}\s+train\s+{jobs[label + ':train']}\s+COMPLETED\b", out, re.M), out
+        assert re.search(rf"^{label}: done \(submitted, but no longer in the experiment file; log \S+", out, re.M), out
+
 
 def test_chain_through_afterok_and_a_failing_phase_stops_its_chain(senv, tmp_path):
     prepare_chat(senv, limit=800)

@@ -188,6 +188,8 @@ def cmd_status(exp: spec.Experiment, only: list[str] | None, watch: float | None
     plans = planning.plan_experiment(exp, exp.select(only), allow_config_change=True)
     while True:
         statuses = board.collect(exp, plans)
+        if not only:  # a run submitted and since edited out of the file still runs: shown, never hidden
+            statuses += board.removed_runs(exp, plans)
         plots = {}
         if not no_plots:
             from pipeline.experiment.plots import write_plots

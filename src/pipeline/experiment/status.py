@@ -204,6 +204,7 @@ class RunStatus:
     label: str
     rows: list[PhaseRow]
     verdict: str
+    removed: bool = False  # submitted, but no longer in the experiment file
 
 
 def _tokens_per_s(recs: list[dict], s: dict) -> float | None:
@@ -253,6 +254,27 @@ def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
                 row.coherence = coherence_summary(job.output)
             rows.append(row)
         out.append(RunStatus(label=rp.run.label, rows=rows, verdict=verdict(rows)))
+    return out
+
+
+def removed_runs(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
+    """Runs of the submission record that the experiment file no longer names (an axis value was edited or removed
+    after ``submit``): their jobs still run and write, so they are shown from the record, with Slurm's state and the
+    job's log, never hidden."""
+    planned = {rp.run.label for rp in plans}
+    subs = read_submissions(exp)["runs"]
+    gone = [label for label in subs if label not in planned]
+    states = slurm_states([j.get("job_id", "") for label in gone for j in subs[label]["jobs"].values()])
+    out = []
+    for label in gone:
+        rows = []
+        for phase, rec in subs[label]["jobs"].items():
+            row = PhaseRow(label=label, phase=phase, kind=str(rec.get("kind") or "-"), job_id=rec.get("job_id", ""),
+                           log=rec.get("log"))
+            st = states.get(row.job_id)
+            row.state, row.reason = (st.state, st.reason) if st is not None else ("UNKNOWN", "")
+            rows.append(row)
+        out.append(RunStatus(label=label, rows=rows, verdict=verdict(rows), removed=True))
     return out
 
 
@@ -314,7 +336,11 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
     lines += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *rows]]
     for s in statuses:
         curve = f"; loss curve {plots[s.label]}" if plots and s.label in plots else ""
-        lines.append(f"{s.label}: {s.verdict}{curve}")
+        gone = ""
+        if s.removed:
+            logs = [r.log for r in s.rows if r.log]
+            gone = " (submitted, but no longer in the experiment file" + (f"; log {logs[-1]}" if logs else "") + ")"
+        lines.append(f"{s.label}: {s.verdict}{curve}{gone}")
     if plots and "__overlay__" in plots:
         lines.append(f"loss curves of every run: {plots['__overlay__']}")
     cancelled = cancelled_behind(statuses)
