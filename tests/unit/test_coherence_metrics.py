@@ -7,8 +7,9 @@ def test_metrics_catch_more_than_emptiness():
     assert repeated_ngram_fraction(loop) > 0.8
     assert score(loop, 128, 128, False, False)["repetitive"]
     assert score("Paris.", 2, 128, True, False) == {
-        "response_length": 6, "response_tokens": 2, "empty": False, "truncated": False,
-        "repeated_4gram_fraction": 0.0, "repetitive": False, "template_leak": ""}
+        "response_length": 6, "response_tokens": 2, "prompt_tokens": None, "context_full": False, "empty": False,
+        "truncated": False, "repeated_4gram_fraction": 0.0, "repetitive": False, "template_leak": ""}
+    assert score("a cut answer", 10, 128, False, False, 8182, 8192)["context_full"]  # the context ended it
     assert score("", 0, 64, True, False)["empty"]
     assert score("a long answer", 64, 64, False, False)["truncated"]
     assert "<|im_start|>" in template_leak("hi<|im_start|>user", False)

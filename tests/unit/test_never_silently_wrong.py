@@ -6,6 +6,7 @@ worker cap (test_tokenize_workers.py)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.common.errors import UserError
+from pipeline.common.io import read_json
 from pipeline.data.indexed import tokenize_corpus
 from pipeline.data.sources import input_identity
 from tests.helpers import run
@@ -389,3 +391,19 @@ def test_a_failing_sbatch_help_uses_the_built_in_table(tmp_path, monkeypatch, ar
             sbatch_cli.build_submission(["--newer-option", "x", "job.sbatch"])
     finally:
         sbatch_cli.sbatch_option_table.cache_clear()
+
+
+def test_an_empty_response_to_a_prompt_that_fills_the_context_names_its_length(tmp_path, smollm2_dir, capsys):
+    """A 9000-token prompt (SmolLM2's context is 8192) came back empty and was blamed on the chat template."""
+    from pipeline.coherence.run import CoherenceRun
+    from pipeline.coherence.run import run as coherence_run
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Say hello.\n" + "word " * 9000 + "\n")
+    rc = coherence_run(CoherenceRun(model=str(smollm2_dir), prompts=prompts, max_tokens=2, no_wandb=True,
+                                    output_dir=tmp_path / "out", quiet=True))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 1 and re.fullmatch(r"error: 1 empty response\(s\): prompt 2 is 9\d{3} tokens, which fills the "
+                                    r"model's context of 8192 \(shorten it\)", err), err
+    rows = read_json(tmp_path / "out" / "coherence_hf.json")["results"][0]["rows"]
+    assert rows[1]["context_full"] and rows[1]["truncated"] and not rows[0]["context_full"]

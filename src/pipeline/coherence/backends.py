@@ -1,4 +1,5 @@
-"""Generation backends. Each returns, per prompt, (text, generated token count, finished-by-itself).
+"""Generation backends. Each returns, per prompt, (text, generated token count, finished-by-itself[, prompt token
+count, the model's context length]); the last two, where a backend knows them, name a prompt that filled the context.
 
   hf        transformers: a local HF directory or a hub id; greedy decoding with the model's chat template
   endpoint  an already running OpenAI-compatible server (plain HTTP from the standard library)
@@ -21,7 +22,7 @@ from pathlib import Path
 from pipeline.common.errors import UserError
 
 log = logging.getLogger(__name__)
-Generation = tuple[str, int, bool]
+Generation = tuple  # (str, int, bool) or (str, int, bool, int | None, int | None)
 
 
 def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning: bool) -> list[Generation]:
@@ -56,19 +57,25 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
                                    if isinstance(model.generation_config.eos_token_id, list)
                                    else [model.generation_config.eos_token_id])
     eos.discard(None)
+    context = getattr(model.config, "max_position_embeddings", None)
     out = []
     for prompt in prompts:
         msgs = [{"role": "user", "content": prompt}]
         kwargs = {"enable_thinking": reasoning} if tok.chat_template and "enable_thinking" in tok.chat_template else {}
         enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True, **kwargs)
+        n_prompt = int(enc["input_ids"].shape[1])
+        room = max_tokens if not context else min(max_tokens, context - n_prompt)
+        if room < 1:  # the prompt alone fills the context: nothing to generate, and the report says why
+            out.append(("", 0, False, n_prompt, context))
+            continue
         enc = {k: v.to(device) for k, v in enc.items()}
         with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False,
+            gen = model.generate(**enc, max_new_tokens=room, do_sample=False,
                                  pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        new = gen[0, enc["input_ids"].shape[1]:].tolist()
+        new = gen[0, n_prompt:].tolist()
         finished = bool(new) and new[-1] in eos
         text = tok.decode(new, skip_special_tokens=True).strip()
-        out.append((text, len(new), finished))
+        out.append((text, len(new), finished, n_prompt, context))
     return out
 
 
@@ -217,11 +224,14 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
             n = (resp.get("usage") or {}).get("completion_tokens")
+            n_prompt = (resp.get("usage") or {}).get("prompt_tokens")
+            if isinstance(n_prompt, bool) or not isinstance(n_prompt, int) or not 0 <= n_prompt <= 100_000_000:
+                n_prompt = None
             if n is None:
                 n = len(text.split())
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 10_000_000:
                 raise ValueError(f"usage.completion_tokens={str(n)[:20]} is not a token count")
-            out.append((text.strip(), n, choice.get("finish_reason") == "stop"))
+            out.append((text.strip(), n, choice.get("finish_reason") == "stop", n_prompt, None))
         except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError) as exc:
             raise UserError(f"endpoint {root} answered a chat completion without choices[0].message.content "
                             f"({type(exc).__name__}: {str(exc)[:80]})") from None

@@ -34,14 +34,21 @@ def template_leak(text: str, reasoning: bool) -> list[str]:
     return found
 
 
-def score(response: str, n_tokens: int, max_tokens: int, finished: bool, reasoning: bool) -> dict[str, Any]:
+def score(response: str, n_tokens: int, max_tokens: int, finished: bool, reasoning: bool,
+          prompt_tokens: int | None = None, context: int | None = None) -> dict[str, Any]:
+    """``prompt_tokens``/``context``: where the backend knows them; ``context_full`` is a prompt that left no room
+    for ``max_tokens`` in the model's context (its response was cut by the context, or never started)."""
     rep = repeated_ngram_fraction(response)
     leaks = template_leak(response, reasoning)
+    context_full = bool(context and prompt_tokens is not None and prompt_tokens + n_tokens >= context
+                        and not finished)
     return {
         "response_length": len(response),
         "response_tokens": n_tokens,
+        "prompt_tokens": prompt_tokens,
+        "context_full": context_full,
         "empty": not response.strip(),
-        "truncated": (not finished) and n_tokens >= max_tokens,
+        "truncated": (not finished) and (n_tokens >= max_tokens or context_full),
         "repeated_4gram_fraction": round(rep, 3),
         "repetitive": rep > 0.5,
         "template_leak": ", ".join(leaks),

@@ -106,8 +106,11 @@ def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, An
     t0 = time.time()
     gens = generate(cfg, model, prompts)
     rows = []
-    for prompt, (text, n_tok, finished) in zip(prompts, gens, strict=True):
-        rows.append({"prompt": prompt, "response": text, **score(text, n_tok, cfg.max_tokens, finished, cfg.reasoning)})
+    for prompt, (text, n_tok, finished, *known) in zip(prompts, gens, strict=True):
+        rows.append({"prompt": prompt, "response": text,
+                     **score(text, n_tok, cfg.max_tokens, finished, cfg.reasoning, *known)})
+        if known and known[1]:
+            rows[-1]["context"] = known[1]
     summary = summarize(rows)
     summary["seconds"] = round(time.time() - t0, 2)
     return {"model": model, "backend": cfg.backend, "rows": rows, "summary": summary}
@@ -204,8 +207,20 @@ def run(cfg: CoherenceRun) -> int:
                 print(f"  - {r['prompt']}\n    -> {r['response'][:200]!r}")
     print(f"report: {out_dir / (stem + '.json')} and {out_dir / (stem + '.md')}"
           + (f"; W&B: {report['wandb_dir']}" if report.get("wandb_dir") else ""))
-    empty = sum(r["empty"] for res in results for r in res["rows"])
+    empty = [(i, r) for res in results for i, r in enumerate(res["rows"], 1) if r["empty"]]
     if empty and not cfg.allow_empty:
-        print(f"error: {empty} empty response(s): the model is broken or its chat template is wrong", file=sys.stderr)
+        print(f"error: {empty_message(empty)}", file=sys.stderr)
         return 1
     return 0
+
+
+def empty_message(empty: list[tuple[int, dict]]) -> str:
+    """Why responses are empty: a prompt that filled the model's context is named with its length (it is not the
+    model's or the template's fault); only the others point at the model and its chat template."""
+    full = [(i, r) for i, r in empty if r.get("context_full")]
+    parts = [f"prompt {i} is {r['prompt_tokens']} tokens, which fills the model's context of {r['context']} "
+             "(shorten it)" for i, r in full[:3]] + (["..."] if len(full) > 3 else [])
+    rest = len(empty) - len(full)
+    if rest:
+        parts.append(f"{rest} with room to answer: the model is broken or its chat template is wrong")
+    return f"{len(empty)} empty response(s): " + "; ".join(parts)
