@@ -114,7 +114,7 @@ def test_cluster_login_node_plans_before_anything_is_queued(login_node, tmp_path
         "pipeline_env_setup.sh --only planner (or pass --no-preflight" in bare.stderr, bare.stderr
     layout = run([str(ROOT / "isambard_sbatch"), *nano], env=env)
     assert layout.returncode == 2, layout.stderr
-    assert "error: tp(4) * ep(8) = 32 > gpus_per_node(4) on 'isambard_gh200'" in layout.stderr
+    assert "error: ep(8) * etp(1) = 8 > gpus_per_node(4) on 'isambard_gh200'" in layout.stderr
     assert re.search(r"preflight: \d+ problem\(s\); nothing was submitted", layout.stderr)
     assert not record.exists(), record.read_text()
     # The login node's dry run plans in the planner too (the container's pieces are not there).

@@ -73,7 +73,7 @@ def test_malformed_lines_are_skipped_and_never_reach_sbatch(tmp_path, monkeypatc
 def test_training_submission_runs_preflight(monkeypatch, tmp_path):
     monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
     monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
-    with pytest.raises(UserError, match=r"tp\(1\) \* ep\(8\) = 8 > gpus_per_node\(4\)"):
+    with pytest.raises(UserError, match=r"ep\(8\) \* etp\(1\) = 8 > gpus_per_node\(4\)"):
         sbatch_cli.build_submission(["--nodes=16", "pipeline_training_submit.sbatch",
                                      "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "nano", "sft",
                                      "--no-path-checks", "model.expert_model_parallel_size=8"])

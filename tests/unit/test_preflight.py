@@ -39,8 +39,10 @@ def test_path_checks_name_the_missing_dataset(capsys):
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["model.expert_model_parallel_size=8"], "tp(1) * ep(8) = 8 > gpus_per_node(4)"),
-    (["model.tensor_model_parallel_size=4", "model.expert_model_parallel_size=2"], "tp(4) * ep(2) = 8 > gpus_per_node(4)"),
+    (["model.expert_model_parallel_size=8"], "ep(8) * etp(1) = 8 > gpus_per_node(4)"),
+    # etp = tp: the reference's TP x EP <= 4 (with etp = 1, tp 4 x ep 2 folds into one node and is accepted)
+    (["model.tensor_model_parallel_size=4", "model.expert_model_parallel_size=2",
+      "model.expert_tensor_parallel_size=4"], "ep(2) * etp(4) = 8 > gpus_per_node(4)"),
     (["model.context_parallel_size=3"], "is not divisible by tp(1) * pp(1) * cp(3) = 3"),
     (["train.global_batch_size=100"], "train.global_batch_size(100) is not divisible by micro_batch_size(1) * data_parallel(32) = 32"),
     (["dataset.offline_packing_specs.pad_seq_to_mult=2"], "pad_seq_to_mult(2) is not a multiple of 2*cp = 4"),

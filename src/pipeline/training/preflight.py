@@ -2,7 +2,8 @@
 
 Each problem is one line naming every factor and the fix; ``run_preflight`` collects them all and the
 launcher exits 2 when there is any. The checks: parallel layout (world size divisibility by TP*PP*CP,
-expert groups by EP*ETP), the node-local rules of the cluster profile (TP*EP and TP*CP within a node),
+expert groups by EP*ETP), the node-local rule of the cluster profile (every TP, CP and EP*ETP group inside a node,
+from megatron-core's rank mapping: config/parallel.py),
 batch divisibility, sequence length vs packing and the context-parallel padding rule, dataset and
 checkpoint paths, tokens vs iterations, and a per-GPU memory estimate against the profile's memory.
 
@@ -31,6 +32,7 @@ from typing import Any
 from pipeline.config.cluster import ClusterProfile
 from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec
+from pipeline.config.parallel import Layout, node_local_problems
 from pipeline.data.packing import check_pad_multiple
 
 GB = 1e9
@@ -184,14 +186,8 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
         plan.problems.append(f"world size / pp = {plan.world}/{pp} = {plan.world // pp} is not divisible by "
                              f"ep({ep}) * etp({etp}) = {ep * etp}: expert groups cannot be formed; "
                              "change ep or --nodes")
-    if cluster.has_gpus:
-        if tp * ep > gpn:
-            plan.problems.append(f"tp({tp}) * ep({ep}) = {tp * ep} > gpus_per_node({gpn}) on '{cluster.name}': the "
-                                 f"expert all-to-all would cross nodes (~14x slower, fabric hangs); keep "
-                                 f"tp * ep <= {gpn} (e.g. ep={max(1, gpn // tp)})")
-        if tp * cp > gpn:
-            plan.problems.append(f"tp({tp}) * cp({cp}) = {tp * cp} > gpus_per_node({gpn}) on '{cluster.name}': "
-                                 f"context-parallel traffic would cross nodes; keep tp * cp <= {gpn}")
+    if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py, decision #41)
+        plan.problems += node_local_problems(Layout(plan.world, tp, pp, cp, ep, etp), gpn, f"on '{cluster.name}'")
     if plan.dp and gbs % (mbs * plan.dp):
         unit = mbs * plan.dp
         plan.problems.append(f"train.global_batch_size({gbs}) is not divisible by micro_batch_size({mbs}) * "
