@@ -6,9 +6,10 @@
 #        [--iteration N] [--not-strict] [--push-to-hub]
 #   bash pipeline_checkpoint_convert.sh import HF_ID [--output DIR]
 #   bash pipeline_checkpoint_convert.sh upload-all CKPT_DIR --hf-model ID --no-reasoning [--poll] [--coherence]
+#   ... --dry-run [--nodes N] [--json]   the plan (layout, nodes, memory per GPU, launch line); needs no GPU
 #
 # Local-engine checkpoints convert in one process on CPU. Megatron checkpoints convert through Megatron
-# Bridge's AutoBridge on the node's GPUs (one torchrun rank per GPU, EP node-local).
+# Bridge's AutoBridge on one node's GPUs (one torchrun rank per GPU; Nano and Super default to EP=4).
 # Logic: src/pipeline/checkpoint/cli.py. Environment: pipeline_env_config.env.
 set -euo pipefail
 PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,4 +20,8 @@ if [[ $# -eq 0 ]]; then
   usage "$0"
   exit 2
 fi
+# A dry run only plans: on a login node it runs in the planner when the job's environment is not there.
+for arg in "$@"; do
+  if [[ "$arg" == --dry-run ]]; then plan_in_env python -m pipeline.cli.checkpoint "$@"; fi
+done
 run_in_env python -m pipeline.cli.checkpoint "$@"

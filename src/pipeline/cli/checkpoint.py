@@ -3,12 +3,17 @@
   export CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--iteration N] [--not-strict] [--push-to-hub]
          [--tp T --pp P --ep E]
          export one iteration (default: the latest complete one) to CKPT_DIR/iter_NNNNNNN/hf/, verified;
-         Megatron checkpoints with T*P*E > 1 run one torchrun rank per GPU of this node
-  import HF_ID [--output DIR]
-         Hugging Face -> a checkpoint in our layout (Megatron via AutoBridge on GPUs; local engine: HF weights);
-         in a multi-node allocation it runs once, on the first node
+         Megatron checkpoints run one torchrun rank per GPU of one node, by default with the model's reference
+         layout (Nano, Super: EP = the node's 4 GPUs); world = pp x lcm(tp, ep)
+  import NAME|HF_ID [--output DIR]
+         Hugging Face -> a checkpoint in our layout (Megatron via AutoBridge; local engine: HF weights), on one
+         node; `import nano` fetches the model the Nano config starts from (its -Base-BF16); the default output
+         is the cluster profile's megatron_models_dir/<HF name>, where the shipped configs look
   upload-all CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--poll] [--interval S] [--coherence]
          convert every complete iteration exactly once; with --poll keep watching until training ends
+
+Every action takes --dry-run [--nodes N] [--json]: the plan (world size, nodes, layout, memory per GPU per
+phase, launch line) without a GPU, container or Megatron Bridge; exit 2 when it cannot run, one line per problem.
 
 --hf-model names the Hugging Face model the checkpoint belongs to (its architecture and tokenizer for the
 Megatron path; recorded for the local engine). The reasoning choice is required, as in the reference:
@@ -17,6 +22,7 @@ it sets the exported chat template's enable_thinking default where the template 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -26,14 +32,16 @@ from pathlib import Path
 from pipeline import bridge
 from pipeline.checkpoint import export as ex
 from pipeline.checkpoint import layout
+from pipeline.checkpoint import plan as jobs
 from pipeline.checkpoint.poll import upload_all
 from pipeline.cli.parser import Parser
 from pipeline.coherence.run import CoherenceRun
 from pipeline.coherence.run import run as run_coherence
+from pipeline.common.argv import strip_options
 from pipeline.common.errors import UserError, cli_main
+from pipeline.common.io import read_json
 from pipeline.common.log import setup_logging
-from pipeline.config.models import REGISTRY, models_dir
-from pipeline.slurm.allocation import torchrun_standalone
+from pipeline.config.cluster import load_cluster, selected_name
 
 
 def _add_common(p: Parser) -> None:
@@ -48,6 +56,20 @@ def _add_common(p: Parser) -> None:
                    help="also fail the verification on model quality (reference loss near a uniform guess, empty "
                         "generations); by default they are reported, and only conversion fidelity decides")
     p.add_argument("--force", action="store_true", help="re-export even when a verified hf/ exists")
+    _add_layout(p)
+    _add_plan(p)
+
+
+def _add_layout(p: Parser) -> None:
+    for flag in ("--tp", "--pp", "--ep"):
+        p.add_argument(flag, type=int, help="model-parallel layout of a Megatron export (default: the model's "
+                       "reference layout on the cluster profile; world = pp x lcm(tp, ep))")
+
+
+def _add_plan(p: Parser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit (2 when it cannot run)")
+    p.add_argument("--nodes", type=int, help="with --dry-run outside an allocation: the node count Slurm will give")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
 
 
 def build_parser() -> Parser:
@@ -56,14 +78,16 @@ def build_parser() -> Parser:
     e = sub.add_parser("export", help="export one iteration to HF, verified")
     _add_common(e)
     e.add_argument("--iteration", type=int)
-    for flag in ("--tp", "--pp", "--ep"):
-        e.add_argument(flag, type=int, default=1, help="model-parallel layout for a Megatron export (ranks = tp*pp*ep)")
+    e.add_argument("--lock-held", action="store_true", help=argparse.SUPPRESS)  # upload-all holds the lock
     e.add_argument("--push-to-hub", action="store_true")
     e.add_argument("--hub-repo", help="repo id for --push-to-hub (default: <user>/<ckpt-dir-name>-iter<N>)")
     i = sub.add_parser("import", help="HF -> checkpoint")
     i.add_argument("hf_id")
-    i.add_argument("--output", type=Path, help="default: $PIPELINE_MODELS_DIR/megatron/<org>__<name>")
+    i.add_argument("--output", type=Path, help="default: the cluster profile's megatron_models_dir/<HF name> "
+                   "(else $PIPELINE_MODELS_DIR/megatron_bridges/models/<HF name>): where the shipped configs' "
+                   "checkpoint.pretrained_checkpoint looks")
     i.add_argument("--force", action="store_true")
+    _add_plan(i)
     u = sub.add_parser("upload-all", help="convert every complete iteration exactly once")
     _add_common(u)
     u.add_argument("--poll", action="store_true", help="keep watching until training has finished")
@@ -74,31 +98,75 @@ def build_parser() -> Parser:
     return parser
 
 
+def plan_from_args(args, argv: list[str], nodes: int | None = None) -> jobs.JobPlan:
+    """The plan of a parsed command line (``nodes``: Slurm's count when --nodes is not given)."""
+    rest = strip_options(argv, ("--dry-run", "--json"), ("--nodes",))
+    nodes = args.nodes if args.nodes is not None else nodes
+    if args.action == "import":
+        return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest)
+    return jobs.plan_export(args.ckpt_dir, args.hf_model, tp=args.tp, pp=args.pp, ep=args.ep,
+                            iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest)
+
+
+def plan_from_argv(argv: list[str], nodes: int | None = None) -> jobs.JobPlan:
+    """The plan of ``pipeline_checkpoint_convert.sh ARGS`` (isambard_sbatch's submit-time check)."""
+    return plan_from_args(build_parser().parse_args(argv), argv, nodes)
+
+
+def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
+    """upload-all of a Megatron checkpoint on several GPUs: the poller stays one process and each iteration is
+    exported by its own torchrun on the node's GPUs (the plan's layout), holding the poller's lock."""
+    import subprocess
+
+    lay = plan.layout
+    cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", "-m", "pipeline.cli.checkpoint",
+           "export", str(args.ckpt_dir), "--iteration", str(int(iter_path.name.split("_")[-1])),
+           "--hf-model", args.hf_model, "--reasoning" if args.reasoning else "--no-reasoning",
+           "--tp", str(lay.tp), "--pp", str(lay.pp), "--ep", str(lay.ep), "--atol", repr(args.atol), "--lock-held",
+           *(["--not-strict"] if args.not_strict else []), *(["--require-quality"] if args.require_quality else []),
+           *(["--force"] if args.force else [])]
+    print("launching: " + " ".join(cmd), flush=True)
+    rc = subprocess.run(cmd).returncode
+    rec = ex.published_export(iter_path / "hf")
+    if rc != 0 or rec is None:
+        failed = iter_path / ex.FAILED
+        raise ex.VerificationFailed(read_json(failed) if failed.is_file() else
+                                    {"failures": [f"the export's torchrun exited {rc} (see its log above)"]})
+    return rec
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging()
+    plan = plan_from_args(args, argv)
     if args.action == "import":
-        node = int(os.environ.get("SLURM_NODEID") or 0)
-        if node > 0:
-            print(f"import runs once per allocation: node {node} leaves it to the first node")
-            return 0
-
-        spec = REGISTRY.get(args.hf_id)
-        megatron = spec is None or not spec.is_local
-        out = args.output or models_dir() / ("megatron" if megatron else "local") / args.hf_id.replace("/", "__")
-        target = ex.import_hf(spec.hf_id if spec and megatron else args.hf_id, out, megatron=megatron, force=args.force)
-        print(f"imported {args.hf_id} -> {target}")
+        if args.dry_run:
+            return jobs.print_plan(plan, args.json)
+        jobs.refuse(plan)
+        fetch, out, megatron = jobs.import_target(args.hf_id, args.output, load_cluster(selected_name()))
+        target = ex.import_hf(fetch, out, megatron=megatron, force=args.force)
+        print(f"imported {fetch} -> {target}")
         print(f"use it with: checkpoint.pretrained_checkpoint={out}")
         return 0
 
+    if args.dry_run:
+        return jobs.print_plan(plan, args.json)
+    jobs.refuse(plan)
+    lay = plan.layout
+    args.tp, args.pp, args.ep = lay.tp, lay.pp, lay.ep
+
     def convert(iter_path: Path) -> dict:
-        rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
-                                  strict=not args.not_strict, atol=args.atol, force=args.force,
-                                  require_quality=args.require_quality,
-                                  locked=args.action == "upload-all",  # upload-all holds the iteration's lock
-                                  tp=getattr(args, "tp", 1), pp=getattr(args, "pp", 1), ep=getattr(args, "ep", 1))
+        if args.action == "upload-all" and plan.world_size > 1:
+            rec = _export_in_torchrun(iter_path, args, plan)
+        else:
+            rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
+                                      strict=not args.not_strict, atol=args.atol, force=args.force,
+                                      require_quality=args.require_quality,
+                                      # upload-all holds the iteration's lock (and passes --lock-held to torchrun)
+                                      locked=args.action == "upload-all" or getattr(args, "lock_held", False),
+                                      tp=args.tp or 1, pp=args.pp or 1, ep=args.ep or 1)
         if rec.get("verdict") == "rank":  # a non-zero rank of a model-parallel export: rank 0 reports
             return rec
         if getattr(args, "coherence", False):
@@ -111,17 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.action == "export":
         iter_path = layout.resolve_iteration(args.ckpt_dir, args.iteration)
-        ranks = args.tp * args.pp * args.ep
-        if min(args.tp, args.pp, args.ep) < 1:
-            raise UserError(f"--tp/--pp/--ep must be >= 1 (got {args.tp}/{args.pp}/{args.ep})")
-        if ranks > 1 and "LOCAL_RANK" not in os.environ:
-            if layout.engine_of(iter_path) != "megatron":
-                raise UserError(f"--tp/--pp/--ep apply to Megatron checkpoints; {iter_path} is a local-engine "
-                                "checkpoint")
+        if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:
             bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")  # fail here, not on every rank
-            cmd = torchrun_standalone(ranks, "pipeline.cli.checkpoint", argv)
-            print("launching: " + " ".join(cmd), flush=True)
-            os.execvp(cmd[0], cmd)
+            print("launching: " + " ".join(plan.launch), flush=True)
+            os.execvp(plan.launch[0], plan.launch)
         try:
             rec = convert(iter_path)
             if rec.get("verdict") == "rank":

@@ -12,16 +12,19 @@ Exit code 1 when any response is empty (a broken model), unless --allow-empty.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 from pipeline import bridge
+from pipeline.checkpoint.plan import JobPlan, print_plan, refuse
 from pipeline.cli.parser import Parser
+from pipeline.coherence.plan import plan_coherence
 from pipeline.coherence.run import BACKENDS, CoherenceRun, megatron_iteration, run
+from pipeline.common.argv import strip_options
 from pipeline.common.errors import cli_main
 from pipeline.common.log import setup_logging
-from pipeline.slurm.allocation import torchrun_standalone
 
 
 def build_parser() -> Parser:
@@ -40,9 +43,11 @@ def build_parser() -> Parser:
     p.add_argument("--deadline", type=float,
                    help="endpoint backend: seconds for the whole run (default: --timeout x the number of prompts)")
     p.add_argument("--hf-model", help="HF id of a Megatron checkpoint's architecture (megatron backend)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--tp", type=int, help="megatron backend: tensor parallel size (default: the smallest layout "
+                   "that fits the model, from --hf-model's registry facts)")
+    p.add_argument("--pp", type=int, help="megatron backend: pipeline stages (the layout may span nodes)")
+    p.add_argument("--ep", type=int, help="megatron backend: expert parallel size (folds onto the ranks of a "
+                   "pipeline stage; every expert group stays inside a node)")
     p.add_argument("--iteration", type=int,
                    help="megatron backend: the iteration of a checkpoint root (default: latest complete)")
     p.add_argument("--output-dir", type=Path, help="default: MODEL/coherence/ for a local model")
@@ -50,21 +55,47 @@ def build_parser() -> Parser:
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--allow-empty", action="store_true", help="exit 0 even when a response is empty")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (world size, nodes, layout, memory per GPU, launch line) and exit; 2 when it "
+                        "cannot run. Needs no GPU, container or Megatron Bridge (the login node's planner)")
+    p.add_argument("--nodes", type=int, help="with --dry-run outside an allocation: the node count Slurm will give")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
     return p
+
+
+PLAN_FLAGS = ("--dry-run", "--json")
+
+
+def _parse(argv: list[str], nodes: int | None = None) -> tuple[CoherenceRun, JobPlan, bool, bool]:
+    args = vars(build_parser().parse_args(argv))
+    dry_run, given_nodes, as_json = args.pop("dry_run"), args.pop("nodes"), args.pop("json")
+    cfg = CoherenceRun(**args)
+    cfg.check()
+    plan = plan_coherence(cfg, nodes=given_nodes if given_nodes is not None else nodes,
+                          argv=strip_options(argv, PLAN_FLAGS, ("--nodes",)))
+    return cfg, plan, dry_run, as_json
+
+
+def plan_from_argv(argv: list[str], nodes: int | None = None) -> JobPlan:
+    """The plan of ``pipeline_coherence_test.py ARGS`` (isambard_sbatch's submit-time check)."""
+    return _parse(argv, nodes)[1]
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = CoherenceRun(**vars(build_parser().parse_args(argv)))
+    cfg, plan, dry_run, as_json = _parse(argv)
     setup_logging(quiet=cfg.quiet)
-    cfg.check()
-    if cfg.ranks > 1 and "LOCAL_RANK" not in os.environ:
+    if dry_run:
+        return print_plan(plan, as_json)
+    refuse(plan)
+    lay = plan.layout
+    cfg = dataclasses.replace(cfg, tp=lay.tp, pp=lay.pp, ep=lay.ep)
+    if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:
         megatron_iteration(cfg.model, cfg.iteration)  # a bad path fails here, before any rank starts
         bridge.require_bridge("the megatron backend")
-        cmd = torchrun_standalone(cfg.ranks, "pipeline.cli.coherence", argv)
-        print("launching: " + " ".join(cmd), flush=True)
-        os.execvp(cmd[0], cmd)
+        print("launching: " + " ".join(plan.launch), flush=True)
+        os.execvp(plan.launch[0], plan.launch)
     return run(cfg)
 
 

@@ -433,6 +433,39 @@ def submission_profile(script: str | None, script_args: list[str]):
     return load_cluster(name or DEFAULT_PROFILE)
 
 
+GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint",
+                   "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence"}
+
+
+def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required: bool = True) -> None:
+    """The plan of a checkpoint or coherence submission (checkpoint/plan.py, coherence/plan.py), made here as the
+    job would make it: a layout that cannot run, a node count the job cannot use or a model that does not fit is
+    refused (UserError, one line per problem) before the queue wait. Needs the pipeline venv or the login node's
+    planner, as the training preflight does."""
+    import importlib
+
+    nodes = option_value(opts, "--nodes", "-N") or option_value(split_sbatch_args(script_directives(script))[0],
+                                                                "--nodes", "-N") or "1"
+    nodes = nodes.split("-")[0]
+    if not nodes.isdigit():
+        raise UserError(f"--nodes={nodes!r} is not a node count")
+    try:
+        cli = importlib.import_module(GPU_JOB_SCRIPTS[Path(script).name])
+    except ImportError as exc:
+        if required:
+            raise UserError(f"the {Path(script).name} plan cannot be checked here: no pipeline venv or login-node "
+                            f"planner ({exc}); create the planner with: {PLANNER_SETUP} (or pass --no-preflight to "
+                            "queue without the checks); nothing was submitted") from None
+        print(f"warning: plan check skipped (--no-preflight): {exc}", file=sys.stderr)
+        return
+    plan = cli.plan_from_argv(list(script_args), int(nodes))
+    if not plan.ok:
+        raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
+    print(f"Plan: PASS - {plan.job}: world {plan.world_size} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "
+          f"{plan.layout.pp} ep {plan.layout.ep}), memory estimate {plan.memory_per_gpu_gb:.1f} GB per GPU",
+          file=sys.stderr)
+
+
 def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
     log = from_env()
@@ -470,6 +503,8 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     if script is not None:
         later = option_value(opts, "--dependency", "-d") is not None
         submit_checks(script, script_args, inputs_later=later)
+    if script is not None and Path(script).name in GPU_JOB_SCRIPTS:
+        gpu_job_plan(script, script_args, opts, required=not no_preflight)
     if script is not None and Path(script).name == TRAINING_SCRIPT:
         name = training_preflight(script_args, opts, required=not no_preflight)
         if option_value(opts, "--job-name", "-J") is None:

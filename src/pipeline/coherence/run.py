@@ -42,9 +42,9 @@ class CoherenceRun:
     timeout: float = 120.0
     deadline: float | None = None
     hf_model: str | None = None
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
+    tp: int | None = None  # megatron backend layout; None: chosen by the plan (coherence/plan.py)
+    pp: int | None = None
+    ep: int | None = None
     iteration: int | None = None
     output_dir: Path | None = None
     wandb_project: str = field(default_factory=lambda: os.environ.get("COHERENCE_WANDB_PROJECT", "pipeline-gen-tests"))
@@ -52,15 +52,12 @@ class CoherenceRun:
     allow_empty: bool = False
     quiet: bool = False
 
-    @property
-    def ranks(self) -> int:
-        return self.tp * self.pp * self.ep
-
     def check(self) -> None:
         """Refuse a layout that cannot run (one line each)."""
-        if min(self.tp, self.pp, self.ep) < 1:
+        given = [v for v in (self.tp, self.pp, self.ep) if v is not None]
+        if any(v < 1 for v in given):
             raise UserError(f"--tp/--pp/--ep must be >= 1 (got {self.tp}/{self.pp}/{self.ep})")
-        if self.ranks > 1 and self.backend != "megatron":
+        if any(v > 1 for v in given) and self.backend != "megatron":
             raise UserError("--tp/--pp/--ep apply to the megatron backend only")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r} (one of {', '.join(BACKENDS)})")
@@ -88,7 +85,7 @@ def generate(cfg: CoherenceRun, model: str, prompts: list[str]):
         raise UserError("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     bridge.require_bridge("the megatron backend")
     return bridge.generate(megatron_iteration(model, cfg.iteration), cfg.hf_model, prompts, cfg.max_tokens,
-                           tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, reasoning=cfg.reasoning)
+                           tp=cfg.tp or 1, pp=cfg.pp or 1, ep=cfg.ep or 1, reasoning=cfg.reasoning)
 
 
 def megatron_iteration(model: str, iteration: int | None) -> Path:

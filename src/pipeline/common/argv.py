@@ -14,3 +14,19 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def strip_options(args: Sequence[str], flags: Sequence[str] = (), valued: Sequence[str] = ()) -> list[str]:
+    """``args`` without the ``flags`` and without the ``valued`` options and their values (``--opt V`` or
+    ``--opt=V``): a command line replayed by a launcher without the options only its first process reads."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in flags or any(a.startswith(v + "=") for v in valued):
+            continue
+        elif a in valued:
+            skip = True
+        else:
+            out.append(a)
+    return out

@@ -76,6 +76,9 @@ class ClusterProfile:
     bad_nodes_log: str = ".slurm/bad_nodes.log"
     log_dir: str = "logs"
     cache_dir: str = ".cache"
+    # Where `pipeline_checkpoint_convert.sh import` writes Megatron checkpoints by default (<dir>/<HF name>), the
+    # folder the shipped configs' checkpoint.pretrained_checkpoint reads; empty: <models dir>/megatron_bridges/models.
+    megatron_models_dir: str = ""
     # Hardware.
     gpus_per_node: int = 0
     procs_per_node: int = 1

@@ -47,10 +47,22 @@ class ModelSpec:
     # checked against the wheel's source by tests/unit/test_bridge_conformance.py) so the login-node
     # preflight sees them.
     recipes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # The pretrained base model's hub id (``hf_id`` is the post-trained one), and which of the two ``import NAME``
+    # fetches: the one the shipped SFT config starts from (checkpoint.pretrained_checkpoint).
+    base_hf_id: str | None = None
+    import_base: bool = False
 
     @property
     def is_local(self) -> bool:
         return self.engine == "local"
+
+    @property
+    def import_hf_id(self) -> str:
+        return self.base_hf_id if self.import_base and self.base_hf_id else self.hf_id
+
+    @property
+    def hf_ids(self) -> tuple[str, ...]:
+        return tuple(i for i in (self.hf_id, self.base_hf_id) if i)
 
     def recipe_name(self, mode: str, peft: str | None = None) -> str:
         assert self.recipe_function is not None
@@ -148,6 +160,9 @@ REGISTRY: dict[str, ModelSpec] = {
             name="nano",
             engine="megatron_bridge",
             hf_id="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+            # The Nano quickstart fine-tunes the Base model (its pretrained_checkpoint is the -Base-BF16 import).
+            base_hf_id="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16",
+            import_base=True,
             description="Nemotron 3 Nano 30B-A3B hybrid Mamba/attention MoE (flagship, GPU cluster)",
             recipe_module="megatron.bridge.recipes.nemotronh.nemotron_3_nano",
             recipe_function="nemotron_3_nano_{mode}_config",
@@ -175,6 +190,9 @@ REGISTRY: dict[str, ModelSpec] = {
             name="super",
             engine="megatron_bridge",
             hf_id="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+            # The Super quickstart fine-tunes the post-trained BF16 model (its pretrained_checkpoint is that import).
+            base_hf_id="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16",
+            import_base=False,
             description="Nemotron 3 Super 120B-A12B hybrid MoE (flagship, GPU cluster)",
             recipe_module="megatron.bridge.recipes.nemotronh.nemotron_3_super",
             recipe_function="nemotron_3_super_{mode}_config",
@@ -243,6 +261,13 @@ REGISTRY: dict[str, ModelSpec] = {
         ),
     ]
 }
+
+
+def spec_for(name_or_id: str) -> ModelSpec | None:
+    """The registry entry of a name or of one of its hub ids (post-trained or base), else None."""
+    if name_or_id in REGISTRY:
+        return REGISTRY[name_or_id]
+    return next((s for s in REGISTRY.values() if name_or_id in s.hf_ids), None)
 
 
 def get_model(name: str) -> ModelSpec:

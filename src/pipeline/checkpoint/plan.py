@@ -1,0 +1,321 @@
+"""Plans of the GPU jobs other than training (export, upload-all, import; coherence builds on them in
+``coherence/plan.py``), made the way training's ``LaunchRequest -> LaunchPlan`` is: before anything is queued, from
+the model's registry facts, the checkpoint, the cluster profile and the allocation.
+
+A plan holds the world size and placement (nodes, processes per node, the launch line), the parallel layout with
+Megatron's rules and the node-local rule (``config/parallel.py``), and a memory estimate per GPU for each phase the
+job runs; ``problems`` lists, one line each, what makes the job unable to run (the command exits 2 with them, and
+``isambard_sbatch`` refuses the submission). Light on purpose: it imports nothing heavier than the training
+preflight (no torch, no transformers, no Megatron), because it runs on the login node's planner environment.
+
+Memory per GPU (BF16 weights, 2 bytes per parameter):
+  megatron  the rank's weight share: dense / (tp x pp) + experts / (etp x ep x pp), the forward's FP32 logits
+            (4 B x tokens x vocab / tp) and the 5 GB overhead (CUDA context, NCCL buffers, fragmentation)
+  export    the Megatron share plus one gathered tensor at a time (the largest is an expert stack: ~2 GB)
+  hf side   the whole model on one GPU when it fits, else spread over the node's GPUs (device_map="auto")
+The phases of an export run one after the other (the Megatron side is freed before the HF side loads), so the
+job needs the largest of them, not their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.common import paths
+from pipeline.common.errors import UserError
+from pipeline.config.cluster import ClusterProfile, load_cluster, selected_name
+from pipeline.config.models import ModelSpec, spec_for
+from pipeline.config.parallel import Layout, node_local_problems, weight_gb_per_gpu
+
+OVERHEAD_GB = 5.0
+GATHER_GB = 2.0  # export: the largest tensor gathered to one rank before it is written
+VERIFY_TOKENS = 64  # the verification prompts are a few short sentences
+
+
+@dataclass
+class JobPlan:
+    """What a GPU job will run, where, and whether it fits."""
+
+    job: str
+    model: str
+    cluster: str
+    nodes: int
+    procs_per_node: int
+    layout: Layout
+    memory_gb: dict[str, float] = field(default_factory=dict)  # phase -> GB per GPU
+    memory_budget_gb: float = 0.0
+    launch: list[str] = field(default_factory=list)  # the command each node runs
+    host_memory_gb: float | None = None  # jobs that work in host memory (import)
+    engine: str = "megatron"
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world
+
+    @property
+    def memory_per_gpu_gb(self) -> float:
+        return round(max(self.memory_gb.values(), default=0.0), 1)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        lay = self.layout
+        return {"job": self.job, "model": self.model, "engine": self.engine, "cluster": self.cluster,
+                "world_size": self.world_size, "nodes": self.nodes, "procs_per_node": self.procs_per_node,
+                "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp,
+                "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": self.memory_gb,
+                "memory_budget_gb": self.memory_budget_gb, "host_memory_gb": self.host_memory_gb,
+                "launch": self.launch, "ok": self.ok, "problems": self.problems, "notes": self.notes}
+
+    def format(self) -> str:
+        lay = self.layout
+        lines = [f"plan: {self.job} of {self.model} ({self.engine}) on cluster profile '{self.cluster}'",
+                 f"  world {self.world_size} = {self.nodes} node(s) x {self.procs_per_node} process(es); "
+                 f"tp {lay.tp} pp {lay.pp} ep {lay.ep} etp {lay.etp} dp {lay.dp}"]
+        if self.memory_gb:
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in self.memory_gb.items())
+            budget = f" of {self.memory_budget_gb:g} GB" if self.memory_budget_gb else ""
+            lines.append(f"  memory per GPU: {self.memory_per_gpu_gb:.1f} GB{budget} (phases: {phases})")
+        if self.host_memory_gb is not None:
+            lines.append(f"  host memory: {self.host_memory_gb:.1f} GB")
+        if self.launch:
+            lines.append("  launch (each node): " + shlex.join(self.launch))
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  problem: {p}" for p in self.problems]
+        lines.append("verdict: " + ("OK" if self.ok else f"REFUSED ({len(self.problems)} problem(s))"))
+        return "\n".join(lines)
+
+
+def print_plan(plan: JobPlan, as_json: bool) -> int:
+    """The dry run's output; 2 when the plan has problems (each also an ``error:`` line on stderr)."""
+    import sys
+
+    print(json.dumps(plan.as_dict(), indent=2) if as_json else plan.format())
+    for p in plan.problems:
+        print(f"error: {p}", file=sys.stderr)
+    return 0 if plan.ok else 2
+
+
+def refuse(plan: JobPlan) -> None:
+    """Exit 2 with one ``error:`` line per problem of a plan that cannot run (before anything starts)."""
+    import sys
+
+    if plan.problems:
+        for p in plan.problems[:-1]:
+            print(f"error: {p}", file=sys.stderr)
+        raise UserError(plan.problems[-1])
+
+
+def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[ClusterProfile, int, bool]:
+    """The cluster profile (--cluster, else PIPELINE_CLUSTER, else local_cpu), the node count (--nodes, else the
+    allocation's) and whether the count was given (outside an allocation it stands for Slurm's --nodes)."""
+    from pipeline.slurm.allocation import current
+
+    if nodes is not None and nodes < 1:
+        raise UserError(f"--nodes {nodes} must be >= 1")
+    alloc = current()
+    given = nodes is not None or alloc.in_slurm
+    return load_cluster(cluster or selected_name()), nodes or alloc.nodes or 1, given
+
+
+# ---- memory ------------------------------------------------------------------------------------------------
+def megatron_gb(spec: ModelSpec, lay: Layout, tokens: int) -> float:
+    logits = 4 * tokens * spec.vocab_size / lay.tp / 1e9
+    return weight_gb_per_gpu(spec.dense_params_b, spec.expert_params_b, lay) + logits + OVERHEAD_GB
+
+
+def hf_gb(total_params_b: float, gpus: int, budget: float, tokens: int, vocab: int) -> tuple[float, int]:
+    """(GB per GPU, GPUs used) of a BF16 Hugging Face model: one GPU when it fits, else the node's GPUs."""
+    whole = 2 * total_params_b + 4 * tokens * vocab / 1e9 + OVERHEAD_GB
+    if not budget or whole <= budget or gpus <= 1:
+        return whole, 1
+    return 2 * total_params_b / gpus + 4 * tokens * vocab / 1e9 + OVERHEAD_GB, gpus
+
+
+def job_world(tp: int, pp: int, ep: int, etp: int = 1) -> int:
+    """The ranks of a layout whose data-parallel size is the smallest that forms the expert groups: expert
+    parallelism folds onto the ranks of a pipeline stage (world = pp x lcm(tp, ep x etp)); it does not multiply
+    the world size as tp x pp x ep did."""
+    return pp * math.lcm(tp, ep * etp)
+
+
+def placement(world: int, gpn: int) -> tuple[int, int, str | None]:
+    """(nodes, processes per node, problem): full nodes, or one partly used node."""
+    if gpn < 1:
+        return 1, world, None
+    if world <= gpn:
+        return 1, world, None
+    if world % gpn:
+        return math.ceil(world / gpn), gpn, (f"world size {world} does not fill whole nodes of {gpn} GPUs: use a "
+                                             f"layout whose world size is a multiple of {gpn}")
+    return world // gpn, gpn, None
+
+
+def layouts_by_size(spec: ModelSpec, gpn: int, max_world: int) -> list[Layout]:
+    """Candidate inference layouts (etp 1), smallest world first, expert parallelism before tensor parallelism."""
+    pows = [p for p in (1, 2, 4, 8, 16) if p <= max(1, gpn)]
+    pps = [p for p in range(1, 33) if spec.num_layers == 0 or p <= spec.num_layers]
+    eps = pows if spec.expert_params_b else [1]
+    out = {}
+    for tp in pows:
+        for ep in eps:
+            for pp in pps:
+                w = job_world(tp, pp, ep)
+                if w <= max_world:
+                    out[(tp, pp, ep)] = Layout(w, tp=tp, pp=pp, ep=ep, etp=1)
+    # fewest nodes, then no pipeline split (a forward across stages is the slow path), then no tensor split
+    return sorted(out.values(), key=lambda lay: (placement(lay.world, gpn)[0], lay.pp, lay.tp, lay.world))
+
+
+def fitting_layout(spec: ModelSpec, cluster: ClusterProfile, need, max_world: int = 256) -> Layout | None:
+    """The smallest layout that is node-local, fills whole nodes and whose ``need(layout)`` GB per GPU fits."""
+    gpn = cluster.ranks_per_node
+    for lay in layouts_by_size(spec, gpn, max_world):
+        if lay.problems() or node_local_problems(lay, gpn, "") or placement(lay.world, gpn)[2]:
+            continue
+        if not cluster.memory_budget_gb or need(lay) <= cluster.memory_budget_gb:
+            return lay
+    return None
+
+
+def layout_flags(lay: Layout) -> str:
+    return f"--tp {lay.tp} --pp {lay.pp} --ep {lay.ep}"
+
+
+# ---- export / upload-all -----------------------------------------------------------------------------------
+def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profile: ClusterProfile,
+            notes: list[str]) -> str:
+    """The checkpoint's engine; one not written yet (a job that waits for training) is the model's engine: the
+    local engine for a registry local model or on a profile without GPUs, else Megatron."""
+    from pipeline.checkpoint import layout
+
+    why = f"{ckpt_dir} does not exist yet"
+    if ckpt_dir.is_dir():
+        try:
+            eng = layout.engine_of(layout.resolve_iteration(ckpt_dir, iteration))
+            if eng is not None:
+                return eng
+        except UserError as exc:
+            why = str(exc)
+    local = (spec is not None and spec.is_local) or not profile.has_gpus
+    notes.append(f"{why}: planned as a {'local-engine' if local else 'Megatron'} checkpoint")
+    return "local" if local else "megatron"
+
+
+def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int | None = None,
+                ep: int | None = None, iteration: int | None = None, nodes: int | None = None,
+                cluster: str | None = None, job: str = "export", argv: list[str] | None = None) -> JobPlan:
+    """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
+    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given."""
+    profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
+    spec = spec_for(hf_model)
+    notes: list[str] = []
+    engine = _engine(Path(ckpt_dir), iteration, spec, profile, notes)
+    argv = list(argv or [])
+    module = ["-m", "pipeline.cli.checkpoint", *argv]
+    if engine == "local":
+        plan = JobPlan(job, hf_model, profile.name, 1, 1, Layout(1), engine="local",
+                       launch=["python", *module], notes=notes + ["local-engine checkpoint: one process, CPU"])
+        if any(v not in (None, 1) for v in (tp, pp, ep)):
+            plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {ckpt_dir} is a local-engine "
+                                 "checkpoint")
+        return plan
+    gpn = profile.ranks_per_node
+    given = any(v is not None for v in (tp, pp, ep))
+    if given or spec is None:
+        tp, pp, ep = tp or 1, pp or 1, ep or 1
+    else:  # the reference's export layout: experts over the node's GPUs, no tensor or pipeline split
+        tp, pp, ep = 1, 1, (gpn if spec.expert_params_b and gpn > 0 else 1)
+        notes.append(f"layout: the model's default for an export on '{profile.name}' (ep {ep} on one node); "
+                     "--tp/--pp/--ep change it")
+    lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
+    plan = JobPlan(job, hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes)
+    if not profile.has_gpus:
+        plan.problems.append(f"a Megatron checkpoint exports on GPUs; cluster profile '{profile.name}' has none "
+                             "(PIPELINE_CLUSTER=isambard_gh200, or --cluster)")
+    plan.problems += lay.problems()
+    plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
+    if profile.has_gpus and lay.world > gpn:
+        plan.problems.append(f"an export runs on one node: world {lay.world} (tp {tp} x pp {pp} with ep {ep}) > "
+                             f"{gpn} GPUs per node on '{profile.name}'")
+    if n_nodes > 1:
+        plan.problems.append(f"an export runs on one node, and {n_nodes} were asked for: submit it with --nodes=1 "
+                             "(the other nodes would idle)")
+    plan.launch = ["python", *module] if lay.world == 1 else \
+        ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", *module]
+    if spec is None:
+        plan.notes.append(f"{hf_model} is not in the model registry: no size facts, memory not estimated")
+        return plan
+
+    def need(candidate: Layout) -> float:
+        return max(_export_phases(spec, candidate, profile).values())
+
+    plan.memory_gb = _export_phases(spec, lay, profile)
+    if profile.memory_budget_gb and plan.memory_per_gpu_gb > profile.memory_budget_gb:
+        fit = fitting_layout(spec, profile, need, max_world=max(gpn, 1))
+        fix = f": use {layout_flags(fit)} ({need(fit):.1f} GB)" if fit else " and no one-node layout fits"
+        plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
+                             f"on '{profile.name}' ({_phases(plan.memory_gb)}){fix}")
+    return plan
+
+
+def _export_phases(spec: ModelSpec, lay: Layout, profile: ClusterProfile) -> dict[str, float]:
+    mega = megatron_gb(spec, lay, VERIFY_TOKENS)
+    hf, _ = hf_gb(spec.total_params_b, max(1, profile.ranks_per_node), profile.memory_budget_gb, VERIFY_TOKENS,
+                  spec.vocab_size)
+    return {"export": round(mega + GATHER_GB, 1), "verify_megatron": round(mega, 1), "verify_hf": round(hf, 1)}
+
+
+def _phases(mem: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in mem.items())
+
+
+# ---- import ------------------------------------------------------------------------------------------------
+def import_target(hf_id: str, output: Path | None, profile: ClusterProfile) -> tuple[str, Path, bool]:
+    """(the hub id fetched, the output folder, Megatron or local engine). A registry name fetches the model the
+    shipped config starts from (Nano: its -Base-BF16 model); the default output is ``<megatron_models_dir>/<HF
+    name>``, the folder the shipped configs' ``checkpoint.pretrained_checkpoint`` reads."""
+    spec = spec_for(hf_id)
+    megatron = spec is None or not spec.is_local
+    fetch = (spec.import_hf_id if hf_id == spec.name else hf_id) if spec is not None and megatron else hf_id
+    if output is not None:
+        return fetch, Path(output), megatron
+    if not megatron:
+        return fetch, paths.models_dir() / "local" / hf_id.replace("/", "__"), False
+    root = Path(profile.megatron_models_dir) if profile.megatron_models_dir else \
+        paths.models_dir() / "megatron_bridges" / "models"
+    return fetch, root / fetch.split("/")[-1], True
+
+
+def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = None, cluster: str | None = None,
+                argv: list[str] | None = None) -> JobPlan:
+    """Hugging Face -> Megatron on one node: Bridge's import_ckpt builds the model on the host (CPU
+    initialisation) and saves it once, so more nodes buy nothing."""
+    profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
+    fetch, out, megatron = import_target(hf_id, output, profile)
+    spec = spec_for(fetch)
+    plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1), engine="megatron" if megatron else "local",
+                   launch=["python", "-m", "pipeline.cli.checkpoint", *(argv or [])])
+    plan.notes.append(f"output: {out}")
+    if fetch != hf_id:
+        plan.notes.append(f"{hf_id} imports {fetch} (the model the shipped {hf_id} config starts from)")
+    if n_nodes > 1:
+        plan.problems.append(f"import runs on one node, and {n_nodes} were asked for: isambard_sbatch --nodes=1 "
+                             f"pipeline_checkpoint_submit.sbatch import {shlex.quote(hf_id)}")
+    if spec is not None and megatron:
+        # the Megatron model built in host memory (BF16, CPU initialisation); the HF weights stream from safetensors
+        plan.host_memory_gb = round(2 * spec.total_params_b + OVERHEAD_GB, 1)
+        if profile.host_memory_gb and plan.host_memory_gb > profile.host_memory_gb:
+            plan.problems.append(f"import needs ~{plan.host_memory_gb:.0f} GB of host memory > "
+                                 f"{profile.host_memory_gb:g} GB on '{profile.name}'")
+    return plan

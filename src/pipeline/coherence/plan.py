@@ -1,0 +1,140 @@
+"""The coherence job's plan (``checkpoint/plan.py`` for the shared pieces): where each backend runs and whether it
+fits, before the job is queued.
+
+  hf        one node; the model on one GPU when it fits, else over the node's GPUs (device_map="auto")
+  endpoint  one process, no GPU (the server does the work)
+  megatron  one rank per GPU over as many nodes as the layout needs (world = pp x lcm(tp, ep x etp), etp 1):
+            one torchrun per node, a c10d rendezvous on the first node; without --tp/--pp/--ep the smallest
+            layout that fits the model
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.checkpoint.plan import (
+    JobPlan,
+    cluster_and_nodes,
+    fitting_layout,
+    hf_gb,
+    job_world,
+    layout_flags,
+    megatron_gb,
+    placement,
+)
+from pipeline.config.models import ModelSpec, spec_for
+from pipeline.config.parallel import Layout, node_local_problems
+
+MODULE = ["-m", "pipeline.cli.coherence"]
+
+
+def _hf_size(model: str) -> tuple[float, int, str] | None:
+    """(billions of parameters, vocab, where from) of an HF model: the registry, else a local folder's safetensors
+    sizes (BF16 on disk: 2 bytes per parameter; FP32 exports count double, which errs on the safe side)."""
+    spec = spec_for(model)
+    if spec is not None:
+        return spec.total_params_b, spec.vocab_size, "registry"
+    p = Path(model)
+    if p.is_dir():
+        size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+        vocab = 0
+        try:
+            vocab = int(json.loads((p / "config.json").read_text()).get("vocab_size") or 0)
+        except (OSError, ValueError, AttributeError):
+            pass
+        if size:
+            return size / 2 / 1e9, vocab, "safetensors size"
+    return None
+
+
+def torchrun_line(world: int, nodes: int, procs: int, argv: list[str], port: int) -> list[str]:
+    """The per-node launcher: standalone on one node; across nodes, a c10d rendezvous on the allocation's first
+    node (each node's torchrun gives its processes a contiguous block of global ranks)."""
+    if nodes == 1:
+        return ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={world}", *MODULE, *argv]
+    from pipeline.slurm.allocation import current, rendezvous
+
+    alloc = current()
+    host, rdzv_port = rendezvous(alloc, port)
+    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={procs}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:{rdzv_port}", f"--rdzv-id={alloc.job_id or 'coherence'}", *MODULE, *argv]
+
+
+def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
+                   argv: list[str] | None = None) -> JobPlan:
+    """``cfg``: the CoherenceRun (its tp/pp/ep None when not given)."""
+    profile, n_nodes, given = cluster_and_nodes(nodes, cluster)
+    argv = list(argv or [])
+    gpn = profile.ranks_per_node
+    if cfg.backend == "endpoint":
+        return JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="endpoint",
+                       launch=["python", *MODULE, *argv], notes=["endpoint backend: the server generates; no GPU"])
+    if cfg.backend == "hf":
+        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf",
+                       memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv])
+        if any(v not in (None, 1) for v in (cfg.tp, cfg.pp, cfg.ep)):
+            plan.problems.append("--tp/--pp/--ep apply to the megatron backend only")
+        if n_nodes > 1:
+            plan.problems.append(f"the hf backend runs on one node, and {n_nodes} were asked for: submit it with "
+                                 "--nodes=1")
+        size = _hf_size(cfg.model)
+        if size is None:
+            plan.notes.append(f"no size facts for {cfg.model}: memory not estimated")
+            return plan
+        billions, vocab, src = size
+        tokens = cfg.max_tokens + 256
+        gb, gpus = hf_gb(billions, max(1, gpn), profile.memory_budget_gb, tokens, vocab)
+        plan.memory_gb = {"generate": round(gb, 1)}
+        plan.notes.append(f"{billions:.1f}B parameters ({src}); " +
+                          ("on one GPU" if gpus == 1 else f"over the node's {gpus} GPUs (device_map='auto')"))
+        if profile.memory_budget_gb and gb > profile.memory_budget_gb:
+            plan.problems.append(f"estimated {gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB on "
+                                 f"'{profile.name}' even over the node's {gpus} GPUs: use the megatron backend on "
+                                 "more nodes")
+        return plan
+    return _plan_megatron(cfg, profile, n_nodes, given, argv)
+
+
+def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> JobPlan:
+    gpn = profile.ranks_per_node
+    spec: ModelSpec | None = spec_for(cfg.hf_model) if cfg.hf_model else None
+    notes = []
+    tokens = cfg.max_tokens + 256
+    flags = (cfg.tp, cfg.pp, cfg.ep)
+    if all(v is None for v in flags):
+        fit = fitting_layout(spec, profile, lambda lay: megatron_gb(spec, lay, tokens)) if spec else None
+        lay = fit or Layout(1)
+        notes.append(f"layout: the smallest that fits ({layout_flags(lay)})" if fit else
+                     "layout: tp 1 pp 1 ep 1 (no size facts to choose a larger one)")
+    else:
+        tp, pp, ep = (v or 1 for v in flags)
+        lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
+    nodes, procs, fill = placement(lay.world, gpn)
+    plan = JobPlan("coherence", cfg.model, profile.name, nodes, procs, lay, engine="megatron",
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes)
+    if not cfg.hf_model:
+        plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
+    if not profile.has_gpus:
+        plan.problems.append(f"the megatron backend runs on GPUs; cluster profile '{profile.name}' has none "
+                             "(PIPELINE_CLUSTER=isambard_gh200, or --cluster)")
+    plan.problems += lay.problems()
+    plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
+    if fill:
+        plan.problems.append(fill)
+    if given and n_nodes != nodes:
+        plan.problems.append(f"the layout {layout_flags(lay)} needs {nodes} node(s) of {gpn} GPUs ({lay.world} "
+                             f"ranks), and the allocation has {n_nodes}: submit it with --nodes={nodes}")
+    plan.launch = ["python", *MODULE, *argv] if lay.world == 1 else \
+        torchrun_line(lay.world, nodes, procs, argv, profile.rdzv_port)
+    if spec is None:
+        if cfg.hf_model:
+            plan.notes.append(f"{cfg.hf_model} is not in the model registry: memory not estimated")
+        return plan
+    plan.memory_gb = {"generate": round(megatron_gb(spec, lay, tokens), 1)}
+    if profile.memory_budget_gb and plan.memory_per_gpu_gb > profile.memory_budget_gb:
+        fit = fitting_layout(spec, profile, lambda cand: megatron_gb(spec, cand, tokens))
+        fix = f": use {layout_flags(fit)} on {placement(fit.world, gpn)[0]} node(s)" if fit else ""
+        plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
+                             f"on '{profile.name}' with {layout_flags(lay)}{fix}")
+    return plan
