@@ -41,18 +41,25 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
         if missing:
             raise UserError(f"{model_path} is not a Hugging Face model folder: it has no {' and no '.join(missing)} "
                             "(an export's hf/ folder has both; a Megatron checkpoint needs --backend megatron)")
+    spread = spread_over_gpus(model_path)
     try:
         tok = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+            model_path, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+            **({"device_map": "auto"} if spread else {}))
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise UserError(f"cannot load model {model_path}: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}"
                         ) from None
     if not tok.chat_template:
         raise UserError(f"the tokenizer of {model_path} has no chat template: the coherence prompts are chat turns "
                         "(export with the model's tokenizer files, or add chat_template.jinja)")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device).eval()
+    if spread:  # accelerate placed the layers over the node's GPUs; inputs go to the first one
+        device = model.device
+        log.info("hf backend: %s spread over %d GPUs (device_map='auto')", model_path, torch.cuda.device_count())
+    else:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model.to(device)
+    model.eval()
     eos = {tok.eos_token_id} | set(model.generation_config.eos_token_id
                                    if isinstance(model.generation_config.eos_token_id, list)
                                    else [model.generation_config.eos_token_id])
@@ -77,6 +84,30 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
         text = tok.decode(new, skip_special_tokens=True).strip()
         out.append((text, len(new), finished, n_prompt, context))
     return out
+
+
+def model_bytes(model_path: str) -> float | None:
+    """The BF16 size of a model: a local folder's safetensors, else the registry's parameter count."""
+    from pipeline.config.models import spec_for
+
+    p = Path(model_path)
+    if p.is_dir():
+        size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+        if size:
+            return float(size)
+    spec = spec_for(model_path)
+    return 2e9 * spec.total_params_b if spec is not None and spec.total_params_b else None
+
+
+def spread_over_gpus(model_path: str, margin: float = 0.85) -> bool:
+    """Whether the hf backend loads the model over the node's GPUs: more than one GPU here, and the weights do not
+    fit ``margin`` of one GPU's memory (Super's 240 GB on 95 GB GPUs; the plan says the same at submission)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return False
+    need = model_bytes(model_path)
+    return need is None or need > margin * torch.cuda.get_device_properties(0).total_memory
 
 
 def read_discovery_file(path: Path) -> str:
