@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from pipeline.bridge import BRIDGE_API
+from pipeline.bridge import BRIDGE_API, CORE_API
 from pipeline.training.conformance import check, fetch_wheel_source, pinned_version
 from tests.helpers import ROOT
 from tests.tiers import tier_unavailable
@@ -59,3 +59,16 @@ def test_restated_recipe_values_match_the_wheel(wheel_source, tmp_path):
     f.write_text(text.replace("    model.expert_model_parallel_size = 8\n", "    model.expert_model_parallel_size = 16\n", 1))
     problems = check_recipe_facts(doctored, REGISTRY)
     assert any("nano/sft: model.expert_model_parallel_size = 16" in p for p in problems), problems
+
+
+def test_pinned_megatron_core_has_every_name():
+    """The megatron-core names of the generation across pipeline stages and the model-parallel groups."""
+    import re
+
+    pin = re.search(r"^megatron-core==(\S+)", (ROOT / "3rdparty" / "requirements-container.txt").read_text(), re.M)
+    try:
+        core = fetch_wheel_source(pin.group(1), ROOT / ".cache" / "wheels", package="megatron-core")
+    except Exception as exc:
+        tier_unavailable("bridge", f"cannot download megatron-core=={pin.group(1)} from PyPI: {exc}")
+    assert check(core, CORE_API) == []
+    assert check(core, [("megatron.core.parallel_state", "initialize_model_parallel", ("no_such_kwarg",))])

@@ -1,0 +1,177 @@
+"""The GPU jobs other than training, planned before they are queued (issue 21): export, upload-all, import and
+coherence (hf and megatron backends) for Nano and Super on the Isambard profile, the reference's commands, the
+impossible layouts, and isambard_sbatch refusing what cannot run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from pipeline.checkpoint.plan import import_target, plan_export, plan_import
+from pipeline.cli import sbatch as sbatch_cli
+from pipeline.cli.checkpoint import plan_from_argv as checkpoint_plan
+from pipeline.cli.coherence import plan_from_argv as coherence_plan
+from pipeline.common.errors import UserError
+from pipeline.config.cluster import load_cluster
+from pipeline.config.models import get_model
+from tests.helpers import ROOT, run
+
+NANO, SUPER = get_model("nano").hf_id, get_model("super").hf_id
+
+
+@pytest.fixture(autouse=True)
+def isambard(monkeypatch):
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    for k in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
+    plan = coherence_plan(["/ckpts/run", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+                           "--ep", "4", "--max-tokens", "256"], 6)
+    d = plan.as_dict()
+    assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"], d["etp"], d["dp"]) == \
+        (24, 6, 4, 4, 6, 4, 1, 1)
+    assert plan.ok and 0 < d["memory_per_gpu_gb"] < 95
+    launch = plan.launch
+    assert launch[:3] == ["torchrun", "--nnodes=6", "--nproc-per-node=4"] and "--rdzv-backend=c10d" in launch
+    assert launch[launch.index("-m") + 1] == "pipeline.cli.coherence"
+    # the old layout arithmetic (ranks = tp * pp * ep = 96, one node) is gone; a 1-node allocation is told the count
+    short = coherence_plan(["/ckpts/run", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+                            "--ep", "4"], 1)
+    assert not short.ok and "needs 6 node(s) of 4 GPUs (24 ranks), and the allocation has 1: submit it with " \
+        "--nodes=6" in short.problems[0]
+
+
+@pytest.mark.parametrize("hf_model, export_gb", [(NANO, 26.1), (SUPER, 77.8)])
+def test_nano_and_super_exports_plan_ep4_on_one_node_and_fit(hf_model, export_gb):
+    plan = plan_export(ROOT / "no-such-run", hf_model)
+    d = plan.as_dict()
+    assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"]) == (4, 1, 4, 1, 1, 4)
+    assert plan.ok, plan.problems
+    assert d["memory_gb"]["export"] == export_gb and d["memory_per_gpu_gb"] <= 95
+    # the verification's HF side: Nano (63 GB) on one GPU, Super (240 GB) over the node's four
+    assert d["memory_gb"]["verify_hf"] == (68.2 if hf_model == NANO else 65.0)
+    assert plan.launch[:4] == ["torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4"]
+
+
+def test_a_single_process_super_export_is_refused_with_the_layout_that_fits():
+    plan = plan_export(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1)
+    assert plan.problems == ["estimated 247.0 GB per GPU > 95 GB on 'isambard_gh200' (export 247.0, verify_megatron "
+                             "245.0, verify_hf 65.0): use --tp 1 --pp 1 --ep 4 (77.8 GB)"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["export", "/c", "--hf-model", NANO, "--no-reasoning", "--tp", "4", "--ep", "8"],
+     "ep(8) * etp(1) = 8 > gpus_per_node(4) on 'isambard_gh200'"),
+    (["export", "/c", "--hf-model", NANO, "--no-reasoning", "--tp", "8"],
+     "tp(8) = 8 > gpus_per_node(4) on 'isambard_gh200'"),
+    (["export", "/c", "--hf-model", NANO, "--no-reasoning", "--pp", "2", "--ep", "4"],
+     "an export runs on one node: world 8"),
+    (["upload-all", "/c", "--hf-model", SUPER, "--no-reasoning", "--nodes", "2"],
+     "an export runs on one node, and 2 were asked for"),
+    (["import", "super", "--nodes", "4"],
+     "import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 pipeline_checkpoint_submit.sbatch "
+     "import super"),
+])
+def test_impossible_checkpoint_jobs_are_refused(argv, needle):
+    plan = checkpoint_plan(argv)
+    assert any(needle in p for p in plan.problems), plan.problems
+
+
+def test_layout_problems_of_coherence():
+    bad = coherence_plan(["/c", "--backend", "megatron", "--hf-model", NANO, "--tp", "4", "--ep", "8"], 2)
+    assert any("ep(8) * etp(1) = 8 > gpus_per_node(4)" in p for p in bad.problems)
+    endpoint = coherence_plan(["m", "--backend", "endpoint", "--endpoint-url", "http://x:1"], 1)
+    assert endpoint.ok and endpoint.world_size == 1 and endpoint.memory_gb == {}
+    with pytest.raises(UserError, match="--tp/--pp/--ep apply to the megatron backend only"):
+        coherence_plan(["m", "--tp", "2"], 1)
+    two = coherence_plan([SUPER], 2)
+    assert "the hf backend runs on one node, and 2 were asked for" in two.problems[0]
+
+
+@pytest.mark.parametrize("model, layout, gb", [(NANO, (1, 1, 1, 1), 68.4), (SUPER, (4, 1, 1, 4), 76.0)])
+def test_megatron_generation_without_layout_flags_gets_the_smallest_that_fits(model, layout, gb):
+    plan = coherence_plan(["/c", "--backend", "megatron", "--hf-model", model])
+    assert (plan.world_size, plan.layout.tp, plan.layout.pp, plan.layout.ep) == layout
+    assert plan.ok and plan.memory_per_gpu_gb == gb
+    assert "layout: the smallest that fits" in plan.notes[0]
+
+
+def test_hf_backend_spreads_super_over_the_node():
+    nano, sup = coherence_plan([NANO]), coherence_plan([SUPER])
+    assert nano.ok and "on one GPU" in nano.notes[0] and nano.memory_per_gpu_gb < 95
+    assert sup.ok and "over the node's 4 GPUs (device_map='auto')" in sup.notes[0] and sup.memory_per_gpu_gb < 95
+
+
+def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks():
+    import yaml
+
+    profile = load_cluster("isambard_gh200")
+    for name, config in (("nano", "nemotron_nano_quickstart_sft.yaml"), ("super", "nemotron_super_quickstart_sft.yaml")):
+        fetch, out, megatron = import_target(name, None, profile)
+        cfg = yaml.safe_load((ROOT / "configs" / "quickstart" / config).read_text())
+        assert megatron and str(out) == cfg["checkpoint"]["pretrained_checkpoint"]
+        assert out.name == fetch.split("/")[-1]
+    assert import_target("nano", None, profile)[0] == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
+    plan = plan_import("super")
+    assert plan.ok and plan.host_memory_gb == 245.0 and plan.world_size == 1
+
+
+def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+    plan = plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id)
+    assert plan.ok and plan.engine == "local" and plan.world_size == 1 and plan.launch[0] == "python"
+
+
+@pytest.mark.parametrize("argv, ok", [
+    (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning"], True),
+    (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning",
+      "--ep", "1"], False),
+    (["--nodes=4", "pipeline_checkpoint_submit.sbatch", "import", "super"], False),
+    (["--nodes=6", "pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER,
+      "--tp", "4", "--pp", "6", "--ep", "4"], True),
+    (["pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4",
+      "--pp", "6", "--ep", "4"], False),  # the script's own --nodes=1
+])
+def test_isambard_sbatch_checks_each_plan(tmp_path, monkeypatch, capsys, argv, ok):
+    ckpt = tmp_path / "ckpts"
+    (ckpt / "iter_0000010").mkdir(parents=True)
+    (ckpt / "iter_0000010" / "metadata.json").write_text("{}")
+    (ckpt / "iter_0000010" / "common.pt").write_bytes(b"")
+    (ckpt / "iter_0000010" / ".metadata").write_bytes(b"")  # torch_dist's completion file
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("10")
+    argv = [str(ckpt) if a == "CKPT" else a for a in argv]
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    if ok:
+        cmd, _, _ = sbatch_cli.build_submission(argv)
+        assert cmd[0] == "sbatch" and "Plan: PASS" in capsys.readouterr().err
+    else:
+        with pytest.raises(UserError, match="nothing was submitted"):
+            sbatch_cli.build_submission(argv)
+
+
+def test_dry_runs_need_no_torch_and_exit_2_on_an_impossible_layout(tmp_path):
+    """The login node's planner has no torch, transformers or Megatron: the plans import none of them."""
+    code = ("import sys; from pipeline.cli.checkpoint import plan_from_argv as c; "
+            "from pipeline.cli.coherence import plan_from_argv as g; "
+            f"c(['export', '/c', '--hf-model', {SUPER!r}, '--no-reasoning']); c(['import', 'nano']); "
+            f"g(['/c', '--backend', 'megatron', '--hf-model', {SUPER!r}]); g([{NANO!r}]); "
+            "print(sorted(m for m in ('torch', 'transformers', 'megatron', 'safetensors') if m in sys.modules))")
+    env = {**os.environ, "PIPELINE_CLUSTER": "isambard_gh200"}
+    res = run([sys.executable, "-c", code], env=env, timeout=120)
+    # the launcher plans in the login node's planner when the container is not there (the venv stands in for it)
+    env["PIPELINE_PLANNER_VENV"] = str(ROOT / ".venv")
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    res = run(["bash", "pipeline_checkpoint_convert.sh", "export", "/c", "--hf-model", NANO, "--no-reasoning",
+               "--dry-run", "--json"], env=env, timeout=120)
+    d = json.loads(res.stdout)
+    assert res.returncode == 0 and {"world_size", "nodes", "procs_per_node", "tp", "pp", "ep",
+                                    "memory_per_gpu_gb"} <= set(d)
+    res = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", NANO,
+               "--tp", "4", "--ep", "8", "--dry-run", "--nodes", "2"], env=env, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: ep(8) * etp(1) = 8 > ")
