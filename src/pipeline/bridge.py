@@ -224,35 +224,128 @@ def import_from_hf(hf_id: str, output: Path) -> Path:
 
 
 class MegatronCausalLM:
-    """Just enough of a causal-LM interface over a Megatron iteration for ``checkpoint.verify.logits_for`` and
-    ``reference_loss``: the source side of the export verification (GPU)."""
+    """Just enough of a causal-LM interface over a Megatron iteration for ``checkpoint.verify.logits_for``: the source
+    side of the export verification (GPU).
 
-    def __init__(self, iter_path: Path, hf_model: str, hf_config):
+    Loaded on the export's own model-parallel layout (``tp``/``pp``/``ep``; one torchrun rank per GPU when their
+    product is > 1, reusing the model-parallel state ``_init_model_parallel`` set up for the export), not TP=1 on one
+    GPU: Nemotron 3 Super at TP=1 is ~240 GB, a GPU holds 95. Every rank must call it with the same inputs (the
+    forward is collective). The logits come back whole on every rank, on CPU, float32, cut to the Hugging Face
+    vocabulary (Megatron pads it): gathered over TP, and with PP run through Megatron's forward-only pipeline schedule
+    and broadcast from the last stage. ``release()`` frees the model's GPU memory before the export is loaded."""
+
+    def __init__(self, iter_path: Path, hf_model: str, hf_config, *, tp: int = 1, pp: int = 1, ep: int = 1):
         iter_path = _check_iteration_dir(iter_path)
+        self.tp, self.pp, self.ep = tp, pp, ep
+        overrides: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                                     "expert_model_parallel_size": ep, "sequence_parallel": False}
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            _init_model_parallel(tp, pp, ep)  # a no-op where the export already initialised it
+            ps = importlib.import_module("megatron.core.parallel_state")  # the model matches the groups' expert TP
+            overrides["expert_tensor_parallel_size"] = ps.get_expert_tensor_parallel_world_size()
         AutoBridge = _import(_AB, "AutoBridge")
         bridge = AutoBridge.from_hf_pretrained(hf_model)
-        self.models = bridge.load_megatron_model(str(iter_path), mp_overrides={"tensor_model_parallel_size": 1},
-                                                 wrap_with_ddp=False)
+        self.models = bridge.load_megatron_model(str(iter_path), mp_overrides=overrides, wrap_with_ddp=False)
         self.config = hf_config
+
+    def _forward(self, ids, pos):
+        """The last stage's logits ``[1, seq, vocab / tp]`` (None on other pipeline stages)."""
+        import torch
+
+        if self.pp == 1:
+            with torch.no_grad():
+                return self.models[0](input_ids=ids, position_ids=pos, attention_mask=None)
+
+        def step(data_iterator, model):
+            i, p = next(data_iterator)
+            return model(input_ids=i, position_ids=p, attention_mask=None), lambda out, non_loss_data=True: out
+
+        schedule = _import("megatron.core.pipeline_parallel", "get_forward_backward_func")()
+        with torch.no_grad():
+            outs = schedule(forward_step_func=step, data_iterator=iter([(ids, pos)]), model=self.models,
+                            num_microbatches=1, seq_length=ids.shape[1], micro_batch_size=1, forward_only=True,
+                            collect_non_loss_data=True)
+        ps = importlib.import_module("megatron.core.parallel_state")
+        return outs[0] if ps.is_pipeline_last_stage() else None
 
     def __call__(self, input_ids, labels=None):
         import types
 
         import torch
 
-        m = self.models[0]
         ids = input_ids.cuda()
         pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-        logits = m(input_ids=ids, position_ids=pos, attention_mask=None).float().cpu()
+        logits = self._forward(ids, pos)
+        if logits is not None and self.tp > 1:  # vocab-parallel output layer: each TP rank holds a slice
+            gather = _import("megatron.core.tensor_parallel", "gather_from_tensor_model_parallel_region")
+            logits = gather(logits)
+        if self.pp > 1:  # the last stage has the logits: broadcast shape, then values, along the pipeline
+            import torch.distributed as dist
+
+            ps = importlib.import_module("megatron.core.parallel_state")
+            group, src = ps.get_pipeline_model_parallel_group(), ps.get_pipeline_model_parallel_last_rank()
+            shape = torch.tensor(list(logits.shape) if logits is not None else [0, 0, 0], device=ids.device)
+            dist.broadcast(shape, src=src, group=group)
+            logits = (logits.float().contiguous() if logits is not None else
+                      torch.empty(*shape.tolist(), dtype=torch.float32, device=ids.device))
+            dist.broadcast(logits, src=src, group=group)
+        logits = logits[..., : self.config.vocab_size].float().cpu()
         out = types.SimpleNamespace(logits=logits)
         if labels is not None:
-            out.loss = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:])
+            out.loss = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:].cpu())
         return out
 
     def eval(self):
         for m in self.models:
             m.eval()
         return self
+
+    def release(self) -> None:
+        """Drop the Megatron model and return its GPU memory, so the export can be loaded on the same GPUs."""
+        import gc
+
+        import torch
+
+        self.models = []
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _next_token_fn(models, tp: int, pp: int):
+    """``next_token(ids) -> int`` on every rank: one forward of ``ids`` through Megatron's own schedule
+    (``get_forward_backward_func``, forward only; across pipeline stages it sends the activations point to point),
+    the greedy token taken on the last stage from the full vocabulary (gathered over tensor-parallel ranks when the
+    output layer is vocab-parallel) and broadcast to the other stages of its pipeline group."""
+    import torch
+    import torch.distributed as dist
+
+    ps = importlib.import_module("megatron.core.parallel_state")
+    fb = _import("megatron.core.pipeline_parallel", "get_forward_backward_func")()
+    gather = _import("megatron.core.tensor_parallel", "gather_from_tensor_model_parallel_region")
+    inner = getattr(models[0], "module", models[0])
+    parallel_output = bool(getattr(inner, "parallel_output", True))
+
+    def step(data_iterator, model):
+        tokens = next(data_iterator)
+        pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+        return model(input_ids=tokens, position_ids=pos, attention_mask=None), None  # no loss: keep the logits
+
+    def next_token(ids) -> int:
+        out = fb(forward_step_func=step, data_iterator=iter([ids]), model=models, num_microbatches=1,
+                 seq_length=ids.shape[1], micro_batch_size=1, forward_only=True)
+        nxt = torch.zeros(1, dtype=torch.long, device=ids.device)
+        if ps.is_pipeline_last_stage():
+            logits = out[0][:, -1].float()  # [batch, vocab / tp] at the last position
+            if tp > 1 and parallel_output:
+                logits = gather(logits)
+            nxt[0] = int(logits[0].argmax())
+        if pp > 1:
+            dist.broadcast(nxt, src=ps.get_pipeline_model_parallel_last_rank(),
+                           group=ps.get_pipeline_model_parallel_group())
+        return int(nxt.item())
+
+    return next_token
 
 
 def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int, *, tp: int, pp: int, ep: int,

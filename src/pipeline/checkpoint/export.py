@@ -6,7 +6,11 @@ through Megatron Bridge's AutoBridge (``pipeline/bridge.py``, GPU only), given e
 directory that ``layout.resolve_iteration`` resolved (never the checkpoint root).
 
 Every export is verified (``verify.py``) before it is published: it is written to a temporary sibling,
-verified there, and renamed to ``hf/`` only on PASS, with ``hf/verification.json`` inside. On FAIL the
+verified there, and renamed to ``hf/`` only on PASS, with ``hf/verification.json`` inside. The file set is checked
+first (safetensors headers against the config's architecture, no weight loaded); then the logits. A Megatron
+source is run first, on the export's own model-parallel layout, its logits kept on CPU and the model freed, and only
+then is the export loaded (on the node's GPUs, spread with ``device_map="auto"`` when it does not fit one): the two
+models of a large checkpoint never share the GPUs. On FAIL the
 temporary directory is removed, ``hf_verification_FAILED.json`` is written next to where ``hf/`` would
 be, and the export exits non-zero: no ``hf/`` directory that looks finished is ever left behind.
 """
@@ -14,6 +18,7 @@ be, and the export exits non-zero: no ``hf/`` directory that looks finished is e
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
@@ -21,6 +26,7 @@ from typing import Any
 
 from pipeline.checkpoint import layout
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
+from pipeline.checkpoint.verify import file_set_problems
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
 
@@ -67,8 +73,9 @@ def _barrier() -> None:
 
 
 def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict: bool = True,
-                     atol: float = 1e-3, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1,
-                     locked: bool = False, require_quality: bool = False) -> dict[str, Any]:
+                     atol: float | None = None, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1,
+                     locked: bool = False, require_quality: bool = False, kl_tol: float | None = None,
+                     top1_min: float | None = None) -> dict[str, Any]:
     """Export and verify exactly one iteration directory (both engines); returns the verification record.
 
     The one publish-and-verify flow: the export is written to a temporary sibling of ``hf/``, the source
@@ -76,7 +83,9 @@ def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict:
     ``verification.json`` inside. Local-engine iterations are HF checkpoints already (copied); Megatron
     iterations go through ``pipeline.bridge.export_to_hf`` with exactly ``iter_path`` (GPU; one torchrun rank
     per GPU when ``tp * pp * ep > 1``, rank 0 verifies and publishes). One writer per ``hf/``: the export holds the
-    iteration's lock (the one ``upload-all`` holds; ``locked=True`` when the caller already does)."""
+    iteration's lock (the one ``upload-all`` holds; ``locked=True`` when the caller already does). Tolerances not
+    given (``atol``, ``kl_tol``, ``top1_min``) are the engine's defaults (``verify.default_tolerances``: fp32 for
+    the local engine, bf16 for Megatron)."""
     iter_path = Path(iter_path)
     out = iter_path / "hf"
     rec = published_export(out)
@@ -85,8 +94,7 @@ def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict:
         return rec
     if locked or int(os.environ.get("RANK", "0")) != 0:
         return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                       require_quality=require_quality, tp=tp,
-                       pp=pp, ep=ep)
+                       require_quality=require_quality, tp=tp, pp=pp, ep=ep, kl_tol=kl_tol, top1_min=top1_min)
     lock = Lock(iteration_lock_path(iter_path.parent, int(iter_path.name.split("_")[-1])), ttl=6 * 3600)
     if not lock.acquire():
         raise UserError(f"{iter_path.name} is being exported by {lock.holder()} ({lock.path}); wait for it, or "
@@ -97,8 +105,7 @@ def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict:
             log.info("export: %s was exported and verified meanwhile, skipping", iter_path.name)
             return rec
         return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                       require_quality=require_quality, tp=tp,
-                       pp=pp, ep=ep)
+                       require_quality=require_quality, tp=tp, pp=pp, ep=ep, kl_tol=kl_tol, top1_min=top1_min)
 
 
 RECORDS = ("verification.json", "pipeline_export.json")
@@ -156,8 +163,9 @@ def published_export(out: Path) -> dict | None:
     return rec
 
 
-def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, strict: bool, atol: float, tp: int,
-            pp: int, ep: int, require_quality: bool = False) -> dict[str, Any]:
+def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, strict: bool, atol: float | None, tp: int,
+            pp: int, ep: int, require_quality: bool = False, kl_tol: float | None = None,
+            top1_min: float | None = None) -> dict[str, Any]:
     engine = layout.engine_of(iter_path)
     if engine not in ("local", "megatron"):
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
@@ -170,11 +178,20 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
             tmp_root = iter_path / f".hf.{os.environ.get('TORCHELASTIC_RUN_ID', 'export')}.tmp"
             tmp = tmp_root / "hf"
             bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict, tp=tp, pp=pp, ep=ep)
+            _free_gpu_memory()
+            _barrier()
+            # every rank runs the sharded source (a collective forward), unless the file set already fails: each
+            # rank reads the same files, so all decide alike; then every rank frees its shard before rank 0 loads
+            # the export onto the node's GPUs
+            source_logits = None
+            if not file_set_problems(tmp):
+                source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, tp=tp, pp=pp, ep=ep)
             _barrier()
             if rank != 0:
                 return {"verdict": "rank", "rank": rank}
             return _verify_and_publish(iter_path, tmp, out, engine, hf_model=hf_model, reasoning=reasoning,
-                                       strict=strict, atol=atol, require_quality=require_quality, tmp_root=tmp_root)
+                                       strict=strict, atol=atol, require_quality=require_quality, tmp_root=tmp_root,
+                                       kl_tol=kl_tol, top1_min=top1_min, source_logits=source_logits)
 
     (iter_path / FAILED).unlink(missing_ok=True)
     with atomic_path(out) as tmp:
@@ -185,32 +202,97 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
         else:
             _copy_local(iter_path, tmp)
         record = _verify(iter_path, tmp, engine, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                         require_quality=require_quality)
-    log.info("export: %s -> %s (max |logit diff| %.2e, reference loss %.3f)", iter_path.name, out,
-             record["max_abs_logit_diff"], record["reference_loss"])
+                         require_quality=require_quality, kl_tol=kl_tol, top1_min=top1_min)
+    log.info("export: %s -> %s (max |logit diff| %.2e, KL %.2e, top-1 agreement %.3f, reference loss %.3f)",
+             iter_path.name, out, record["max_abs_logit_diff"], record["kl"], record["top1_agreement"],
+             record["reference_loss"])
     return record
 
 
+def _free_gpu_memory() -> None:
+    """Return freed CUDA memory to the device (after a model is dropped), where CUDA is available."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _megatron_source_logits(iter_path: Path, hf_dir: Path, *, hf_model: str, tp: int = 1, pp: int = 1,
+                            ep: int = 1) -> list:
+    """The Megatron source's logits on ``VERIFY_PROMPTS``, on CPU, with the model loaded on the export's layout
+    (collective: every rank calls it) and freed before returning, so the export can then use the same GPUs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pipeline import bridge
+    from pipeline.checkpoint.verify import VERIFY_PROMPTS, logits_for
+
+    source = bridge.MegatronCausalLM(iter_path, hf_model, AutoConfig.from_pretrained(hf_dir), tp=tp, pp=pp, ep=ep)
+    try:
+        return logits_for(source.eval(), AutoTokenizer.from_pretrained(hf_dir), VERIFY_PROMPTS)
+    finally:
+        source.release()
+        del source
+        _free_gpu_memory()
+
+
+def _load_bf16_export(hf_dir: Path):
+    """The export in bf16: on GPU 0 when it fits there (weights from the safetensors headers, 25% headroom for
+    activations), else spread over the node's GPUs with ``device_map="auto"``; on CPU without CUDA."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.checkpoint.verify import _header_shapes
+
+    if not torch.cuda.is_available():
+        return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
+    shapes, _ = _header_shapes(hf_dir)
+    need = 2 * sum(math.prod(s) for s in shapes.values())
+    free, _total = torch.cuda.mem_get_info(0)
+    device_map: Any = {"": 0} if need * 1.25 < free else "auto"
+    log.info("export: loading the bf16 export (%.1f GB) %s", need / 1e9,
+             "on GPU 0" if device_map != "auto" else f"across {torch.cuda.device_count()} GPUs (device_map=auto)")
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16, device_map=device_map)
+
+
+def _fail(iter_path: Path, record: dict) -> None:
+    write_json(iter_path / FAILED, record)
+    raise VerificationFailed(record)
+
+
 def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning: bool, strict: bool,
-            atol: float, require_quality: bool = False) -> dict[str, Any]:
-    """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise."""
+            atol: float | None, require_quality: bool = False, kl_tol: float | None = None,
+            top1_min: float | None = None, source_logits: list | None = None) -> dict[str, Any]:
+    """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise.
+
+    The file set first (headers only): a missing, unexpected or misshapen tensor fails here, before any model is
+    loaded. Megatron: the source's logits first (``source_logits`` when the model-parallel ranks computed them
+    already, else one process), the source freed, then the export loaded (``_load_bf16_export``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.checkpoint.verify import VERIFY_PROMPTS, verify
+    from pipeline.checkpoint.verify import VERIFY_PROMPTS, file_set_failures, verify
 
     _apply_reasoning(tmp, reasoning)
+    context = {"source": str(iter_path), "engine": engine, "hf_model": hf_model, "reasoning": reasoning,
+               "strict": strict, "prompts": VERIFY_PROMPTS}
+    problems = file_set_problems(tmp)
+    if problems:
+        _fail(iter_path, {"verdict": "FAIL", "failures": file_set_failures(problems), "decided_on": "file set",
+                          "file_set_problems": problems, **context})
     tokenizer = AutoTokenizer.from_pretrained(tmp)
+    source = None
     if engine == "megatron":
-        from pipeline import bridge
-
-        exported = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16, device_map="auto")
-        source = bridge.MegatronCausalLM(iter_path, hf_model, exported.config)
+        if source_logits is None:
+            source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model)
+        exported = _load_bf16_export(tmp)
         iteration = int(iter_path.name.split("_")[-1])
         model_name = hf_model
     else:
         marker = read_json(iter_path / layout.MARKER)
-        source = AutoModelForCausalLM.from_pretrained(iter_path, dtype=torch.float32)
+        source = AutoModelForCausalLM.from_pretrained(iter_path, dtype=torch.float32).eval()
         exported = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         if strict:
             a, b = set(source.state_dict()), set(exported.state_dict())
@@ -218,15 +300,14 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
                 raise UserError(f"strict export: parameter names differ ({sorted(a ^ b)[:5]}); --not-strict to allow")
         iteration = marker.get("iteration")
         model_name = marker.get("model")
-    record = verify(source.eval(), exported.eval(), tokenizer, atol=atol, require_quality=require_quality)
+    record = verify(source, exported.eval(), tokenizer, atol=atol, kl_tol=kl_tol, top1_min=top1_min,
+                    require_quality=require_quality, source_logits=source_logits, engine=engine)
     for w in record.get("quality", {}).get("warnings", []):
         log.warning("export: %s: %s (model quality: reported, not fatal; --require-quality makes it fatal)",
                     iter_path.name, w)
-    record.update({"source": str(iter_path), "iteration": iteration, "engine": engine, "hf_model": hf_model,
-                   "reasoning": reasoning, "strict": strict, "model": model_name, "prompts": VERIFY_PROMPTS})
+    record.update({**context, "iteration": iteration, "model": model_name, "file_set_problems": []})
     if record["verdict"] != "PASS":
-        write_json(iter_path / FAILED, record)
-        raise VerificationFailed(record)
+        _fail(iter_path, record)
     files = record_files(tmp)
     weights = {n: f["size"] for n, f in files.items() if n.endswith((".safetensors", ".bin"))}
     if not weights:
