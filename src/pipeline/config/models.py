@@ -51,6 +51,10 @@ class ModelSpec:
     # fetches: the one the shipped SFT config starts from (checkpoint.pretrained_checkpoint).
     base_hf_id: str | None = None
     import_base: bool = False
+    # The local engine keeps the documents of a packed row apart through per-document position_ids (attention is
+    # masked per document); a model with layers that ignore them (Mamba in transformers' PyTorch fallback scans the
+    # whole row) is trained one document per sample instead (tests/unit/test_packed_isolation.py).
+    isolates_packed: bool = True
 
     @property
     def is_local(self) -> bool:
@@ -238,6 +242,7 @@ REGISTRY: dict[str, ModelSpec] = {
             active_params_b=0.0064,
             tiny_config=_TINY_NEMOTRONH,
             tokenizer_from="smollm2-135m",
+            isolates_packed=False,  # its Mamba block carries state from one packed document into the next
             dense_params_b=0.0064,
             hidden_size=64,
             num_layers=4,

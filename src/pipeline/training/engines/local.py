@@ -36,14 +36,26 @@ log = logging.getLogger(__name__)
 
 # ---- data -----------------------------------------------------------------------------------------
 class PackedSFTDataset:
-    """Packed rows -> input_ids, position_ids reset at each sequence start, labels from the rolled mask."""
+    """Packed rows -> input_ids, position_ids reset at each sequence start, labels from the rolled mask.
 
-    def __init__(self, path: Path):
+    The documents of a row stay apart because the models see the per-document ``position_ids`` (transformers then
+    masks attention per document; ``use_cache`` must be off, which ``build_model_and_tokenizer`` sets: with it on,
+    attention crosses documents). ``unpack``: one document per sample, for a model that cannot keep packed
+    documents apart (``ModelSpec.isolates_packed``)."""
+
+    def __init__(self, path: Path, unpack: bool = False):
         from pipeline.data import packed_parquet
 
         self.rows = packed_parquet.read(path)
         if not self.rows:
             raise UserError(f"packed dataset {path} is empty")
+        if unpack:
+            docs = []
+            for r in self.rows:
+                starts = list(r["seq_start_id"]) + [len(r["input_ids"])]
+                docs += [{"input_ids": r["input_ids"][a:b], "loss_mask": r["loss_mask"][a:b], "seq_start_id": [0]}
+                         for a, b in zip(starts[:-1], starts[1:]) if b > a]
+            self.rows = docs
 
     def __len__(self):
         return len(self.rows)
@@ -102,15 +114,26 @@ def collate(pad_id: int):
     return fn
 
 
-def build_dataset(view: RunView):
+def unpacks(spec: ModelSpec) -> bool:
+    """Whether the packed rows of this model's data are trained one document per sample (see ``isolates_packed``)."""
+    return not spec.isolates_packed
+
+
+def build_dataset(view: RunView, spec: ModelSpec | None = None):
     """The training data the launch resolved (``view.data``): packed SFT Parquet, else (pretraining) the Megatron
-    indexed prefixes under the dataset root."""
+    indexed prefixes under the dataset root. Packed rows are un-packed for a model that cannot keep their documents
+    apart (said in the log)."""
     data, mode = view.data, view.mode
     if data.dataset_root is None:
         raise UserError("dataset.dataset_root is not set")
     train = data.packed.get("train")
     if train is not None and train.exists():
-        return PackedSFTDataset(train), "packed_sft"
+        unpack = spec is not None and unpacks(spec)
+        ds = PackedSFTDataset(train, unpack=unpack)
+        if unpack:
+            log.warning("%s cannot keep packed documents apart (its Mamba layers, in transformers' PyTorch fallback, "
+                        "scan the whole row): training one document per sample (%d documents)", spec.name, len(ds))
+        return ds, "packed_sft"
     prefixes = data.indexed_prefixes()
     if mode != "sft" and prefixes:
         return IndexedPretrainDataset(prefixes, view.batch.seq_length), "indexed"
@@ -293,7 +316,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
 
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
-    dataset, kind = build_dataset(view)
+    dataset, kind = build_dataset(view, spec)
     log.info("data: %d %s samples; world %d, mbs %d, grad accum %d, %d iterations", len(dataset), kind, world, mbs,
              accum, iters)
 
@@ -368,7 +391,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     eval_ds = None
     if eval_interval:
         val = view.data.packed.get("validation")
-        eval_ds = PackedSFTDataset(val) if val is not None and val.exists() else None
+        eval_ds = PackedSFTDataset(val, unpack=unpacks(spec)) if val is not None and val.exists() else None
     trainer = _Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_ds,
                        data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                              else tokenizer.eos_token_id),
