@@ -62,6 +62,27 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 
+# megatron-core names used here (generation across pipeline stages, the model-parallel groups), checked against the
+# pinned megatron-core wheel's source by tests/unit/test_bridge_conformance.py.
+_SCHED = "megatron.core.pipeline_parallel.schedules"
+_FB_KWARGS = ("forward_step_func", "data_iterator", "model", "num_microbatches", "seq_length", "micro_batch_size",
+              "forward_only")
+CORE_API: list[tuple[str, str, tuple[str, ...]]] = [
+    ("megatron.core.pipeline_parallel", "get_forward_backward_func", ()),
+    (_SCHED, "forward_backward_no_pipelining", _FB_KWARGS),
+    (_SCHED, "forward_backward_pipelining_without_interleaving", _FB_KWARGS),
+    ("megatron.core.parallel_state", "initialize_model_parallel",
+     ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+      "expert_tensor_parallel_size")),
+    ("megatron.core.parallel_state", "model_parallel_is_initialized", ()),
+    ("megatron.core.parallel_state", "get_expert_tensor_parallel_world_size", ()),
+    ("megatron.core.parallel_state", "is_pipeline_last_stage", ()),
+    ("megatron.core.parallel_state", "get_pipeline_model_parallel_last_rank", ()),
+    ("megatron.core.parallel_state", "get_pipeline_model_parallel_group", ()),
+    ("megatron.core.tensor_parallel", "gather_from_tensor_model_parallel_region", ()),
+]
+
+
 def _import(module: str, name: str):
     obj = importlib.import_module(module)
     for part in name.split("."):
@@ -182,8 +203,10 @@ def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4):
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------
-def _init_model_parallel(tp: int, pp: int, ep: int) -> None:
-    """Under torchrun (one rank per GPU): the process group and Megatron's model-parallel groups."""
+def _init_model_parallel(tp: int, pp: int, ep: int, etp: int = 1) -> None:
+    """Under torchrun (one rank per GPU): the process group and Megatron's model-parallel groups. ``etp`` 1: the
+    expert grid is folded onto the ranks of a pipeline stage (world = pp x lcm(tp, ep x etp), the plan's layout,
+    ``config/parallel.py``); Megatron's default etp = tp would need tp x ep ranks per stage."""
     import torch
     import torch.distributed as dist
 
@@ -193,7 +216,12 @@ def _init_model_parallel(tp: int, pp: int, ep: int) -> None:
     ps = importlib.import_module("megatron.core.parallel_state")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     expert_model_parallel_size=ep)
+                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+
+
+def _mp_overrides(tp: int, pp: int, ep: int, etp: int = 1) -> dict[str, int]:
+    return {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "expert_model_parallel_size": ep,
+            "expert_tensor_parallel_size": etp}
 
 
 def export_to_hf(iter_path: Path, hf_path: Path, *, hf_model: str, strict: bool, tp: int = 1, pp: int = 1,
@@ -210,9 +238,7 @@ def export_to_hf(iter_path: Path, hf_path: Path, *, hf_model: str, strict: bool,
         bridge.export_ckpt(megatron_path=str(iter_path), hf_path=str(hf_path), strict=strict)
         return
     _init_model_parallel(tp, pp, ep)
-    models = bridge.load_megatron_model(str(iter_path), mp_overrides={
-        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "expert_model_parallel_size": ep},
-        wrap_with_ddp=False)
+    models = bridge.load_megatron_model(str(iter_path), mp_overrides=_mp_overrides(tp, pp, ep), wrap_with_ddp=False)
     bridge.save_hf_pretrained(model=models, path=str(hf_path), strict=strict)
 
 
@@ -350,21 +376,28 @@ def _next_token_fn(models, tp: int, pp: int):
 
 def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int, *, tp: int, pp: int, ep: int,
              reasoning: bool) -> list[tuple[str, int, bool]]:
-    """Greedy generation straight from a Megatron iteration (one torchrun rank per GPU when TP/PP/EP > 1).
-    Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same."""
+    """Greedy generation straight from a Megatron iteration: one rank per GPU under torchrun when the layout has
+    more than one rank (world = pp x lcm(tp, ep), across nodes when it needs them), every rank feeding the same
+    prompt. Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same."""
     import torch
     from transformers import AutoTokenizer
 
     iter_path = _check_iteration_dir(iter_path)
-    if tp * pp * ep > 1:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
         _init_model_parallel(tp, pp, ep)
     AutoBridge = _import(_AB, "AutoBridge")
     bridge = AutoBridge.from_hf_pretrained(hf_model)
-    models = bridge.load_megatron_model(str(iter_path), mp_overrides={
-        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "expert_model_parallel_size": ep},
-        wrap_with_ddp=False)
-    model = models[0].eval()
+    models = bridge.load_megatron_model(str(iter_path), mp_overrides=_mp_overrides(tp, pp, ep), wrap_with_ddp=False)
+    for m in models:
+        m.eval()
     tok = AutoTokenizer.from_pretrained(hf_model)
+    if world > 1:
+        next_token = _next_token_fn(models, tp, pp)
+    else:
+        def next_token(ids) -> int:
+            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+            return int(models[0](input_ids=ids, position_ids=pos, attention_mask=None)[0, -1].argmax())
     out = []
     for prompt in prompts:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
@@ -373,8 +406,7 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
         finished = False
         with torch.no_grad():
             for _ in range(max_tokens):
-                pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-                nxt = int(model(input_ids=ids, position_ids=pos, attention_mask=None)[0, -1].argmax())
+                nxt = next_token(ids)
                 if nxt == tok.eos_token_id:
                     finished = True
                     break
