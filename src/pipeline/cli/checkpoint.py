@@ -51,7 +51,10 @@ def _add_common(p: Parser) -> None:
     g.add_argument("--reasoning", dest="reasoning", action="store_true")
     g.add_argument("--no-reasoning", dest="reasoning", action="store_false")
     p.add_argument("--not-strict", action="store_true", help="allow parameter-name mismatches (SFT without MTP)")
-    p.add_argument("--atol", type=float, default=1e-3, help="logit tolerance of the verification")
+    p.add_argument("--atol", type=float, help="max |logit difference| of the verification (default: 1e-3 for a "
+                   "local-engine (fp32) export, 4.0 for a Megatron (bf16) one; docs/benchmarks.md)")
+    p.add_argument("--kl-tol", type=float, help="mean KL(source || export) allowed (default 1e-6 fp32, 1e-2 bf16)")
+    p.add_argument("--top1-min", type=float, help="top-1 agreement required (default 1.0 fp32, 0.9 bf16)")
     p.add_argument("--require-quality", action="store_true",
                    help="also fail the verification on model quality (reference loss near a uniform guess, empty "
                         "generations); by default they are reported, and only conversion fidelity decides")
@@ -122,7 +125,10 @@ def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
     cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", "-m", "pipeline.cli.checkpoint",
            "export", str(args.ckpt_dir), "--iteration", str(int(iter_path.name.split("_")[-1])),
            "--hf-model", args.hf_model, "--reasoning" if args.reasoning else "--no-reasoning",
-           "--tp", str(lay.tp), "--pp", str(lay.pp), "--ep", str(lay.ep), "--atol", repr(args.atol), "--lock-held",
+           "--tp", str(lay.tp), "--pp", str(lay.pp), "--ep", str(lay.ep), "--lock-held",
+           *(["--atol", repr(args.atol)] if args.atol is not None else []),
+           *(["--kl-tol", repr(args.kl_tol)] if args.kl_tol is not None else []),
+           *(["--top1-min", repr(args.top1_min)] if args.top1_min is not None else []),
            *(["--not-strict"] if args.not_strict else []), *(["--require-quality"] if args.require_quality else []),
            *(["--force"] if args.force else [])]
     print("launching: " + " ".join(cmd), flush=True)
@@ -162,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             rec = _export_in_torchrun(iter_path, args, plan)
         else:
             rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
-                                      strict=not args.not_strict, atol=args.atol, force=args.force,
+                                      strict=not args.not_strict, atol=args.atol, kl_tol=args.kl_tol,
+                                      top1_min=args.top1_min, force=args.force,
                                       require_quality=args.require_quality,
                                       # upload-all holds the iteration's lock (and passes --lock-held to torchrun)
                                       locked=args.action == "upload-all" or getattr(args, "lock_held", False),
@@ -191,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: export of {iter_path} FAILED verification: {exc}", file=sys.stderr)
             print(f"details: {iter_path / ex.FAILED}", file=sys.stderr)
             return 1
-        print(json.dumps({k: rec[k] for k in ("verdict", "max_abs_logit_diff", "reference_loss", "uniform_loss")
+        print(json.dumps({k: rec[k] for k in ("verdict", "max_abs_logit_diff", "kl", "top1_agreement", "reference_loss",
+                                                    "uniform_loss")
                           if k in rec}, indent=2))
         print(f"exported: {iter_path / 'hf'}")
         return 0
