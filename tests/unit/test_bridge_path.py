@@ -3,6 +3,7 @@ on Megatron's exit-signal handling and the save request becomes that signal, imp
 model-parallel export/generation start one rank per GPU, a multi-node salloc shell fans out, and validate
 knows its runtime. Bridge's own code on these paths runs in the Bridge harness (tests/bridge/)."""
 
+import json
 import os
 import signal
 import threading
@@ -115,26 +116,34 @@ def test_multi_node_salloc_shell_fans_out():
     assert cmd[-4:] == [str(ROOT / "pipeline_training_launch.sh"), "c.yaml", "--model", "m"]
 
 
-def test_import_runs_once_per_allocation(pipeline_env, tmp_path):
-    env = {**pipeline_env, "SLURM_NODEID": "2", "PYTHONPATH": str(ROOT / "src")}
+def test_import_runs_on_one_node(pipeline_env, tmp_path):
+    """Bridge's import builds the model once, on one host: a multi-node allocation is refused with the one-node
+    command (the reference's 4 nodes idled 3); on one node, `import nano` fetches the -Base-BF16 model its config
+    reads."""
+    env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PIPELINE_CLUSTER": "isambard_gh200",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "nid[001-004]", "SLURM_NODEID": "2"}
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
                "--output", str(tmp_path / "out")], env=env)
-    assert res.returncode == 0 and "import runs once per allocation: node 2" in res.stdout
+    assert res.returncode == 2 and res.stderr == (
+        "error: import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 "
+        "pipeline_checkpoint_submit.sbatch import nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16\n")
     assert not (tmp_path / "out").exists()
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nano", "--output", str(tmp_path / "out")],
-              env={**env, "SLURM_NODEID": "0"})
-    assert res.returncode == 2 and res.stderr.startswith("error: importing nvidia/")  # node 0 does the work
+              env={**env, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "nid001", "SLURM_NODEID": "0"})
+    assert res.returncode == 2 and res.stderr.startswith(
+        "error: importing nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16 as a Megatron checkpoint needs")
     assert "cannot be imported here" in res.stderr and res.stderr.count("\n") == 1
 
 
 def test_model_parallel_export_starts_one_rank_per_gpu(pipeline_env, tmp_path):
-    from pipeline.slurm.allocation import torchrun_standalone
-
-    assert torchrun_standalone(4, "pipeline.cli.checkpoint", ["export", "/c", "--tp", "2", "--ep", "2"]) == [
-        "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4", "-m", "pipeline.cli.checkpoint", "export", "/c",
-        "--tp", "2", "--ep", "2"]
     megatron_iters(tmp_path)
-    env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PATH": f"{ROOT}/.venv/bin:{os.environ['PATH']}"}
+    env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PATH": f"{ROOT}/.venv/bin:{os.environ['PATH']}",
+           "PIPELINE_CLUSTER": "isambard_gh200"}
+    plan = run([PY, "-m", "pipeline.cli.checkpoint", "export", str(tmp_path), "--hf-model", "x/y", "--no-reasoning",
+                "--iteration", "200", "--tp", "2", "--ep", "2", "--dry-run", "--json"], env=env, timeout=300)
+    assert json.loads(plan.stdout)["launch"] == [
+        "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "pipeline.cli.checkpoint", "export",
+        str(tmp_path), "--hf-model", "x/y", "--no-reasoning", "--iteration", "200", "--tp", "2", "--ep", "2"]
     res = run([PY, "-m", "pipeline.cli.checkpoint", "export", str(tmp_path), "--hf-model", "x/y", "--no-reasoning",
                "--iteration", "200", "--tp", "1", "--ep", "2"], env=env, timeout=300)
     # Without Megatron Bridge (this machine) the launcher stops before starting any rank, with one line naming

@@ -175,3 +175,16 @@ def test_dry_runs_need_no_torch_and_exit_2_on_an_impossible_layout(tmp_path):
     res = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", NANO,
                "--tp", "4", "--ep", "8", "--dry-run", "--nodes", "2"], env=env, timeout=120)
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: ep(8) * etp(1) = 8 > ")
+
+
+def test_a_plan_with_more_ranks_than_the_nodes_gpus_is_refused(monkeypatch):
+    """Inside `srun --gpus-per-node=1`, a 4-rank export would start local ranks without a GPU; the hf backend's one
+    process is fine there (the README's `--gpus-per-node=1` coherence command)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "nid001")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "1")
+    plan = plan_export(ROOT / "no-such-run", NANO)
+    assert plan.problems == ["the plan places 4 ranks on each node, and the allocation has 1 GPU(s) per node: "
+                             "submit with --gpus-per-node=4"]
+    assert coherence_plan([NANO]).ok

@@ -127,6 +127,17 @@ def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[Cl
     return load_cluster(cluster or selected_name()), nodes or alloc.nodes or 1, given
 
 
+def check_gpus_on_node(plan: JobPlan) -> None:
+    """Inside an allocation: a plan that places more ranks on a node than it has GPUs is refused (local rank N
+    would have no device), as training refuses a profile that disagrees with the allocation."""
+    from pipeline.slurm.allocation import current
+
+    gpus = current().gpus_on_node
+    if gpus is not None and plan.world_size > 1 and plan.procs_per_node > gpus:
+        plan.problems.append(f"the plan places {plan.procs_per_node} ranks on each node, and the allocation has "
+                             f"{gpus} GPU(s) per node: submit with --gpus-per-node={plan.procs_per_node}")
+
+
 # ---- memory ------------------------------------------------------------------------------------------------
 def megatron_gb(spec: ModelSpec, lay: Layout, tokens: int) -> float:
     logits = 4 * tokens * spec.vocab_size / lay.tp / 1e9
@@ -253,6 +264,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                              "(the other nodes would idle)")
     plan.launch = ["python", *module] if lay.world == 1 else \
         ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", *module]
+    check_gpus_on_node(plan)
     if spec is None:
         plan.notes.append(f"{hf_model} is not in the model registry: no size facts, memory not estimated")
         return plan

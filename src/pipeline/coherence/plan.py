@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.checkpoint.plan import (
     JobPlan,
+    check_gpus_on_node,
     cluster_and_nodes,
     fitting_layout,
     hf_gb,
@@ -127,6 +128,7 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> 
                              f"ranks), and the allocation has {n_nodes}: submit it with --nodes={nodes}")
     plan.launch = ["python", *MODULE, *argv] if lay.world == 1 else \
         torchrun_line(lay.world, nodes, procs, argv, profile.rdzv_port)
+    check_gpus_on_node(plan)
     if spec is None:
         if cfg.hf_model:
             plan.notes.append(f"{cfg.hf_model} is not in the model registry: memory not estimated")

@@ -72,8 +72,3 @@ def rendezvous(alloc: Allocation, base_port: int) -> tuple[str, int]:
     host = node_address(alloc.node_list[0]) if alloc.node_list else "127.0.0.1"
     port = base_port + (int(alloc.job_id) % 20000 if alloc.job_id and alloc.job_id.isdigit() else 0)
     return host, port
-
-
-def torchrun_standalone(nproc: int, module: str, argv: list[str]) -> list[str]:
-    """One process per GPU of this node for a module that runs model-parallel (export, Megatron generation)."""
-    return ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}", "-m", module, *argv]
