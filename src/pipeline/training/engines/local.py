@@ -114,6 +114,19 @@ def collate(pad_id: int):
     return fn
 
 
+class _Shifted:
+    """``ds`` read ``k`` samples further on (pipeline.local.fault_inject_resume_shift)."""
+
+    def __init__(self, ds, k: int):
+        self.ds, self.k = ds, k
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[(i + self.k) % len(self.ds)]
+
+
 def unpacks(spec: ModelSpec) -> bool:
     """Whether the packed rows of this model's data are trained one document per sample (see ``isolates_packed``)."""
     return not spec.isolates_packed
@@ -173,6 +186,22 @@ def build_model_and_tokenizer(cfg: dict, spec: ModelSpec, mode: str):
     if get(cfg, "pipeline.local.gradient_checkpointing", False):
         model.gradient_checkpointing_enable()
     return model, tokenizer
+
+
+def restore_weights(model, iter_path: Path) -> None:
+    """The weights of a checkpoint, loaded through transformers' own loader before Trainer resumes from it.
+
+    Trainer's resume loads the file's state dict as saved, with ``strict=False``; transformers 5 stores an MoE's
+    experts one tensor per expert but holds them fused in memory (``experts.gate_up_proj``), so those keys did not
+    match and the experts silently restarted from their initial values (a resumed tiny Qwen3-MoE run differed from
+    the uninterrupted one from its first resumed step). ``from_pretrained`` applies the on-disk -> in-memory
+    conversion; every parameter must then load (strict), and Trainer's own load after this rewrites the matching
+    ones with the same values."""
+    from transformers import AutoModelForCausalLM
+
+    src = AutoModelForCausalLM.from_pretrained(iter_path, dtype=model.dtype)
+    model.load_state_dict(src.state_dict(), strict=True)
+    del src
 
 
 # ---- callbacks ---------------------------------------------------------------------------------------------
@@ -317,6 +346,10 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
     dataset, kind = build_dataset(view, spec)
+    shift = int(get(cfg, "pipeline.local.fault_inject_resume_shift", 0) or 0)
+    if shift and latest is not None:
+        # Fault injection for the resume-equivalence test: a resume that reads the data one batch off.
+        dataset = _Shifted(dataset, shift * mbs * accum * world)
     log.info("data: %d %s samples; world %d, mbs %d, grad accum %d, %d iterations", len(dataset), kind, world, mbs,
              accum, iters)
 
@@ -399,8 +432,10 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
                        callbacks=_callbacks(run_dir, save, spec, mode, progress, state)
                        + fault_tolerance.callbacks(ft, cfg))
     resume = str(layout.iter_dir(save, latest)) if latest is not None else None
-    if resume and rank == 0:
-        log.info("resuming from %s", resume)
+    if resume:
+        restore_weights(model, Path(resume))
+        if rank == 0:
+            log.info("resuming from %s", resume)
     t0 = time.time()
     trainer.train(resume_from_checkpoint=resume)
     step = trainer.state.global_step
