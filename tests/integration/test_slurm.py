@@ -205,3 +205,14 @@ def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
     assert summary["status"] == "completed" and summary["final_step"] == iters
     steps = [json.loads(x)["step"] for x in (run_dir / "progress.ndjson").read_text().splitlines() if x.strip()]
     assert steps == list(range(1, iters + 1))  # every step exactly once, in order: resumed, never redone
+    # and the requeued run is the uninterrupted one, step for step, to the last bit (the sleep changes no number)
+    ref = tmp_path / "uninterrupted"
+    run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
+         "--mode", "sft", "--disable-ft", f"train.train_iters={iters}", "checkpoint.save_interval=1000",
+         "--run-dir", str(ref)], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True, timeout=600)
+
+    def per_step(d: Path) -> list[tuple]:
+        recs = [json.loads(x) for x in (d / "progress.ndjson").read_text().splitlines() if x.strip()]
+        return [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("learning_rate")) for r in recs]
+
+    assert per_step(run_dir) == per_step(ref)
