@@ -90,11 +90,30 @@ def op_build_config(req: dict) -> dict:
         (checked if ok else mismatches).append({"key": dotted, "expected": exp, "actual": actual})
     return {
         "recipe": type(container).__name__,
+        # Bridge's own GPT step: whether it hands the model the packed sequences' boundaries (cu_seqlens from the
+        # packed Parquet's seq_start_id) or treats each pack as one sequence (attention across its documents)
+        "packed_seq_metadata": bool(_bridge_function("megatron.bridge.training.gpt_step",
+                                                     "_uses_packed_sequence_metadata")(container)),
         "checked": [c["key"] for c in checked],
         "mismatches": mismatches,
         "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft")},
         "extra": {k: _norm(_getattr_path(container, k)) for k in req.get("read_back", [])},
     }
+
+
+def _bridge_function(module: str, name: str):
+    """One function of a Bridge module, executed from the installed wheel's source on its own: importing all of
+    gpt_step pulls in Bridge's training stack (Transformer Engine, distillation), which the CPU harness cannot load;
+    this function reads only the ConfigContainer."""
+    import ast
+    import importlib.util
+
+    path = importlib.util.find_spec(module.rsplit(".", 1)[0]).submodule_search_locations[0]
+    src = open(f"{path}/{module.rsplit('.', 1)[1]}.py").read()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    ns: dict = {}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), f"{module}.{name}", "exec"), ns)
+    return ns[name]
 
 
 def _getattr_path(obj, dotted: str):

@@ -122,6 +122,9 @@ def test_build_config_every_model_and_mode(harness):
         model, mode, peft = r["id"].split("/")
         lost = {m["key"] for m in r["mismatches"]}
         assert not lost, f"{r['id']}: values that did not arrive in the ConfigContainer: {r['mismatches']}"
+        # packed SFT (and LoRA) data reaches the model with each document's boundaries: Bridge's GPT step builds
+        # PackedSeqParams from the collate's cu_seqlens (which test_short_replies_... reads back per document)
+        assert r["packed_seq_metadata"] is (mode == "sft"), f"{r['id']}: packed metadata {r['packed_seq_metadata']}"
         # the launcher's Bridge settings arrive too: Megatron's exit-signal handler, and resuming its own save
         for key in ("train.exit_signal_handler",):
             assert key in r["checked"], f"{r['id']}: {key} was not compared"

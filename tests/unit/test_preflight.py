@@ -50,6 +50,7 @@ def test_path_checks_name_the_missing_dataset(capsys):
       "model.expert_model_parallel_size=2", "dataset.offline_packing_specs.pad_seq_to_mult=4"],
      "lcm(2*cp, tp*cp) = lcm(8, 8) = 8"),
     (["dataset.seq_length=8192"], "dataset.seq_length(8192) != model.seq_length(32768)"),
+    (["dataset.enable_offline_packing=false"], "the packed documents would reach the model without their boundaries"),
     (["model.recompute_granularity=null"], "estimated memory"),
 ])
 def test_broken_variants_exit_2(capsys, overrides, needle):

@@ -201,6 +201,15 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     ds_seq = get(cfg, "dataset.seq_length")
     if ds_seq is not None and ds_seq != seq:
         plan.problems.append(f"dataset.seq_length({ds_seq}) != model.seq_length({seq}): set both to the same value")
+    specs_set = isinstance(get(cfg, "dataset.offline_packing_specs"), dict) and any(
+        v is not None for v in get(cfg, "dataset.offline_packing_specs").values())
+    if not local and specs_set and get(cfg, "dataset.enable_offline_packing") is False:
+        # Bridge's GPT step hands the model the packed sequences' boundaries only with offline packing on; off, each
+        # pack of several documents would be one sequence, attending across its documents (Bridge refuses the pair
+        # at validation, on the GPU node, after the queue)
+        plan.problems.append("dataset.enable_offline_packing is false but dataset.offline_packing_specs is set: the "
+                             "packed documents would reach the model without their boundaries; set "
+                             "dataset.enable_offline_packing=true (or drop the packing specs)")
     packed_size = get(cfg, "dataset.offline_packing_specs.packed_sequence_size")
     if packed_size not in (None, -1) and packed_size != seq:
         plan.problems.append(f"dataset.offline_packing_specs.packed_sequence_size({packed_size}) != "
