@@ -48,7 +48,7 @@ def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
 
 @pytest.mark.parametrize("hf_model, export_gb", [(NANO, 26.1), (SUPER, 77.8)])
 def test_nano_and_super_exports_plan_ep4_on_one_node_and_fit(hf_model, export_gb):
-    plan = plan_export(ROOT / "no-such-run", hf_model)
+    plan = plan_export(ROOT / "no-such-run", hf_model, inputs_later=True)  # planned before training wrote it
     d = plan.as_dict()
     assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"]) == (4, 1, 4, 1, 1, 4)
     assert plan.ok, plan.problems
@@ -59,7 +59,7 @@ def test_nano_and_super_exports_plan_ep4_on_one_node_and_fit(hf_model, export_gb
 
 
 def test_a_single_process_super_export_is_refused_with_the_layout_that_fits():
-    plan = plan_export(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1)
+    plan = plan_export(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1, inputs_later=True)
     assert plan.problems == ["estimated 247.0 GB per GPU > 95 GB on 'isambard_gh200' (export 247.0, verify_megatron "
                              "245.0, verify_hf 65.0): use --tp 1 --pp 1 --ep 4 (77.8 GB)"]
 
@@ -123,7 +123,7 @@ def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks(
 
 def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
-    plan = plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id)
+    plan = plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id, inputs_later=True)
     assert plan.ok and plan.engine == "local" and plan.world_size == 1 and plan.launch[0] == "python"
 
 
@@ -169,6 +169,9 @@ def test_dry_runs_need_no_torch_and_exit_2_on_an_impossible_layout(tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
     res = run(["bash", "pipeline_checkpoint_convert.sh", "export", "/c", "--hf-model", NANO, "--no-reasoning",
                "--dry-run", "--json"], env=env, timeout=120)
+    assert res.returncode == 2 and res.stderr == "error: checkpoint directory /c does not exist\n"
+    res = run(["bash", "pipeline_checkpoint_convert.sh", "upload-all", "/c", "--hf-model", NANO, "--no-reasoning",
+               "--poll", "--dry-run", "--json"], env=env, timeout=120)  # upload-all --poll may wait for training
     d = json.loads(res.stdout)
     assert res.returncode == 0 and {"world_size", "nodes", "procs_per_node", "tp", "pp", "ep",
                                     "memory_per_gpu_gb"} <= set(d)
@@ -184,7 +187,56 @@ def test_a_plan_with_more_ranks_than_the_nodes_gpus_is_refused(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "nid001")
     monkeypatch.setenv("SLURM_GPUS_ON_NODE", "1")
-    plan = plan_export(ROOT / "no-such-run", NANO)
+    plan = plan_export(ROOT / "no-such-run", NANO, inputs_later=True)
     assert plan.problems == ["the plan places 4 ranks on each node, and the allocation has 1 GPU(s) per node: "
                              "submit with --gpus-per-node=4"]
     assert coherence_plan([NANO]).ok
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["export", "CKPT", "--hf-model", NANO, "--no-reasoning", "--iteration", "999"],
+     "iteration 999 does not exist in CKPT"),
+    (["export", "CKPT", "--hf-model", NANO, "--no-reasoning", "--tp", "0"], "--tp 0 must be >= 1"),
+    (["export", "CKPT", "--hf-model", NANO, "--no-reasoning", "--pp", "1000000000"],
+     "world size 1000000000 is more than 65536 ranks"),
+])
+def test_hostile_export_plans_are_one_line(tmp_path, argv, line):
+    """Found by a hostile review: a huge layout built every rank group (a hang), --tp 0 planned as 1, an absent
+    iteration was a note."""
+    ckpt = tmp_path / "ckpts"
+    (ckpt / "iter_0000010").mkdir(parents=True)
+    for f in ("metadata.json", "common.pt", ".metadata"):
+        (ckpt / "iter_0000010" / f).write_text("{}")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("10")
+    argv = [str(ckpt) if a == "CKPT" else a for a in argv]
+    try:
+        plan = checkpoint_plan(argv)
+    except UserError as exc:
+        problems = [str(exc)]
+    else:
+        problems = plan.problems
+    assert any(p.startswith(line.replace("CKPT", str(ckpt))) for p in problems), problems
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["x", "--backend", "megatron", "--hf-model", NANO, "--ep", "1000000000"],
+     "world size 1000000000 is more than 65536 ranks"),
+    (["smollm2-135m"], "'smollm2-135m' is a registry name, not a model"),
+    (["/no/such/dir"], "model /no/such/dir does not exist"),
+    (["m", "--backend", "endpoint", "--endpoint-url", "http://x:1"], "the endpoint backend runs on one node"),
+    ([SUPER, "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["m", "--backend", "endpoint"], "the endpoint backend needs --endpoint-url URL or --discovery-file FILE"),
+])
+def test_hostile_coherence_plans_are_one_line(argv, line):
+    try:
+        problems = coherence_plan(argv, 3 if "endpoint" in argv and "--endpoint-url" in argv else None).problems
+    except UserError as exc:
+        problems = [str(exc)]
+    assert any(p.startswith(line) for p in problems), problems
+
+
+def test_a_malformed_slurm_environment_is_one_line(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "abc")
+    with pytest.raises(UserError, match="the Slurm environment is malformed"):
+        coherence_plan([SUPER])

@@ -122,7 +122,12 @@ def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[Cl
 
     if nodes is not None and nodes < 1:
         raise UserError(f"--nodes {nodes} must be >= 1")
-    alloc = current()
+    try:
+        alloc = current()
+    except ValueError as exc:  # SLURM_JOB_NUM_NODES=abc, a broken SLURM_JOB_NODELIST
+        raise UserError(f"the Slurm environment is malformed: {exc}") from None
+    if alloc.in_slurm and alloc.nodes < 1:
+        raise UserError(f"the Slurm environment is malformed: SLURM_JOB_NUM_NODES={alloc.nodes}")
     given = nodes is not None or alloc.in_slurm
     return load_cluster(cluster or selected_name()), nodes or alloc.nodes or 1, given
 
@@ -204,19 +209,28 @@ def layout_flags(lay: Layout) -> str:
 
 # ---- export / upload-all -----------------------------------------------------------------------------------
 def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profile: ClusterProfile,
-            notes: list[str]) -> str:
+            notes: list[str], problems: list[str], strict: bool) -> str:
     """The checkpoint's engine; one not written yet (a job that waits for training) is the model's engine: the
-    local engine for a registry local model or on a profile without GPUs, else Megatron."""
+    local engine for a registry local model or on a profile without GPUs, else Megatron. ``strict`` (an export
+    that runs now): a checkpoint that cannot be exported is a problem, not a note."""
     from pipeline.checkpoint import layout
 
     why = f"{ckpt_dir} does not exist yet"
-    if ckpt_dir.is_dir():
+    if ckpt_dir.exists() and not ckpt_dir.is_dir():
+        problems.append(f"checkpoint directory {ckpt_dir} is not a directory")
+    elif iteration is not None and iteration < 0:
+        problems.append(f"--iteration {iteration} must be >= 0")
+    elif ckpt_dir.is_dir():
         try:
             eng = layout.engine_of(layout.resolve_iteration(ckpt_dir, iteration))
             if eng is not None:
                 return eng
         except UserError as exc:
             why = str(exc)
+            if strict:
+                problems.append(why)
+    elif strict:
+        problems.append(f"checkpoint directory {ckpt_dir} does not exist")
     local = (spec is not None and spec.is_local) or not profile.has_gpus
     notes.append(f"{why}: planned as a {'local-engine' if local else 'Megatron'} checkpoint")
     return "local" if local else "megatron"
@@ -224,17 +238,23 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
 
 def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int | None = None,
                 ep: int | None = None, iteration: int | None = None, nodes: int | None = None,
-                cluster: str | None = None, job: str = "export", argv: list[str] | None = None) -> JobPlan:
+                cluster: str | None = None, job: str = "export", argv: list[str] | None = None,
+                inputs_later: bool = False) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
     model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     spec = spec_for(hf_model)
+    for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        if v is not None and v < 1:
+            raise UserError(f"{flag} {v} must be >= 1")
     notes: list[str] = []
-    engine = _engine(Path(ckpt_dir), iteration, spec, profile, notes)
+    found: list[str] = []
+    engine = _engine(Path(ckpt_dir), iteration, spec, profile, notes, found,
+                     strict=job == "export" and not inputs_later)
     argv = list(argv or [])
     module = ["-m", "pipeline.cli.checkpoint", *argv]
     if engine == "local":
-        plan = JobPlan(job, hf_model, profile.name, 1, 1, Layout(1), engine="local",
+        plan = JobPlan(job, hf_model, profile.name, 1, 1, Layout(1), engine="local", problems=found,
                        launch=["python", *module], notes=notes + ["local-engine checkpoint: one process, CPU"])
         if any(v not in (None, 1) for v in (tp, pp, ep)):
             plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {ckpt_dir} is a local-engine "
@@ -250,10 +270,10 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                      "--tp/--pp/--ep change it")
     lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
     plan = JobPlan(job, hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
-                   memory_budget_gb=profile.memory_budget_gb, notes=notes)
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found)
     if not profile.has_gpus:
         plan.problems.append(f"a Megatron checkpoint exports on GPUs; cluster profile '{profile.name}' has none "
-                             "(PIPELINE_CLUSTER=isambard_gh200, or --cluster)")
+                             "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
     plan.problems += lay.problems()
     plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
     if profile.has_gpus and lay.world > gpn:

@@ -101,19 +101,21 @@ def build_parser() -> Parser:
     return parser
 
 
-def plan_from_args(args, argv: list[str], nodes: int | None = None) -> jobs.JobPlan:
-    """The plan of a parsed command line (``nodes``: Slurm's count when --nodes is not given)."""
+def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
+    """The plan of a parsed command line (``nodes``: Slurm's count when --nodes is not given; ``inputs_later``: the
+    job waits for the one that writes its checkpoint)."""
     rest = strip_options(argv, ("--dry-run", "--json"), ("--nodes",))
     nodes = args.nodes if args.nodes is not None else nodes
     if args.action == "import":
         return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest)
     return jobs.plan_export(args.ckpt_dir, args.hf_model, tp=args.tp, pp=args.pp, ep=args.ep,
-                            iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest)
+                            iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest,
+                            inputs_later=inputs_later)
 
 
-def plan_from_argv(argv: list[str], nodes: int | None = None) -> jobs.JobPlan:
+def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
     """The plan of ``pipeline_checkpoint_convert.sh ARGS`` (isambard_sbatch's submit-time check)."""
-    return plan_from_args(build_parser().parse_args(argv), argv, nodes)
+    return plan_from_args(build_parser().parse_args(argv), argv, nodes, inputs_later)
 
 
 def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:

@@ -66,19 +66,20 @@ def build_parser() -> Parser:
 PLAN_FLAGS = ("--dry-run", "--json")
 
 
-def _parse(argv: list[str], nodes: int | None = None) -> tuple[CoherenceRun, JobPlan, bool, bool]:
+def _parse(argv: list[str], nodes: int | None = None, inputs_later: bool = False
+           ) -> tuple[CoherenceRun, JobPlan, bool, bool]:
     args = vars(build_parser().parse_args(argv))
     dry_run, given_nodes, as_json = args.pop("dry_run"), args.pop("nodes"), args.pop("json")
     cfg = CoherenceRun(**args)
     cfg.check()
     plan = plan_coherence(cfg, nodes=given_nodes if given_nodes is not None else nodes,
-                          argv=strip_options(argv, PLAN_FLAGS, ("--nodes",)))
+                          argv=strip_options(argv, PLAN_FLAGS, ("--nodes",)), inputs_later=inputs_later)
     return cfg, plan, dry_run, as_json
 
 
-def plan_from_argv(argv: list[str], nodes: int | None = None) -> JobPlan:
+def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> JobPlan:
     """The plan of ``pipeline_coherence_test.py ARGS`` (isambard_sbatch's submit-time check)."""
-    return _parse(argv, nodes)[1]
+    return _parse(argv, nodes, inputs_later)[1]
 
 
 @cli_main

@@ -437,7 +437,8 @@ GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint
                    "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence"}
 
 
-def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required: bool = True) -> None:
+def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required: bool = True,
+                 inputs_later: bool = False) -> None:
     """The plan of a checkpoint or coherence submission (checkpoint/plan.py, coherence/plan.py), made here as the
     job would make it: a layout that cannot run, a node count the job cannot use or a model that does not fit is
     refused (UserError, one line per problem) before the queue wait. Needs the pipeline venv or the login node's
@@ -458,7 +459,7 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
                             "queue without the checks); nothing was submitted") from None
         print(f"warning: plan check skipped (--no-preflight): {exc}", file=sys.stderr)
         return
-    plan = cli.plan_from_argv(list(script_args), int(nodes))
+    plan = cli.plan_from_argv(list(script_args), int(nodes), inputs_later=inputs_later)
     if not plan.ok:
         raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
     print(f"Plan: PASS - {plan.job}: world {plan.world_size} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "
@@ -504,7 +505,8 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
         later = option_value(opts, "--dependency", "-d") is not None
         submit_checks(script, script_args, inputs_later=later)
     if script is not None and Path(script).name in GPU_JOB_SCRIPTS:
-        gpu_job_plan(script, script_args, opts, required=not no_preflight)
+        gpu_job_plan(script, script_args, opts, required=not no_preflight,
+                     inputs_later=option_value(opts, "--dependency", "-d") is not None)
     if script is not None and Path(script).name == TRAINING_SCRIPT:
         name = training_preflight(script_args, opts, required=not no_preflight)
         if option_value(opts, "--job-name", "-J") is None:

@@ -63,14 +63,19 @@ def torchrun_line(world: int, nodes: int, procs: int, argv: list[str], port: int
 
 
 def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
-                   argv: list[str] | None = None) -> JobPlan:
-    """``cfg``: the CoherenceRun (its tp/pp/ep None when not given)."""
+                   argv: list[str] | None = None, inputs_later: bool = False) -> JobPlan:
+    """``cfg``: the CoherenceRun (its tp/pp/ep None when not given). ``inputs_later``: the job waits for another
+    (an export), so a model path that does not exist yet is not a problem."""
     profile, n_nodes, given = cluster_and_nodes(nodes, cluster)
     argv = list(argv or [])
     gpn = profile.ranks_per_node
     if cfg.backend == "endpoint":
-        return JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="endpoint",
+        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="endpoint",
                        launch=["python", *MODULE, *argv], notes=["endpoint backend: the server generates; no GPU"])
+        if n_nodes > 1:
+            plan.problems.append(f"the endpoint backend runs on one node (the server generates), and {n_nodes} were "
+                                 "asked for: submit it with --nodes=1")
+        return plan
     if cfg.backend == "hf":
         plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf",
                        memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv])
@@ -79,6 +84,13 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
         if n_nodes > 1:
             plan.problems.append(f"the hf backend runs on one node, and {n_nodes} were asked for: submit it with "
                                  "--nodes=1")
+        for m in [cfg.model, *cfg.compare]:
+            spec = spec_for(m)
+            if spec is not None and m == spec.name:
+                plan.problems.append(f"{m!r} is a registry name, not a model: give the HF directory (an export's hf/) "
+                                     f"or the hub id {spec.hf_id}")
+            elif not inputs_later and not Path(m).exists() and ("/" not in m or m.startswith((".", "/"))):
+                plan.problems.append(f"model {m} does not exist (a local HF directory or a hub id ORG/NAME)")
         size = _hf_size(cfg.model)
         if size is None:
             plan.notes.append(f"no size facts for {cfg.model}: memory not estimated")
@@ -118,7 +130,7 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> 
         plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     if not profile.has_gpus:
         plan.problems.append(f"the megatron backend runs on GPUs; cluster profile '{profile.name}' has none "
-                             "(PIPELINE_CLUSTER=isambard_gh200, or --cluster)")
+                             "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
     plan.problems += lay.problems()
     plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
     if fill:

@@ -61,15 +61,22 @@ class CoherenceRun:
             raise UserError("--tp/--pp/--ep apply to the megatron backend only")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r} (one of {', '.join(BACKENDS)})")
+        if self.max_tokens < 1:
+            raise UserError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        for name in ("timeout", "deadline"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise UserError(f"--{name} must be a positive number of seconds, got {v}")
+        if self.backend == "endpoint" and not (self.endpoint_url or self.discovery_file):
+            raise UserError("the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
+        if self.prompts is not None and not self.prompts.is_file():
+            raise UserError(f"prompt file {self.prompts} does not exist or is not a regular file")
+        if self.iteration is not None and self.iteration < 0:
+            raise UserError(f"--iteration {self.iteration} must be >= 0")
 
 
 def generate(cfg: CoherenceRun, model: str, prompts: list[str]):
-    if cfg.max_tokens < 1:
-        raise UserError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
-    for name in ("timeout", "deadline"):
-        v = getattr(cfg, name)
-        if v is not None and not (math.isfinite(v) and v > 0):
-            raise UserError(f"--{name} must be a positive number of seconds, got {v}")
+    cfg.check()  # the bounds of max_tokens, timeout and deadline (also checked by the plan, before any job)
     if cfg.backend == "hf":
         return backends.hf_generate(model, prompts, cfg.max_tokens, cfg.reasoning)
     if cfg.backend == "endpoint":

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_WORLD = 65536  # more ranks than any cluster job; a larger layout is refused before any group is built
+
 
 def _prefix_product(a: list[int]) -> list[int]:
     out, acc = [1], 1
@@ -75,6 +77,9 @@ class Layout:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 return [f"{name} ({v!r}) must be an integer >= 1"]
+        if self.world > MAX_WORLD:
+            return [f"world size {self.world} is more than {MAX_WORLD} ranks (tp {self.tp}, pp {self.pp}, cp "
+                    f"{self.cp}, ep {self.ep}, etp {self.etp})"]
         mp = self.tp * self.pp * self.cp
         if self.world % mp:
             out.append(f"world size {self.world} is not divisible by tp({self.tp}) * pp({self.pp}) * cp({self.cp}) "
@@ -131,7 +136,7 @@ def node_local_problems(layout: Layout, ranks_per_node: int, where: str) -> list
         if kind == "cp" and layout.cp == 1:
             continue
         bad = next((g for g in groups[kind] if len({r // ranks_per_node for r in g}) > 1), None) if formed else \
-            list(range(span[kind])) if span[kind] > ranks_per_node else None
+            ([0, span[kind] - 1] if span[kind] > ranks_per_node else None)  # only its size is known (and used)
         if bad is None:
             continue
         if span[kind] > ranks_per_node:
