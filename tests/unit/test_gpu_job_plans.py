@@ -136,6 +136,12 @@ def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
       "--tp", "4", "--pp", "6", "--ep", "4"], True),
     (["pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4",
       "--pp", "6", "--ep", "4"], False),  # the script's own --nodes=1
+    # --gpus-per-node on the line: an EP=4 export on one GPU, and Super on one GPU (it needs the node's four), are
+    # refused before the queue; the README's one-GPU hf test of an export that fits one GPU passes
+    (["--nodes=1", "--gpus-per-node=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", NANO,
+      "--no-reasoning"], False),
+    (["--gpus-per-node=1", "pipeline_coherence_submit.sbatch", SUPER], False),
+    (["--gpus-per-node=1", "pipeline_coherence_submit.sbatch", NANO], True),
 ])
 def test_isambard_sbatch_checks_each_plan(tmp_path, monkeypatch, capsys, argv, ok):
     ckpt = tmp_path / "ckpts"

@@ -52,6 +52,7 @@ class JobPlan:
     launch: list[str] = field(default_factory=list)  # the command each node runs
     host_memory_gb: float | None = None  # jobs that work in host memory (import)
     engine: str = "megatron"
+    gpus_needed: int | None = None  # GPUs per node the job uses (default: one per process; 0: none)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -67,6 +68,12 @@ class JobPlan:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def gpus_per_node(self) -> int:
+        if self.gpus_needed is not None:
+            return self.gpus_needed
+        return 0 if self.engine in ("local", "endpoint") else self.procs_per_node
+
     def as_dict(self) -> dict[str, Any]:
         lay = self.layout
         return {"job": self.job, "model": self.model, "engine": self.engine, "cluster": self.cluster,
@@ -74,6 +81,7 @@ class JobPlan:
                 "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp,
                 "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": self.memory_gb,
                 "memory_budget_gb": self.memory_budget_gb, "host_memory_gb": self.host_memory_gb,
+                "gpus_per_node": self.gpus_per_node,
                 "launch": self.launch, "ok": self.ok, "problems": self.problems, "notes": self.notes}
 
     def format(self) -> str:

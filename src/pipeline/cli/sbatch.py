@@ -460,6 +460,12 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
         print(f"warning: plan check skipped (--no-preflight): {exc}", file=sys.stderr)
         return
     plan = cli.plan_from_argv(list(script_args), int(nodes), inputs_later=inputs_later)
+    asked = option_value(opts, "--gpus-per-node")
+    asked = asked.split(":")[-1] if asked else None  # --gpus-per-node=[type:]N
+    if asked is not None and asked.isdigit() and int(asked) < plan.gpus_per_node:
+        plan.problems.append(f"the {plan.job} plan ({plan.engine}) uses {plan.gpus_per_node} GPU(s) per node, and "
+                             f"--gpus-per-node={asked} gives {asked}: submit with --gpus-per-node={plan.gpus_per_node}"
+                             f" (the plan: {plan.job} ... --dry-run)")
     if not plan.ok:
         raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
     print(f"Plan: PASS - {plan.job}: world {plan.world_size} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "

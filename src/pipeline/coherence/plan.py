@@ -78,7 +78,8 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
         return plan
     if cfg.backend == "hf":
         plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf",
-                       memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv])
+                       memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv],
+                       gpus_needed=1 if profile.has_gpus else 0)
         if any(v not in (None, 1) for v in (cfg.tp, cfg.pp, cfg.ep)):
             plan.problems.append("--tp/--pp/--ep apply to the megatron backend only")
         if n_nodes > 1:
@@ -99,6 +100,7 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
         tokens = cfg.max_tokens + 256
         gb, gpus = hf_gb(billions, max(1, gpn), profile.memory_budget_gb, tokens, vocab)
         plan.memory_gb = {"generate": round(gb, 1)}
+        plan.gpus_needed = gpus if profile.has_gpus else 0
         plan.notes.append(f"{billions:.1f}B parameters ({src}); " +
                           ("on one GPU" if gpus == 1 else f"over the node's {gpus} GPUs (device_map='auto')"))
         if profile.memory_budget_gb and gb > profile.memory_budget_gb:
