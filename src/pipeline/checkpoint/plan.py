@@ -90,7 +90,7 @@ class JobPlan:
                  f"  world {self.world_size} = {self.nodes} node(s) x {self.procs_per_node} process(es); "
                  f"tp {lay.tp} pp {lay.pp} ep {lay.ep} etp {lay.etp} dp {lay.dp}"]
         if self.memory_gb:
-            phases = ", ".join(f"{k} {v:.1f}" for k, v in self.memory_gb.items())
+            phases = _phases(self.memory_gb)
             budget = f" of {self.memory_budget_gb:g} GB" if self.memory_budget_gb else ""
             lines.append(f"  memory per GPU: {self.memory_per_gpu_gb:.1f} GB{budget} (phases: {phases})")
         if self.host_memory_gb is not None:

@@ -24,6 +24,7 @@ from pipeline.checkpoint.plan import (
     megatron_gb,
     placement,
 )
+from pipeline.coherence.backends import model_bytes
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
 
@@ -38,7 +39,7 @@ def _hf_size(model: str) -> tuple[float, int, str] | None:
         return spec.total_params_b, spec.vocab_size, "registry"
     p = Path(model)
     if p.is_dir():
-        size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+        size = model_bytes(model)  # the hf backend's own sizing: the folder's safetensors
         vocab = 0
         try:
             vocab = int(json.loads((p / "config.json").read_text()).get("vocab_size") or 0)
