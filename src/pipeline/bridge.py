@@ -42,6 +42,8 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.bridge.training.gpt_step", "forward_step", ()),
     ("megatron.bridge.training.callbacks", "Callback", ()),
     ("megatron.bridge.training.callbacks", "Callback.on_train_step_end", ("context",)),
+    ("megatron.bridge.training.callbacks", "Callback.on_train_step_start", ("context",)),
+    ("megatron.bridge.training.callbacks", "Callback.on_checkpoint_save", ("context",)),
     ("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides",
      ("config", "config_filepath", "cli_overrides")),
     ("megatron.bridge.training.config", "ConfigContainer", ()),
@@ -142,6 +144,7 @@ def build_config(cfg: dict, model: str, mode: str, peft: str | None, extra_overr
 
 # ---- training ---------------------------------------------------------------------------------------------
 StepHook = Callable[[int, dict[str, float]], None]
+IterationHook = Callable[[int], None]
 
 
 def _to_float(v: Any) -> float | None:
@@ -151,17 +154,29 @@ def _to_float(v: Any) -> float | None:
         return None
 
 
-def run_training(container, *, pretrain: bool, on_step: StepHook | None = None) -> None:
+def run_training(container, *, pretrain: bool, on_step: StepHook | None = None,
+                 on_step_start: IterationHook | None = None, on_save: IterationHook | None = None) -> None:
     """``pretrain()`` (random init) or ``finetune()`` (from a checkpoint) with Bridge's GPT forward step.
     ``on_step(iteration, metrics)`` is called after every training step with the reduced losses, the grad norm
-    and the learning rate as plain floats (a Bridge ``Callback``)."""
+    and the learning rate as plain floats; ``on_step_start(iteration)`` before each step and ``on_save(iteration)``
+    after each checkpoint save (Bridge ``Callback`` events)."""
     forward_step = _import("megatron.bridge.training.gpt_step", "forward_step")
     callbacks = []
-    if on_step is not None:
+    if on_step is not None or on_step_start is not None or on_save is not None:
         Callback = _import("megatron.bridge.training.callbacks", "Callback")
 
         class _StepRecords(Callback):
+            def on_train_step_start(self, context) -> None:
+                if on_step_start is not None:
+                    on_step_start(int(context.state.train_state.step))
+
+            def on_checkpoint_save(self, context) -> None:
+                if on_save is not None:
+                    on_save(int(context.state.train_state.step))
+
             def on_train_step_end(self, context) -> None:
+                if on_step is None:
+                    return
                 metrics: dict[str, float] = {}
                 for k, v in (context.loss_dict or {}).items():
                     f = _to_float(v)

@@ -121,6 +121,9 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
     for label in labels:
         assert re.search(rf"^{label}\s+train\s+\d+\s+COMPLETED\s+6/6\s+\d+\.\d{{4}}\s+\d+\s+6\b", out, re.M), out
         assert f"{label}: done; loss curve" in out
+        assert re.search(rf"^{label}\s+train\s.*\s\d+%$", out, re.M), out  # goodput, from the run's events
+    assert len(re.findall(r"^  train time: goodput \d+% of \d+s allocated; \d+s from submission: queue", out,
+                          re.M)) == 4, out
     pngs = {label: tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "loss" / f"{label}.png" for label in labels}
     overlay = tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "loss_curves.png"
     assert str(overlay) in out
@@ -137,6 +140,7 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
         assert float(r["best_loss"]) <= float(r["final_loss"])
         assert int(r["tokens"]) == 6 * 256 * int(r["train.global_batch_size"])
         assert float(r["optimizer.min_lr"]) == pytest.approx(float(r["optimizer.lr"]) / 10)
+        assert 0 < float(r["goodput"]) < 1 and float(r["submission_to_end_seconds"]) > 0
 
     # a locked run whose override changed is refused, naming the key; nothing is submitted
     exp.write_text(SWEEP.format(tag=tag).replace("train.train_iters: 6", "train.train_iters: 8"))

@@ -83,7 +83,7 @@ def test_sigkill_restarts_and_resumes_as_the_uninterrupted_run(data, tmp_path, r
     """Bit-identical on CPU, every step: the resumed run restores the weights through transformers' loader (Trainer's
     own resume left an MoE's fused experts at their initial values, so every step after a resume differed)."""
     ft_dir = tmp_path / "ft"
-    kill_and_resume(data, ft_dir)
+    _, killed_at = kill_and_resume(data, ft_dir)
     a, b = final(ft_dir), final(reference)
     assert a["final_step"] == b["final_step"] == ITERS and a["logged_steps"] == ITERS
     # the steps the killed attempt logged past its checkpoint were redone: each appears exactly once, and each is
@@ -91,6 +91,15 @@ def test_sigkill_restarts_and_resumes_as_the_uninterrupted_run(data, tmp_path, r
     assert [s[0] for s in per_step(ft_dir)] == list(range(1, ITERS + 1))
     assert per_step(ft_dir) == per_step(reference)
     assert a["final_loss"] == b["final_loss"]
+    # Where the time went: two attempts; the steps the killed one ran past its checkpoint were redone
+    events = [json.loads(x) for x in (ft_dir / "events.ndjson").read_text().splitlines()]
+    runs = [e["step"] for e in events if e["event"] == "step"]
+    g = a["goodput"]
+    assert (g["attempts"], g["requeues"], g["kept_steps"]) == (2, 0, ITERS)
+    assert g["redone_steps"] == len(runs) - ITERS == len([s for s in runs if s > killed_at]) - (ITERS - killed_at)
+    assert (g["redone_seconds"] > 0) == (g["redone_steps"] > 0)
+    assert g["restart_seconds"] > 0 and abs(g["other_seconds"]) <= 2
+    assert b["goodput"]["redone_steps"] == 0 and b["goodput"]["restart_seconds"] == 0
 
 
 def test_a_resume_that_reads_the_data_one_batch_off_is_caught(data, tmp_path, reference):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.slurm.allocation import _slurm_time
 from tests.helpers import ROOT, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -185,6 +186,9 @@ def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
                  "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft",
                  f"train.train_iters={iters}", "checkpoint.save_interval=1000",
                  "+pipeline.local.fault_inject_step_sleep=1.5")
+    # Slurm's first SubmitTime, read now: a requeue resets it to the requeue's time
+    submitted = _slurm_time(re.search(r"SubmitTime=(\S+)", run(["scontrol", "show", "job", "-o", job],
+                                                                env=senv).stdout).group(1))
     run_dir = tmp_path / "runs" / "tiny_moe_sft"
     deadline = time.time() + 480
     while time.time() < deadline:
@@ -205,6 +209,19 @@ def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
     assert summary["status"] == "completed" and summary["final_step"] == iters
     steps = [json.loads(x)["step"] for x in (run_dir / "progress.ndjson").read_text().splitlines() if x.strip()]
     assert steps == list(range(1, iters + 1))  # every step exactly once, in order: resumed, never redone
+    # Where the time went: one attempt per Slurm start, the parts add up to Slurm's submission -> the run's end
+    g = summary["goodput"]
+    attempts = len(saved) + 1
+    assert (g["attempts"], g["requeues"], g["jobs"]) == (attempts, len(saved), [job])
+    assert g["kept_steps"] == iters and g["redone_steps"] == 0  # each attempt saved before it stopped
+    assert all(g[k] >= 0 for k in ("queue_seconds", "startup_seconds", "checkpoint_seconds", "restart_seconds"))
+    assert g["step_seconds"] >= 1.5 * iters and g["restart_seconds"] > 10  # Slurm's requeue hold (cred_expire)
+    assert abs(g["other_seconds"]) <= attempts  # what no step, save, start-up or restart covers
+    parts = sum(g[k] for k in ("queue_seconds", "startup_seconds", "step_seconds", "checkpoint_seconds",
+                               "redone_seconds", "restart_seconds", "other_seconds"))
+    end = (run_dir / "TRAINING_DONE").stat().st_mtime
+    assert abs(parts - (end - submitted)) <= attempts, (parts, end - submitted, g)
+    assert 0 < g["goodput"] < 1 and g["allocated_seconds"] < g["total_seconds"]
     # and the requeued run is the uninterrupted one, step for step, to the last bit (the sleep changes no number)
     ref = tmp_path / "uninterrupted"
     run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",

@@ -80,8 +80,12 @@ write_config() {
     node_lines+="NodeName=${NODES[$i]} NodeHostname=localhost NodeAddr=127.0.0.1 Port=$p CPUs=$NODE_CPUS RealMemory=4000 Gres=gpu:4 State=UNKNOWN"$'\n'
     i=$((i + 1))
   done
+  # Job ids start at a value drawn per cluster, so a fresh cluster's jobs never append to the logs an earlier cluster's
+  # jobs left in the repository (logs/slurm/training-%j.out is opened in append mode).
+  first_job=$(( (RANDOM * 32768 + RANDOM) % 50000000 + 1000 ))
   cat > "$CONF" <<EOC
 ClusterName=pipelinetest
+FirstJobId=$first_job
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmUser=root

@@ -23,6 +23,7 @@ from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
 from pipeline.experiment.plan import Job, RunPlan, state_dir
 from pipeline.experiment.spec import Experiment
+from pipeline.training import goodput
 
 FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 DONE_STATES = ("COMPLETED", *FAILED_STATES)
@@ -197,6 +198,7 @@ class PhaseRow:
     coherence: dict = field(default_factory=dict)
     run_dir: Path | None = None
     log: str | None = None
+    goodput: dict | None = None  # where the run's time went so far (training/goodput.py), from its events
 
 
 @dataclass
@@ -245,6 +247,8 @@ def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
                 if job.run_dir is not None and (job.run_dir / layout.TRAINING_DONE).exists() and \
                         row.state in ("UNKNOWN", "not submitted") and row.job_id:
                     row.state = "COMPLETED"  # Slurm has forgotten the job; the run records say it finished
+                if job.run_dir is not None:
+                    row.goodput = goodput.split(goodput.read_events(job.run_dir))
                 if job.save is not None and job.save.is_dir():
                     row.checkpoint = layout.latest_complete(job.save)
                     row.exports = verified_exports(job.save)
@@ -320,7 +324,7 @@ def _f(v: Any, spec: str = "") -> str:
 
 
 def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | None = None) -> str:
-    head = ["run", "phase", "job", "state", "step", "loss", "tok/s", "ckpt", "exports", "coherence"]
+    head = ["run", "phase", "job", "state", "step", "loss", "tok/s", "ckpt", "exports", "coherence", "goodput"]
     rows = []
     for s in statuses:
         for r in s.rows:
@@ -329,8 +333,10 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
                      if coh else "-")
             step = f"{_f(r.step)}/{_f(r.total)}" if r.kind == "train" else "-"
             state = r.state + (f" ({r.reason})" if r.reason and r.reason != "None" and r.state == "PENDING" else "")
+            good = r.goodput.get("goodput") if r.goodput else None
             rows.append([s.label, r.phase, r.job_id or "-", state, step, _f(r.loss, ".4f"), _f(r.tokens_per_s, ".0f"),
-                         _f(r.checkpoint), ",".join(map(str, r.exports)) or "-", coh_s])
+                         _f(r.checkpoint), ",".join(map(str, r.exports)) or "-", coh_s,
+                         f"{100 * good:.0f}%" if isinstance(good, (int, float)) else "-"])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     lines = [f"experiment {exp.name} ({exp.path})"]
     lines += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *rows]]
@@ -341,6 +347,9 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
             logs = [r.log for r in s.rows if r.log]
             gone = " (submitted, but no longer in the experiment file" + (f"; log {logs[-1]}" if logs else "") + ")"
         lines.append(f"{s.label}: {s.verdict}{curve}{gone}")
+        for r in s.rows:
+            if r.goodput:
+                lines.append(f"  {r.phase} time: {goodput.line(r.goodput)}")
     if plots and "__overlay__" in plots:
         lines.append(f"loss curves of every run: {plots['__overlay__']}")
     cancelled = cancelled_behind(statuses)
@@ -361,6 +370,7 @@ def all_finished(statuses: list[RunStatus]) -> bool:
 
 # ---- results -------------------------------------------------------------------------------------------------
 RESULT_COLUMNS = ["status", "final_loss", "best_loss", "steps", "tokens", "wall_seconds", "tokens_per_second",
+                  "goodput", "submission_to_end_seconds",
                   "coherence_num_prompts", "coherence_empty_pct", "coherence_truncated_pct", "coherence_repetitive_pct",
                   "coherence_template_leak_pct", "coherence_mean_response_tokens"]
 
@@ -382,6 +392,9 @@ def result_row(rp: RunPlan, st: RunStatus) -> dict[str, Any]:
         "tokens": sum(int(s.get("tokens") or 0) for _, s in ran) if ran else None,
         "wall_seconds": round(sum(float(s.get("train_seconds") or 0) for _, s in ran), 2) if ran else None,
         "tokens_per_second": last.get("tokens_per_second"),
+        "goodput": (last.get("goodput") or {}).get("goodput"),
+        "submission_to_end_seconds": round(sum(float((s.get("goodput") or {}).get("total_seconds") or 0)
+                                               for _, s in ran), 2) if ran else None,
     }
     coh = next((r.coherence for r in reversed(st.rows) if r.kind == "coherence" and r.coherence), {})
     for k in ("num_prompts", "empty_pct", "truncated_pct", "repetitive_pct", "template_leak_pct",

@@ -72,3 +72,43 @@ def rendezvous(alloc: Allocation, base_port: int) -> tuple[str, int]:
     host = node_address(alloc.node_list[0]) if alloc.node_list else "127.0.0.1"
     port = base_port + (int(alloc.job_id) % 20000 if alloc.job_id and alloc.job_id.isdigit() else 0)
     return host, port
+
+
+@dataclasses.dataclass(frozen=True)
+class JobTimes:
+    """When Slurm queued and started this incarnation of a job (a requeue keeps the id and resets all three:
+    SubmitTime is the requeue, EligibleTime the end of the requeue hold), as seconds since the epoch. Slurm reports
+    whole seconds in the controller's local time."""
+
+    submit: float
+    eligible: float
+    start: float
+    batch: bool  # a batch job (sbatch); an salloc allocation's times say nothing about a run started by hand in it
+
+
+def _slurm_time(value: str | None) -> float | None:
+    import time
+
+    if not value or value in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def job_times(job_id: str | None) -> JobTimes | None:
+    """This job's submit, eligible and start times from ``scontrol show job`` (which holds a job while it runs, with
+    or without an accounting database); None outside Slurm or when scontrol cannot say."""
+    if not job_id or not shutil.which("scontrol"):
+        return None
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=15)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    fields = dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+    submit, start = _slurm_time(fields.get("SubmitTime")), _slurm_time(fields.get("StartTime"))
+    if out.returncode != 0 or submit is None or start is None:
+        return None
+    eligible = _slurm_time(fields.get("EligibleTime")) or submit
+    return JobTimes(submit, min(max(eligible, submit), start), start, fields.get("BatchFlag") == "1")

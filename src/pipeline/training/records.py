@@ -7,7 +7,8 @@
   preflight.json        the plan the preflight computed
   view.json             the typed view the engines read (training/views.py): parallel layout, batch, data paths
   progress.ndjson       one line per logged step (loss, grad norm, learning rate, tokens, time)
-  metrics_summary.json  first/final/best loss, steps, time, throughput, status
+  events.ndjson         the run's timeline: launches, attempts, steps, saves, ends (training/goodput.py)
+  metrics_summary.json  first/final/best loss, steps, time, throughput, status, and where the time went (goodput)
   TRAINING_DONE         completion marker (also written beside checkpoint.save, where upload-all --poll looks)
   FAILED_NAN            the run stopped on a NaN; restarts refuse to run
   SAVE_AND_EXIT         a request file: checkpoint at the next step boundary and exit (for a requeue)
@@ -36,6 +37,7 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, write_json, write_text
+from pipeline.training import goodput
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "pyarrow", "wandb", "hydra-core",
@@ -101,6 +103,7 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
         "runtime": runtime,
     })
     write_json(manifest_path, manifest)
+    goodput.record_job(run_dir, alloc.job_id, alloc.restart_count)
 
 
 # ---- run identity: one run directory, one resolved config ----------------------------------------------
@@ -215,11 +218,12 @@ class ProgressLog:
     first new line, and ``records()`` keeps the last line per step. Each step then appears once and the
     summary's counts agree with the file."""
 
-    def __init__(self, run_dir: Path, tokens_per_step: int):
+    def __init__(self, run_dir: Path, tokens_per_step: int, writer: bool = True):
         self.run_dir = run_dir
         self.path = run_dir / "progress.ndjson"
         self.tokens_per_step = tokens_per_step
         self.t0 = time.time()
+        self.clock = goodput.Clock(run_dir, writer)  # the run's timeline (events.ndjson), on the writing rank
 
     def start(self, resume_step: int) -> int:
         """Supersede the lines past ``resume_step``; returns how many were dropped."""
@@ -282,6 +286,9 @@ class ProgressLog:
         if span > 0 and steps > 0:
             summary["seconds_per_step"] = round(span / steps, 3)
             summary["tokens_per_second"] = round(steps * self.tokens_per_step / span, 1)
+        split = goodput.split(goodput.read_events(self.run_dir))
+        if split is not None:
+            summary["goodput"] = split
         write_json(self.run_dir / "metrics_summary.json", summary)
         return summary
 
@@ -323,6 +330,7 @@ def mark_done(run_dir: Path, save: str | Path | None, step: int) -> None:
 def mark_nan(run_dir: Path, progress: ProgressLog, step: int, message: str) -> Path:
     """``FAILED_NAN``: the run stopped on a non-finite loss or gradient norm; restarts refuse to run."""
     write_text(run_dir / NAN_MARKER, message + "\n")
+    progress.clock.end("failed_nan", step)
     progress.summarize("failed_nan", step)
     return run_dir / NAN_MARKER
 
@@ -332,15 +340,19 @@ def finish_preempted(run_dir: Path, progress: ProgressLog, step: int, iters: int
     (run_dir / SAVE_AND_EXIT).unlink(missing_ok=True)
     if os.environ.get("PIPELINE_SAVE_REQUEST_FILE"):
         write_text(os.environ["PIPELINE_SAVE_REQUEST_FILE"] + ".saved", f"{step}\n")
-    progress.summarize("preempted", step, seconds)
+    progress.clock.end("preempted", step)
+    summary = progress.summarize("preempted", step, seconds)
+    print(goodput.line(summary.get("goodput")) + " (so far)", flush=True)
     print(f"saved checkpoint at iteration {step} of {iters} and exited for requeue", flush=True)
 
 
 def finish_completed(run_dir: Path, save: str | Path | None, progress: ProgressLog, step: int,
                      seconds: float) -> dict:
+    progress.clock.end("completed", step)
     summary = progress.summarize("completed", step, seconds)
     mark_done(run_dir, save, step)
     print(f"training finished: {step} iterations; loss {summary['first_loss']} -> {summary['final_loss']}; "
           f"checkpoints in {save}; records in {run_dir}", flush=True)
+    print(goodput.line(summary.get("goodput")), flush=True)
     print(COMPLETION_LINE.format(now=time.strftime("%Y-%m-%d %H:%M:%S")), flush=True)
     return summary

@@ -279,7 +279,23 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
                 state.pop("progress").close()
             return control
 
-    return [CheckpointLayout(), Records(), SaveAndExit(), ProgressLines()]
+    class Timeline(TrainerCallback):
+        """The run's events (goodput): the first step's begin, each step's end and each save's end (after the
+        checkpoint is published; its begin is marked by ``_Trainer._save_checkpoint``)."""
+
+        def on_step_begin(self, args, st, control, **kw):
+            progress.clock.ready()
+            return control
+
+        def on_step_end(self, args, st, control, **kw):
+            progress.clock.step(st.global_step)
+            return control
+
+        def on_save(self, args, st, control, **kw):
+            progress.clock.save_end(st.global_step)
+            return control
+
+    return [CheckpointLayout(), Records(), SaveAndExit(), ProgressLines(), Timeline()]
 
 
 def _all_ranks_any(flag: bool) -> bool:
@@ -343,6 +359,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     if ignored and rank == 0:
         log.warning("the local engine ignores keys added for Megatron Bridge: %s", ", ".join(ignored))
 
+    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=rank == 0)
+    progress.clock.attempt()
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
     dataset, kind = build_dataset(view, spec)
@@ -405,7 +423,6 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         disable_tqdm=not os.isatty(2),
         logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
     )
-    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter)
     if rank == 0:
         dropped = progress.start(latest or 0)  # resuming from `latest`: the steps after it are redone
         if dropped:
@@ -420,6 +437,10 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
                 # Fault injection for the NaN guard's tests (pipeline.local.fault_inject_nan_step).
                 out = (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
             return out
+
+        def _save_checkpoint(self, model, trial):
+            progress.clock.save_begin()
+            return super()._save_checkpoint(model, trial)
 
     eval_ds = None
     if eval_interval:

@@ -4,8 +4,9 @@ Megatron Bridge itself is called only through ``pipeline.bridge`` (the one owner
 module adds what both engines share, so a Bridge run behaves like a local one for everything around it:
 
   run records    ``progress.ndjson`` (one line per step, from a Bridge callback on the last rank, which holds
-                 the reduced loss), ``metrics_summary.json`` and the completion marker ``TRAINING_DONE`` in the
-                 run directory and beside ``checkpoint.save`` (where ``upload-all --poll`` looks)
+                 the reduced loss), ``events.ndjson`` (step starts and ends, checkpoint saves),
+                 ``metrics_summary.json`` and the completion marker ``TRAINING_DONE`` in the run directory and
+                 beside ``checkpoint.save`` (where ``upload-all --poll`` looks)
   time limits    the pre-limit request (the batch script touches ``$PIPELINE_SAVE_REQUEST_FILE`` on USR1, or
                  ``<run_dir>/SAVE_AND_EXIT``) is turned into Megatron's own exit signal on every rank, so
                  Megatron's ``train.exit_signal_handler`` (set by the launcher) checkpoints at the next step,
@@ -83,20 +84,27 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
     seq = int(get(cfg, "model.seq_length"))
-    progress = records.ProgressLog(run_dir, tokens_per_step=int(get(cfg, "train.global_batch_size")) * seq)
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
+    progress = records.ProgressLog(run_dir, tokens_per_step=int(get(cfg, "train.global_batch_size")) * seq,
+                                   writer=writer)
+    progress.clock.attempt()
     if writer:
         latest = layout.latest_complete(Path(save)) if save else None
         progress.start(latest or 0)  # Megatron resumes from `load` (= save): steps after it are redone
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
+        progress.clock.step(step)
         if writer and "loss" in metrics:
             progress.log(step, metrics)
 
     t0 = time.time()
     pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
     try:
-        bridge.run_training(container, pretrain=pretrain, on_step=on_step)
+        # Bridge has no hook before a save: its time is counted from the previous step's end (Megatron's logging
+        # and any evaluation in between count as the save's).
+        bridge.run_training(container, pretrain=pretrain, on_step=on_step,
+                            on_step_start=lambda step: progress.clock.ready(),
+                            on_save=lambda step: progress.clock.save_end(step))
     finally:
         if watcher is not None:
             watcher.stop()
