@@ -117,6 +117,9 @@ SCHEMA: dict[str, Any] = {
         "cluster": None,  # cluster profile name under configs/cluster/
         "local": {
             "dtype": "float32",     # local engine compute dtype (CPU: float32)
+            # bf16 autocast of the forward (weights, gradients and optimizer stay in dtype): "bf16", "off", or
+            # "auto" (bf16 where the CPU computes bf16 natively: AMX or AVX512-BF16; off elsewhere and on CUDA)
+            "autocast": "off",
             "gradient_checkpointing": False,
             # Fault injection for the tests (training/engines/local.py, training/fault_tolerance.py).
             "fault_inject_nan_step": None,    # the loss becomes NaN from this step on

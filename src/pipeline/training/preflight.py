@@ -38,6 +38,8 @@ from pipeline.data.packing import check_pad_multiple
 GB = 1e9
 OVERHEAD_GB = 5.0
 
+AUTOCAST = ("off", "bf16", "auto")  # pipeline.local.autocast
+
 
 @dataclasses.dataclass
 class Plan:
@@ -436,6 +438,9 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
                                  f"{get(cfg, 'dataset.offline_packing_specs.pad_seq_to_mult') or 1}")
         elif paths:
             _note_epochs(paths["train"], plan)
+    autocast = get(cfg, "pipeline.local.autocast", "off")
+    if spec.is_local and autocast not in AUTOCAST:
+        plan.problems.append(f"pipeline.local.autocast={autocast!r} is not one of {', '.join(AUTOCAST)}")
     pre = get(cfg, "checkpoint.pretrained_checkpoint")
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
         from pipeline.checkpoint.layout import TRACKER

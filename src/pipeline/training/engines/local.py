@@ -316,6 +316,22 @@ def _barrier():
         dist.barrier()
 
 
+def use_bf16_autocast(cfg: dict) -> bool:
+    """``pipeline.local.autocast``: bf16 autocast on, off, or (``auto``) on where the CPU computes bf16 natively
+    (AMX tiles or AVX512-BF16: there it measured 0.74x fp32's step time on the quickstart, docs/benchmarks.md);
+    elsewhere bf16 on CPU is emulated and slower than fp32."""
+    import torch
+
+    mode = get(cfg, "pipeline.local.autocast", "off")
+    if mode == "bf16":
+        return True
+    if mode != "auto" or torch.cuda.is_available():
+        return False
+    cpu = getattr(torch, "cpu", None)
+    native = [getattr(cpu, f, lambda: False) for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(f() for f in native)
+
+
 def _scheduler(cfg: dict) -> tuple[str, dict]:
     style = get(cfg, "scheduler.lr_decay_style", "cosine")
     min_lr = float(get(cfg, "optimizer.min_lr", 0.0) or 0.0)
@@ -388,6 +404,10 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
         if get(cfg, "logger.wandb_entity"):
             os.environ["WANDB_ENTITY"] = str(get(cfg, "logger.wandb_entity"))
+    bf16 = use_bf16_autocast(cfg)
+    if rank == 0:
+        log.info("compute: %s weights, %s; %d threads", get(cfg, "pipeline.local.dtype", "float32"),
+                 "bf16 autocast" if bf16 else "no autocast", torch.get_num_threads())
     save_interval = int(get(cfg, "checkpoint.save_interval") or iters)
     eval_interval = int(get(cfg, "validation.eval_interval") or 0)
     args = TrainingArguments(
@@ -417,6 +437,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         remove_unused_columns=False,
         report_to=["wandb"] if wandb_on and rank == 0 else [],
         use_cpu=not torch.cuda.is_available(),
+        bf16=bf16,
         ddp_backend="gloo" if not torch.cuda.is_available() else None,
         # MoE layers leave unselected experts without gradients in a step; dense models never do.
         ddp_find_unused_parameters=bool(spec.tiny_config) and world > 1,
