@@ -178,6 +178,7 @@ def test_typed_values_and_sweeps_on_the_local_engine(capsys, override, needle):
     (["logger.wandb_exp_name=" + "x" * 300], "cannot name a run directory"),
     (["logger.wandb_exp_name=''"], "logger.wandb_exp_name is empty"),
     (["train.train_iters=99999999999999999999999"], "is out of range"),
+    (["pipeline.local.autocast=fp16"], "pipeline.local.autocast='fp16' is not one of off, bf16, auto"),
 ])
 def test_more_local_engine_refusals(capsys, extra, needle):
     argv = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run",
@@ -189,3 +190,16 @@ def test_more_local_engine_refusals(capsys, extra, needle):
 def test_config_path_that_is_a_directory(capsys):
     assert main(["configs", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run"]) == 2
     assert "config file configs is a directory" in capsys.readouterr().err
+
+
+def test_bf16_autocast_choice(monkeypatch):
+    import torch
+
+    from pipeline.training.engines.local import use_bf16_autocast
+
+    cfg = lambda v: {"pipeline": {"local": {"autocast": v}}}  # noqa: E731
+    assert use_bf16_autocast(cfg("bf16")) and not use_bf16_autocast(cfg("off")) and not use_bf16_autocast({})
+    for amx, avx in ((True, False), (False, True), (False, False)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx)
+        assert use_bf16_autocast(cfg("auto")) == (amx or avx)  # auto: only where the CPU computes bf16 natively

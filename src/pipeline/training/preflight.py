@@ -227,6 +227,9 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
         plan.problems.append(f"model.seq_length({seq}) is not divisible by 2*cp = {2 * cp}")
 
     _check_values(cfg, plan)
+    autocast = get(cfg, "pipeline.local.autocast", "off")
+    if local and autocast not in AUTOCAST:
+        plan.problems.append(f"pipeline.local.autocast={autocast!r} is not one of {', '.join(AUTOCAST)}")
     plan.tokens_per_iter = gbs * seq
     plan.total_tokens = gbs * seq * iters
     if path_checks:
@@ -438,9 +441,6 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
                                  f"{get(cfg, 'dataset.offline_packing_specs.pad_seq_to_mult') or 1}")
         elif paths:
             _note_epochs(paths["train"], plan)
-    autocast = get(cfg, "pipeline.local.autocast", "off")
-    if spec.is_local and autocast not in AUTOCAST:
-        plan.problems.append(f"pipeline.local.autocast={autocast!r} is not one of {', '.join(AUTOCAST)}")
     pre = get(cfg, "checkpoint.pretrained_checkpoint")
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
         from pipeline.checkpoint.layout import TRACKER
