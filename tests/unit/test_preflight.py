@@ -197,9 +197,11 @@ def test_bf16_autocast_choice(monkeypatch):
 
     from pipeline.training.engines.local import use_bf16_autocast
 
-    cfg = lambda v: {"pipeline": {"local": {"autocast": v}}}  # noqa: E731
+    def cfg(v):
+        return {"pipeline": {"local": {"autocast": v}}}
+
     assert use_bf16_autocast(cfg("bf16")) and not use_bf16_autocast(cfg("off")) and not use_bf16_autocast({})
     for amx, avx in ((True, False), (False, True), (False, False)):
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda a=avx: a)
         assert use_bf16_autocast(cfg("auto")) == (amx or avx)  # auto: only where the CPU computes bf16 natively
