@@ -93,8 +93,26 @@ do_venv() {
   mkdir -p "$STEP_DIR"
 }
 # pip, with the machine-local "Location ... is ignored" index warnings filtered out.
-pip_install() {
+pip_only() {
   "$PIPELINE_VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+# The installer (PIPELINE_INSTALLER): uv, several times faster on the lock, from the same sources as pip
+# (src/pipeline/env/installer.py reads pip's configuration); pip when uv cannot be had or is not wanted.
+UV=""
+pip_install() {
+  if [[ "$PIPELINE_INSTALLER" == uv && -z "$UV" ]]; then
+    if pip_only "$UV_PACKAGE" && [[ -x "$PIPELINE_VENV/bin/uv" ]]; then
+      UV="$PIPELINE_VENV/bin/uv"
+      mapfile -t UV_SOURCES < <("$PIPELINE_VENV/bin/python" "$PIPELINE_ROOT/src/pipeline/env/installer.py" uv-sources)
+    else
+      log_warn "could not install $UV_PACKAGE; installing with pip"; PIPELINE_INSTALLER=pip
+    fi
+  fi
+  if [[ -n "$UV" ]]; then
+    "$UV" pip install --quiet --python "$PIPELINE_VENV/bin/python" "${UV_SOURCES[@]}" "$@"
+  else
+    pip_only "$@"
+  fi
 }
 do_packages() {
   [[ -f "$PIPELINE_REQUIREMENTS" ]] || die "missing lock file $PIPELINE_REQUIREMENTS" 2

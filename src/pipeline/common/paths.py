@@ -49,3 +49,15 @@ def models_dir(env: Mapping[str, str] | None = None) -> Path:
 def logs_dir(env: Mapping[str, str] | None = None) -> Path:
     """Slurm job logs: ``$PIPELINE_LOG_DIR`` or ``<repo>/logs``."""
     return _env_or("PIPELINE_LOG_DIR", repo_root(env) / "logs", env)
+
+
+def machine_cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """What is built once per machine and shared by every checkout on it (the SmolLM2 conversion):
+    ``$PIPELINE_MACHINE_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/pipeline-suite``; ``off`` turns it off."""
+    e = os.environ if env is None else env
+    value = e.get("PIPELINE_MACHINE_CACHE")
+    if value == "off":
+        return None
+    if value:
+        return Path(value)
+    return Path(e.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pipeline-suite"

