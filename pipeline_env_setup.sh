@@ -109,7 +109,8 @@ pip_install() {
     fi
   fi
   if [[ -n "$UV" ]]; then
-    "$UV" pip install --quiet --python "$PIPELINE_VENV/bin/python" "${UV_SOURCES[@]}" "$@"
+    # --compile-bytecode: as pip does; without it each first import compiles (measured: slower overall).
+    "$UV" pip install --quiet --compile-bytecode --python "$PIPELINE_VENV/bin/python" "${UV_SOURCES[@]}" "$@"
   else
     pip_only "$@"
   fi
