@@ -2,7 +2,7 @@
 # pipeline_quickstart.sh - the whole suite end to end on one machine (no GPU, no internet).
 #
 # Usage:
-#   bash pipeline_quickstart.sh            # SmolLM2-135M-Instruct SFT on the chatterbot corpus (~5-6 min, 2 cores)
+#   bash pipeline_quickstart.sh            # SmolLM2-135M-Instruct SFT on the chatterbot corpus (~3-4 min, 2 cores)
 #   bash pipeline_quickstart.sh --tiny     # the same chain with a tiny random-initialised MoE model (~1 min)
 #
 # Each step is one of the five pipelines' own commands, exactly as you would type them; run it again and

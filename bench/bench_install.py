@@ -17,6 +17,7 @@ bookkeeping files). Prints seconds per variant and the ratio to pip.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,10 @@ UV_PIN = "uv==0.13.9"
 
 
 def sh(*cmd, **kw):
-    return subprocess.run([str(c) for c in cmd], check=True, text=True, capture_output=True, **kw)
+    res = subprocess.run([str(c) for c in cmd], text=True, capture_output=True, **kw)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, cmd[:4]))} ... failed ({res.returncode}): {res.stderr[-1500:]}")
+    return res
 
 
 def venv(path: Path) -> Path:
@@ -71,7 +75,7 @@ def main() -> int:
                 sh(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", a.requirements)
             else:
                 sh(uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", py, *sources, "-r",
-                   a.requirements, env={"PATH": "/usr/bin:/bin", "HOME": str(base), "UV_CACHE_DIR": str(cache)})
+                   a.requirements, env={**os.environ, "UV_CACHE_DIR": str(cache)})
             times[name].append(time.perf_counter() - t0)
             pys[name] = py
     same_dists = freeze(pys["pip"]) == freeze(pys["uv, cold cache"]) == freeze(pys["uv, warm cache"])
