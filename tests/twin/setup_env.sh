@@ -61,13 +61,21 @@ mkdir -p "$(dirname "$VENV")"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 quiet() { grep -v "is ignored: it is neither" || true; }
 # pip's machine-wide cap (torch<=2.14.1 on these machines) applies here as anywhere: TWIN_TORCH stays under it.
+# The image stand-in's packages go in with uv when the suite's venv has it (several times faster on torch's CUDA
+# libraries; pip's sources, src/pipeline/env/installer.py), else with pip. The overlay below is always pip: it is
+# what the env setup's overlay step runs in the container.
+IMAGE_PIP=("${PIP[@]}")
+if [[ -x "$ROOT/.venv/bin/uv" ]]; then
+  mapfile -t UV_SOURCES < <("$VENV/bin/python" "$ROOT/src/pipeline/env/installer.py" uv-sources)
+  IMAGE_PIP=("$ROOT/.venv/bin/uv" pip install --quiet --compile-bytecode --python "$VENV/bin/python" "${UV_SOURCES[@]}")
+fi
 say "torch $TORCH from PyPI, with its CUDA libraries (the stand-in for NVIDIA's build; a large first download)"
-"${PIP[@]}" "torch==$TORCH" 2>&1 | quiet
+"${IMAGE_PIP[@]}" "torch==$TORCH" 2>&1 | quiet
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 LIST="$(mktemp)"
 grep -vE "^\s*(#|$)" "$IMAGE_LIST" | grep -viE "^($NVIDIA_BUILDS)==" > "$LIST"
 say "the image's packages: $(wc -l < "$LIST") of $(grep -cE '==' "$IMAGE_LIST") (--no-deps; NVIDIA's builds left out)"
-"${PIP[@]}" --no-deps -r "$LIST" 2>&1 | quiet   # a few are sdists only (antlr4 4.9.3, wget): built here
+"${IMAGE_PIP[@]}" --no-deps -r "$LIST" 2>&1 | quiet   # a few are sdists only (antlr4 4.9.3, wget): built here
 rm -f "$LIST"
 nvrx="$(grep -iE '^nvidia-resiliency-ext==' "$IMAGE_LIST" | head -1)"
 say "$nvrx (glibc 2.39 wheel) unpacked into the image stand-in's site-packages"
