@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import yaml
 from pipeline.common.errors import UserError
 from pipeline.config.loader import strip_suite_only
 from pipeline.config.models import get_model
+from pipeline.config.schema import TrainingConfig
 
 _AB = "megatron.bridge.models.conversion.auto_bridge"
 # (module, qualified name, keyword arguments we pass) - checked against the pinned wheel's source.
@@ -45,7 +45,11 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.bridge.training.callbacks", "Callback.on_train_step_start", ("context",)),
     ("megatron.bridge.training.callbacks", "Callback.on_checkpoint_save", ("context",)),
     ("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides",
-     ("config", "config_filepath", "cli_overrides")),
+     ("config", "cli_overrides")),
+    ("megatron.bridge.training.utils.omegaconf_utils", "create_omegaconf_dict_config", ("config_container",)),
+    ("megatron.bridge.training.utils.omegaconf_utils", "parse_hydra_overrides", ("cfg", "overrides")),
+    ("megatron.bridge.training.utils.omegaconf_utils", "apply_overrides",
+     ("config_obj", "overrides_dict", "excluded_fields")),
     ("megatron.bridge.training.config", "ConfigContainer", ()),
     (_AB, "AutoBridge", ()),
     (_AB, "AutoBridge.from_hf_pretrained", ("path",)),
@@ -120,26 +124,37 @@ def _check_iteration_dir(iter_path: Path) -> Path:
 
 
 # ---- training config --------------------------------------------------------------------------------------
-def bridge_overrides_yaml(cfg: dict) -> str:
-    """The YAML handed to process_config_with_overrides: our resolved config without suite-only keys and
-    without unset values (so the recipe keeps its own)."""
-    return yaml.safe_dump(strip_suite_only(cfg), sort_keys=False)
+_OC = "megatron.bridge.training.utils.omegaconf_utils"
 
 
-def build_config(cfg: dict, model: str, mode: str, peft: str | None, extra_overrides: Sequence[str] = ()):
-    """Bridge's recipe -> ``ConfigContainer``; our resolved YAML, then ``extra_overrides`` (Hydra grammar), are
-    applied by Bridge's own ``process_config_with_overrides``."""
+def bridge_overrides(cfg: TrainingConfig) -> dict[str, Any]:
+    """The values handed to Bridge: our resolved config without suite-only keys and without unset values (so the
+    recipe keeps its own)."""
+    return strip_suite_only(cfg)
+
+
+def bridge_overrides_yaml(cfg: TrainingConfig) -> str:
+    """:func:`bridge_overrides` as YAML (what the records and the dry run show)."""
+    return yaml.safe_dump(bridge_overrides(cfg), sort_keys=False)
+
+
+def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, extra_overrides: Sequence[str] = ()):
+    """Bridge's recipe -> ``ConfigContainer`` with our resolved values, then ``extra_overrides`` (Hydra grammar),
+    applied in memory by Bridge's own override functions: the steps of its ``process_config_with_overrides`` (the
+    recipe as OmegaConf, merged with our values, Hydra overrides, applied back onto the dataclasses with the
+    callables it set aside restored), without writing our values to a YAML file for it to read back."""
+    from omegaconf import OmegaConf
+
     spec = get_model(model)
     recipe = _import(spec.recipe_module, spec.recipe_name(mode, peft))
     container = recipe(peft_scheme=peft) if peft else recipe()
-    process = _import("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides")
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(bridge_overrides_yaml(cfg))
-        path = f.name
-    try:
-        return process(config=container, config_filepath=path, cli_overrides=list(extra_overrides))
-    finally:
-        os.unlink(path)
+    conf, excluded = _import(_OC, "create_omegaconf_dict_config")(config_container=container)
+    conf = OmegaConf.merge(conf, OmegaConf.create(bridge_overrides(cfg)))
+    if extra_overrides:
+        conf = _import(_OC, "parse_hydra_overrides")(cfg=conf, overrides=list(extra_overrides))
+    _import(_OC, "apply_overrides")(config_obj=container, overrides_dict=OmegaConf.to_container(conf, resolve=True),
+                                    excluded_fields=excluded)
+    return container
 
 
 # ---- training ---------------------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ def op_build_config(req: dict) -> dict:
     import yaml
 
     from pipeline import bridge as pb
+    from pipeline.config.schema import TrainingConfig
 
-    cfg = req["cfg"]
+    cfg = TrainingConfig.from_dict(req["cfg"])  # as a rank reads config.yaml (records.load_run)
     container = pb.build_config(cfg, req["model"], req["mode"], req.get("peft"), req.get("extra_overrides", []))
     sent = yaml.safe_load(pb.bridge_overrides_yaml(cfg)) or {}
     checked, mismatches = [], []

@@ -93,7 +93,7 @@ def our_config(model: str, mode: str, peft: str | None, config: str = QUICKSTART
             *(["--peft", peft] if peft else []), *overrides]
     lp = plan_from_argv(argv)
     assert lp.preflight.ok, lp.preflight.problems
-    return lp.cfg
+    return lp.cfg.to_dict()  # the config of record (config.yaml): what crosses into the driver as JSON
 
 
 # ---- a: every shipped config, every Bridge model x mode, through Bridge's recipe + override code -------------

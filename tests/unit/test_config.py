@@ -1,7 +1,9 @@
+from pathlib import Path
+
 import pytest
 
 from pipeline.common.errors import UserError
-from pipeline.config.loader import get, load_config, strip_suite_only
+from pipeline.config.loader import load_config, strip_suite_only
 from pipeline.config.models import get_model
 
 
@@ -10,21 +12,22 @@ def test_precedence_recipe_yaml_override(tmp_path):
     y.write_text("train:\n  train_iters: 50\n  global_batch_size: 8\n")
     recipe = {"train": {"train_iters": 10, "global_batch_size": 4, "micro_batch_size": 2}}
     cfg = load_config(y, ["train.train_iters=200"], recipe)
-    assert get(cfg, "train.train_iters") == 200          # override beats YAML
-    assert get(cfg, "train.global_batch_size") == 8      # YAML beats recipe
-    assert get(cfg, "train.micro_batch_size") == 2       # recipe beats schema default
+    assert cfg.train.train_iters == 200          # override beats YAML
+    assert cfg.train.global_batch_size == 8      # YAML beats recipe
+    assert cfg.train.micro_batch_size == 2       # recipe beats schema default
 
 
 def test_hydra_grammar():
     cfg = load_config(None, ["+model.new_knob=3", "model.recompute_modules=[moe,mlp]",
                              "logger.wandb_exp_name='a b'", "~rng", "checkpoint.save=null",
                              "optimizer.lr=1e-4"])
-    assert cfg["model"]["new_knob"] == 3
-    assert cfg["model"]["recompute_modules"] == ["moe", "mlp"]
-    assert cfg["logger"]["wandb_exp_name"] == "a b"
-    assert "rng" not in cfg
-    assert cfg["checkpoint"]["save"] is None
-    assert cfg["optimizer"]["lr"] == pytest.approx(1e-4)
+    assert cfg.extra["model"]["new_knob"] == 3  # not a field: passed through to Bridge
+    assert cfg.to_dict()["model"]["new_knob"] == 3
+    assert cfg.model.recompute_modules == ["moe", "mlp"]
+    assert cfg.logger.wandb_exp_name == "a b"
+    assert cfg.rng.seed is None and "rng" not in strip_suite_only(cfg)  # the section deleted: nothing of it set
+    assert cfg.checkpoint.save is None
+    assert cfg.optimizer.lr == pytest.approx(1e-4)
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -62,8 +65,8 @@ def test_interpolation_and_strip(tmp_path, monkeypatch):
     y.write_text("dataset:\n  dataset_name: a/b\n  dataset_root: ${oc.env:MY_DATA}\n  seq_length: ${model.seq_length}\n"
                  "model:\n  seq_length: 1024\npipeline:\n  cluster: local_cpu\n")
     cfg = load_config(y)
-    assert cfg["dataset"]["dataset_root"] == "/data/x"
-    assert cfg["dataset"]["seq_length"] == 1024
+    assert cfg.dataset.dataset_root == "/data/x"
+    assert cfg.dataset.seq_length == 1024
     bridge = strip_suite_only(cfg)
     assert "pipeline" not in bridge and "dataset_name" not in bridge["dataset"]
     assert bridge["dataset"]["seq_length"] == 1024 and "train" not in bridge  # unset sections vanish
@@ -72,3 +75,55 @@ def test_interpolation_and_strip(tmp_path, monkeypatch):
 def test_unknown_model_hint():
     with pytest.raises(UserError, match="did you mean 'nano'"):
         get_model("nanoo")
+
+
+def test_every_field_is_typed_as_megatron_bridge_types_it():
+    """The schema's field types agree with the pinned Bridge's field table (bridge_fields.json, written from the real
+    ConfigContainer by the Bridge harness): a value the loader accepts is one Bridge stores as given."""
+    import json
+    import typing
+
+    from pipeline.config.schema import TrainingConfig, bridge_kind, field_types
+
+    table = json.loads((Path(__file__).resolve().parents[2] / "src/pipeline/config/bridge_fields.json").read_text())
+    compared = 0
+    for recipe, sections in table["recipes"].items():
+        for key, tp in field_types(TrainingConfig).items():
+            fields, kind = sections, None
+            for part in key.split("."):
+                kind = fields.get(part) if isinstance(fields, dict) else None
+                if kind is None:
+                    break
+                fields = table["classes"].get(kind[len("class:"):], {}) if kind.startswith("class:") else None
+            if kind is None or kind == "any" or kind.startswith("class:"):
+                continue  # not on this recipe's classes (the preflight refuses it there), or Bridge takes anything
+            assert bridge_kind(tp) == kind, f"{recipe}: {key} is {tp} here but {kind} in Bridge"
+            compared += 1
+    assert compared > 200  # 6 recipes x ~60 typed leaves
+    assert typing.get_args(field_types(TrainingConfig)["pipeline.local.autocast"]) == ("off", "bf16", "auto")
+
+
+@pytest.mark.parametrize("override,line", [
+    ("train.train_iters=abc", "train.train_iters='abc' must be an integer"),
+    ("optimizer.lr=fast", "optimizer.lr='fast' must be a number"),
+    ("model.sequence_parallel=maybe", "model.sequence_parallel='maybe' must be a boolean (true/false)"),
+    ("logger.wandb_project=7", "logger.wandb_project=7 must be a string (quote it: logger.wandb_project='7')"),
+    ("model.recompute_granularity=fulll", "model.recompute_granularity='fulll' is not one of full, selective"),
+    ("train.micro_batch_size=99999999999999999999", "train.micro_batch_size=99999999999999999999 is out of range"),
+])
+def test_a_mistyped_value_is_one_line_and_leaves_the_field_unset(override, line):
+    cfg = load_config(None, [override], {"train": {"train_iters": 1, "micro_batch_size": 1}})
+    assert cfg.problems == [line]
+    key = override.split("=")[0]
+    assert cfg.invalid == {key}
+    section, name = key.split(".")
+    assert getattr(getattr(cfg, section), name) is None
+
+
+def test_the_config_of_record_round_trips():
+    from pipeline.config.schema import TrainingConfig
+
+    cfg = load_config("configs/local/tiny_moe_sft.yaml", ["+model.new_knob=3", "+newsection.x=1"],
+                      get_model("tiny-qwen3-moe").recipe_defaults("sft"))
+    again = TrainingConfig.from_dict(cfg.to_dict())
+    assert again == cfg and again.extra == {"model": {"new_knob": 3}, "newsection": {"x": 1}} and not again.problems

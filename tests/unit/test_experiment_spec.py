@@ -127,18 +127,22 @@ def test_hydra_rendering_quotes_what_needs_it():
 def test_run_identity_refuses_a_changed_config_but_not_attempt_keys(tmp_path):
     import yaml
 
+    from pipeline.config.schema import TrainingConfig
+
+    T = TrainingConfig.from_dict  # the typed config a launch resolves
+
     cfg = {"train": {"train_iters": 6}, "logger": {"wandb_save_dir": "/a"},
            "pipeline": {"local": {"fault_inject_step_sleep": None}}}
-    assert check_run_identity(tmp_path, cfg) == {}  # a new run directory
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert check_run_identity(tmp_path, T(cfg)) == {}  # a new run directory
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(T(cfg).to_dict()))  # as write_launch_records does
     same = {"train": {"train_iters": 6}, "logger": {"wandb_save_dir": "/b"},
             "pipeline": {"local": {"fault_inject_step_sleep": 0.3}}}
-    assert check_run_identity(tmp_path, same) == {}  # W&B's directory and fault injection differ per attempt
+    assert check_run_identity(tmp_path, T(same)) == {}  # W&B's directory and fault injection differ per attempt
     changed = {"train": {"train_iters": 8}, "logger": {"wandb_save_dir": "/a"}}
     with pytest.raises(UserError) as e:
-        check_run_identity(tmp_path, changed)
+        check_run_identity(tmp_path, T(changed))
     assert "train.train_iters: 6 -> 8" in str(e.value) and "--allow-config-change" in str(e.value)
-    assert check_run_identity(tmp_path, changed, allow_change=True) == {"train.train_iters": (6, 8)}
+    assert check_run_identity(tmp_path, T(changed), allow_change=True) == {"train.train_iters": (6, 8)}
     assert config_diff({"a": {"b": 1.0}}, {"a": {"b": 1.0, "c": None}}) == {}
 
 

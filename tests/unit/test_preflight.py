@@ -195,12 +195,14 @@ def test_config_path_that_is_a_directory(capsys):
 def test_bf16_autocast_choice(monkeypatch):
     import torch
 
+    from pipeline.config.schema import TrainingConfig
     from pipeline.training.engines.local import use_bf16_autocast
 
     def cfg(v):
-        return {"pipeline": {"local": {"autocast": v}}}
+        return TrainingConfig.from_dict({"pipeline": {"local": {"autocast": v}}})
 
-    assert use_bf16_autocast(cfg("bf16")) and not use_bf16_autocast(cfg("off")) and not use_bf16_autocast({})
+    assert use_bf16_autocast(cfg("bf16")) and not use_bf16_autocast(cfg("off"))
+    assert not use_bf16_autocast(TrainingConfig())
     for amx, avx in ((True, False), (False, True), (False, False)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda a=avx: a)

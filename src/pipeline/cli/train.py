@@ -30,7 +30,7 @@ import yaml
 from pipeline.cli.parser import Parser
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
-from pipeline.config.loader import get
+from pipeline.common.mappings import drop_unset
 from pipeline.training import records
 from pipeline.training.launch import (
     MODES,
@@ -40,7 +40,6 @@ from pipeline.training.launch import (
     needs_fan_out,
     plan_launch,
     profile_lines,
-    set_values,
 )
 from pipeline.training.preflight import format_plan
 
@@ -103,7 +102,7 @@ def print_dry_run(plan: LaunchPlan) -> None:
     print("== cluster profile ==")
     print(profile_lines(plan.cluster))
     print("== resolved config (set values; the full one is written to <run_dir>/config.yaml) ==")
-    print(yaml.safe_dump(set_values(plan.cfg), sort_keys=False).rstrip())
+    print(yaml.safe_dump(drop_unset(plan.cfg.to_dict()), sort_keys=False).rstrip())
     print("== launch command (per node) ==")
     print(" ".join(shlex.quote(c) for c in plan.command()))
     print("== sbatch line ==")
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         records.wait_for_records(run_dir)
     env = dict(os.environ)
     env.update(plan.cluster.env)
-    env.update({str(k): str(v) for k, v in (get(plan.cfg, "env_vars") or {}).items()})
+    env.update({str(k): str(v) for k, v in plan.cfg.env_vars.items()})
     env["PIPELINE_RUN_DIR"] = str(run_dir)
     env["PIPELINE_LAUNCHER"] = cmd[0]
     print(f"run directory: {run_dir}", flush=True)

@@ -14,7 +14,7 @@ import yaml
 
 from pipeline.common import yamlio
 from pipeline.common.errors import UserError
-from pipeline.config.schema import schema_copy
+from pipeline.config.schema import TrainingConfig, schema_dict
 
 
 def _flat_keys(d: dict, prefix: str = "") -> list[str]:
@@ -137,19 +137,18 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-def deep_update(base: dict, update: dict) -> dict:
-    for k, v in update.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            deep_update(base[k], v)
-        else:
-            base[k] = v
-    return base
-
-
 def load_config(path: str | Path | None, overrides: list[str] | None = None,
-                recipe_defaults: dict | None = None) -> dict:
-    """The resolved config: schema < recipe defaults < YAML < overrides. Raises UserError on any bad input."""
-    cfg = schema_copy()
+                recipe_defaults: dict | None = None) -> TrainingConfig:
+    """The resolved, typed config: schema < recipe defaults < YAML < overrides. Raises UserError on a bad file, an
+    unknown key or a malformed override; a value of the wrong type is listed in ``problems`` (the preflight
+    reports it with the rest)."""
+    return TrainingConfig.from_dict(resolve_dict(path, overrides, recipe_defaults))
+
+
+def resolve_dict(path: str | Path | None, overrides: list[str] | None = None,
+                 recipe_defaults: dict | None = None) -> dict:
+    """The merged config as a plain dict (interpolations resolved), before typing."""
+    cfg = schema_dict()
     known = _flat_keys(cfg)
     if recipe_defaults:
         _merge_known(cfg, recipe_defaults, "recipe defaults", known)
@@ -170,27 +169,11 @@ def resolve_interpolations(cfg: dict) -> dict:
         raise UserError(f"cannot resolve the config: {' '.join(str(exc).split())[:300]}") from None
 
 
-def get(cfg: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for p in dotted.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return default
-        node = node[p]
-    return default if node is None else node
+def strip_suite_only(cfg: TrainingConfig) -> dict:
+    """The config for Megatron Bridge: no suite-only keys and no unset (None) values or empty sections."""
+    from pipeline.common.mappings import drop_unset
 
-
-def strip_suite_only(cfg: dict) -> dict:
-    """A copy for Megatron Bridge: no suite-only keys and no unset (None) values."""
-    import copy
-
-    out = copy.deepcopy(cfg)
+    out = cfg.to_dict()
     out.pop("pipeline", None)
-    if isinstance(out.get("dataset"), dict):
-        out["dataset"].pop("dataset_name", None)
-
-    def prune(d):
-        if isinstance(d, dict):
-            return {k: prune(v) for k, v in d.items() if v is not None and not (isinstance(v, dict) and not prune(v))}
-        return d
-
-    return prune(out)
+    out["dataset"].pop("dataset_name", None)
+    return drop_unset(out)

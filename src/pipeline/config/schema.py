@@ -1,136 +1,416 @@
-"""The training config schema: sections and field names mirror Megatron Bridge's ``ConfigContainer``.
+"""The training config, typed: one dataclass per ``ConfigContainer`` section the suite sets or reads, plus ``pipeline``.
 
-So one override (``train.train_iters=200``) means the same on both engines. ``None`` means "keep the
-recipe's value". A key that is not in the schema fails with a hint; Hydra's ``+key=value`` adds a key
-the schema does not know (passed through to Megatron Bridge; the local engine warns that it ignores it).
+Sections and field names mirror Megatron Bridge's ``ConfigContainer``, so one override (``train.train_iters=200``)
+means the same on both engines. ``None`` means "keep the recipe's value" (unset). Loading
+(:func:`pipeline.config.loader.load_config`: recipe defaults < YAML < Hydra overrides) ends in
+:meth:`TrainingConfig.from_dict`, which checks every value against its field's type and collects one line per
+mistyped value (``train.train_iters='abc' must be an integer``) for the preflight to report with the rest. A key
+that is not a field fails at load with a hint; Hydra's ``+key=value`` adds one the schema does not know: it is kept
+in :attr:`TrainingConfig.extra`, passed through to Megatron Bridge and checked against Bridge's own field table by
+the preflight (the local engine warns that it ignores it).
 
-Suite-only keys, stripped before the config reaches Megatron Bridge: the top-level ``pipeline`` section
-(cluster profile, local-engine options) and ``dataset.dataset_name``.
+Suite-only keys, stripped before the config reaches Megatron Bridge: the ``pipeline`` section (cluster profile,
+local-engine options) and ``dataset.dataset_name``. ``tests/unit/test_config.py`` checks every field's type against
+the pinned Bridge's field table (``bridge_fields.json``).
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+import dataclasses
+import functools
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-SCHEMA: dict[str, Any] = {
-    "model": {
-        "seq_length": None,
-        "tensor_model_parallel_size": None,
-        "pipeline_model_parallel_size": None,
-        "virtual_pipeline_model_parallel_size": None,
-        "context_parallel_size": None,
-        "expert_model_parallel_size": None,
-        "expert_tensor_parallel_size": None,
-        "sequence_parallel": None,
-        "recompute_granularity": None,
-        "recompute_method": None,
-        "recompute_num_layers": None,
-        "recompute_modules": None,
-        "moe_permute_fusion": None,
-        "moe_token_dispatcher_type": None,
-        "moe_grouped_gemm": None,
-        "gradient_accumulation_fusion": None,
-        "cross_entropy_loss_fusion": None,
-        "calculate_per_token_loss": None,
-        "bf16": None,
-        "fp8": None,
-        "cp_comm_type": None,
-        "attention_backend": None,
-    },
-    "train": {
-        "train_iters": None,
-        "global_batch_size": None,
-        "micro_batch_size": None,
-        "exit_signal_handler": None,
-        "exit_duration_in_mins": None,
-        "manual_gc": None,
-        "manual_gc_interval": None,
-    },
-    "validation": {"eval_interval": None, "eval_iters": None},
-    "optimizer": {
-        "optimizer": None,
-        "lr": None,
-        "min_lr": None,
-        "weight_decay": None,
-        "adam_beta1": None,
-        "adam_beta2": None,
-        "adam_eps": None,
-        "clip_grad": None,
-        "use_distributed_optimizer": None,
-    },
-    "scheduler": {
-        "lr_warmup_iters": None,
-        "lr_decay_iters": None,
-        "lr_decay_style": None,
-        "start_weight_decay": None,
-        "end_weight_decay": None,
-    },
-    "dataset": {
-        "dataset_name": None,  # suite-only: where the data came from (documentation, stripped for Bridge)
-        "dataset_root": None,
-        "seq_length": None,
-        "seed": None,
-        "num_workers": None,
-        "do_validation": None,
-        "do_test": None,
-        "enable_offline_packing": None,
-        "offline_packing_specs": {
-            "packed_sequence_size": None,
-            "pad_seq_to_mult": None,
-            "tokenizer_model_name": None,
-            "packed_train_data_path": None,
-            "packed_val_data_path": None,
-            "packed_metadata_path": None,
-            "pad_cu_seqlens": None,
-        },
-    },
-    "checkpoint": {
-        "save": None,
-        "load": None,
-        "pretrained_checkpoint": None,
-        "save_interval": None,
-        "save_optim": None,
-        "save_rng": None,
-        "ckpt_format": None,
-        "async_save": None,
-    },
-    "logger": {
-        "log_interval": None,
-        "wandb_project": None,
-        "wandb_entity": None,
-        "wandb_exp_name": None,
-        "wandb_save_dir": None,
-        "tensorboard_dir": None,
-    },
-    "tokenizer": {"tokenizer_type": None, "tokenizer_model": None},
-    "rng": {"seed": None},
-    "ddp": {"use_distributed_optimizer": None, "grad_reduce_in_fp32": None, "overlap_grad_reduce": None,
-            "overlap_param_gather": None, "check_for_nan_in_grad": None},
-    "ft": {"enable_ft_package": None, "calc_ft_timeouts": None},
-    "peft": {"dim": None, "alpha": None, "dropout": None, "target_modules": None},
-    "dist": {"distributed_timeout_minutes": None},
-    "mixed_precision": None,
-    "env_vars": {},
-    # Suite-only settings (never passed to Megatron Bridge).
-    "pipeline": {
-        "cluster": None,  # cluster profile name under configs/cluster/
-        "local": {
-            "dtype": "float32",     # local engine compute dtype (CPU: float32)
-            # bf16 autocast of the forward (weights, gradients and optimizer stay in dtype): "bf16", "off", or
-            # "auto" (bf16 where the CPU computes bf16 natively: AMX or AVX512-BF16; off elsewhere and on CUDA)
-            "autocast": "off",
-            "gradient_checkpointing": False,
-            # Fault injection for the tests (training/engines/local.py, training/fault_tolerance.py).
-            "fault_inject_nan_step": None,    # the loss becomes NaN from this step on
-            "fault_inject_hang_step": None,   # rank 0 stops making progress at this step (first attempt only)
-            "fault_inject_step_sleep": None,  # every step this many seconds slower (a predictable step time)
-        },
-    },
-}
+INT_MAX = 2**62  # larger counts are typos (and overflow Megatron's int64 arithmetic)
 
+
+def _f(doc: str, default: Any = None) -> Any:
+    """A config field: its default (``None``: keep the recipe's) and a one-line description."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class ModelConfig:
+    seq_length: int | None = _f("sequence length in tokens (the model's context for this run)")
+    tensor_model_parallel_size: int | None = _f("tensor parallelism (TP): ranks that split each layer's matmuls")
+    pipeline_model_parallel_size: int | None = _f("pipeline parallelism (PP): stages the layers are cut into")
+    virtual_pipeline_model_parallel_size: int | None = _f("interleaved pipeline: model chunks per pipeline stage")
+    context_parallel_size: int | None = _f("context parallelism (CP): ranks that split each sequence")
+    expert_model_parallel_size: int | None = _f("expert parallelism (EP): ranks the MoE experts are spread over")
+    expert_tensor_parallel_size: int | None = _f("tensor parallelism inside each expert (ETP)")
+    sequence_parallel: bool | None = _f("shard layer-norm and dropout activations over the TP group")
+    recompute_granularity: Literal["full", "selective"] | None = _f("activation recomputation: full or selective")
+    recompute_method: Literal["uniform", "block"] | None = _f("how full recomputation picks layers")
+    recompute_num_layers: int | None = _f("layers per recomputation unit (full recomputation)")
+    recompute_modules: Any = _f("modules to recompute (selective), e.g. [moe, mlp]")
+    moe_permute_fusion: bool | None = _f("fused token permutation in the MoE dispatcher")
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = _f("MoE token dispatcher")
+    moe_grouped_gemm: bool | None = _f("grouped GEMM for the experts")
+    gradient_accumulation_fusion: bool | None = _f("fuse weight-gradient accumulation into the GEMM (needs APEX/TE)")
+    cross_entropy_loss_fusion: bool | None = _f("fused cross-entropy kernel")
+    calculate_per_token_loss: bool | None = _f("average the loss over tokens rather than sequences")
+    bf16: bool | None = _f("BF16 parameters and compute")
+    fp8: str | None = _f("FP8 recipe (e.g. hybrid, e4m3); unset: no FP8")
+    cp_comm_type: Any = _f("context-parallel communication (p2p, a2a, allgather; or one per layer)")
+    attention_backend: Any = _f("attention kernel backend (Transformer Engine's choice when unset)")
+
+
+@dataclass
+class TrainConfig:
+    train_iters: int | None = _f("optimizer steps to run")
+    global_batch_size: int | None = _f("sequences per optimizer step, over all data-parallel ranks")
+    micro_batch_size: int | None = _f("sequences per rank per forward/backward pass")
+    exit_signal_handler: bool | None = _f("checkpoint and exit on the exit signal (the launcher sets it for Bridge)")
+    exit_duration_in_mins: int | None = _f("checkpoint and exit after this many minutes")
+    manual_gc: bool | None = _f("run Python's garbage collector only every manual_gc_interval steps")
+    manual_gc_interval: int | None = _f("steps between manual garbage collections")
+
+
+@dataclass
+class ValidationConfig:
+    eval_interval: int | None = _f("steps between validation passes (0: none)")
+    eval_iters: int | None = _f("validation batches per pass")
+
+
+@dataclass
+class OptimizerConfig:
+    optimizer: str | None = _f("optimizer name (adam, sgd)")
+    lr: float | None = _f("peak learning rate")
+    min_lr: float | None = _f("learning rate at the end of the decay")
+    weight_decay: float | None = _f("decoupled weight decay")
+    adam_beta1: float | None = _f("Adam's first-moment decay")
+    adam_beta2: float | None = _f("Adam's second-moment decay")
+    adam_eps: float | None = _f("Adam's epsilon")
+    clip_grad: float | None = _f("gradient-norm clipping threshold (0: off)")
+    use_distributed_optimizer: bool | None = _f("shard the optimizer state over data-parallel ranks")
+
+
+@dataclass
+class SchedulerConfig:
+    lr_warmup_iters: int | None = _f("linear warm-up steps")
+    lr_decay_iters: int | None = _f("steps the decay spans (WSD: the decay phase)")
+    lr_decay_style: str | None = _f("decay shape (cosine, linear, constant, WSD, ...)")
+    start_weight_decay: float | None = _f("weight decay at the start of its schedule")
+    end_weight_decay: float | None = _f("weight decay at the end of its schedule")
+
+
+@dataclass
+class PackingSpecs:
+    packed_sequence_size: int | None = _f("tokens per pack (must equal model.seq_length; -1: no packing)")
+    pad_seq_to_mult: int | None = _f("pad each packed document to a multiple of this (context parallelism)")
+    tokenizer_model_name: str | None = _f("tokenizer folder name the packed files are stored under")
+    packed_train_data_path: str | None = _f("explicit packed training Parquet (default: under dataset_root)")
+    packed_val_data_path: str | None = _f("explicit packed validation Parquet")
+    packed_metadata_path: str | None = _f("explicit packing metadata JSON")
+    pad_cu_seqlens: bool | None = _f("pad cu_seqlens to a fixed length (CUDA graphs)")
+
+
+@dataclass
+class DatasetConfig:
+    dataset_name: str | None = _f("where the data came from (suite-only: documentation, stripped for Bridge)")
+    dataset_root: str | None = _f("prepared dataset folder (pipeline_data_prepare.py prepare --dataset-root)")
+    seq_length: int | None = _f("sequence length of the data (must equal model.seq_length)")
+    seed: int | None = _f("data shuffling seed")
+    num_workers: int | None = _f("data-loader worker processes per rank")
+    do_validation: bool | None = _f("build the validation split")
+    do_test: bool | None = _f("build the test split")
+    enable_offline_packing: bool | None = _f("read pre-packed sequences (with their document boundaries)")
+    offline_packing_specs: PackingSpecs = field(default_factory=PackingSpecs,
+                                                metadata={"doc": "where the packed SFT data is and how it was packed"})
+
+
+@dataclass
+class CheckpointConfig:
+    save: str | None = _f("checkpoint folder this run writes (iter_NNNNNNN + the tracker)")
+    load: str | None = _f("checkpoint folder to resume from (the launcher sets it to save for Bridge)")
+    pretrained_checkpoint: str | None = _f("weights to start from (a checkpoints/ folder, iter_ folder or HF model)")
+    save_interval: int | None = _f("steps between checkpoints")
+    save_optim: bool | None = _f("save the optimizer state")
+    save_rng: bool | None = _f("save the RNG state")
+    ckpt_format: str | None = _f("checkpoint format (torch_dist, ...)")
+    async_save: bool | None = _f("write checkpoints in the background")
+
+
+@dataclass
+class LoggerConfig:
+    log_interval: int | None = _f("steps between log lines")
+    wandb_project: str | None = _f("W&B project (unset: no W&B on Bridge)")
+    wandb_entity: str | None = _f("W&B entity (team or user)")
+    wandb_exp_name: str | None = _f("run name: the W&B run and the run directory under PIPELINE_RUNS_DIR")
+    wandb_save_dir: str | None = _f("where W&B writes its files")
+    tensorboard_dir: str | None = _f("TensorBoard event folder")
+
+
+@dataclass
+class TokenizerConfig:
+    tokenizer_type: str | None = _f("Megatron tokenizer type (HuggingFaceTokenizer, ...)")
+    tokenizer_model: str | None = _f("tokenizer name or folder")
+
+
+@dataclass
+class RngConfig:
+    seed: int | None = _f("model-initialisation and dropout seed")
+
+
+@dataclass
+class DdpConfig:
+    use_distributed_optimizer: bool | None = _f("shard the optimizer state (distributed optimizer)")
+    grad_reduce_in_fp32: bool | None = _f("reduce gradients in FP32")
+    overlap_grad_reduce: bool | None = _f("overlap the gradient reduce-scatter with the backward pass")
+    overlap_param_gather: bool | None = _f("overlap the parameter all-gather with the forward pass")
+    check_for_nan_in_grad: bool | None = _f("fail on a NaN gradient")
+
+
+@dataclass
+class FtConfig:
+    enable_ft_package: bool | None = _f("NVRx fault tolerance inside Megatron (set under ft_launcher)")
+    calc_ft_timeouts: bool | None = _f("let NVRx learn the section timeouts")
+
+
+@dataclass
+class PeftConfig:
+    dim: int | None = _f("LoRA rank")
+    alpha: int | None = _f("LoRA scaling numerator")
+    dropout: float | None = _f("LoRA dropout")
+    target_modules: Any = _f("modules LoRA adapts, e.g. [linear_qkv, linear_proj]")
+
+
+@dataclass
+class DistConfig:
+    distributed_timeout_minutes: int | None = _f("collective timeout (NCCL) in minutes")
+
+
+@dataclass
+class LocalEngineConfig:
+    dtype: Literal["float32", "bfloat16", "float16"] = _f("local engine weight dtype (CPU: float32)", "float32")
+    autocast: Literal["off", "bf16", "auto"] = _f(
+        "bf16 autocast of the forward (weights, grads and optimizer stay in dtype); auto: where the CPU computes "
+        "bf16 natively (AMX or AVX512-BF16), off elsewhere and on CUDA", "off")
+    gradient_checkpointing: bool = _f("recompute activations in the backward pass", False)
+    # Fault injection for the tests (training/engines/local.py, training/fault_tolerance.py).
+    fault_inject_nan_step: int | None = _f("the loss becomes NaN from this step on (tests)")
+    fault_inject_hang_step: int | None = _f("rank 0 stops making progress at this step, first attempt only (tests)")
+    fault_inject_step_sleep: float | None = _f("every step this many seconds slower (tests)")
+    fault_inject_resume_shift: int | None = _f("a resume reads the data this many steps off (tests)")
+
+
+@dataclass
+class PipelineConfig:
+    cluster: str | None = _f("cluster profile name under configs/cluster/ (or a profile YAML path)")
+    local: LocalEngineConfig = field(default_factory=LocalEngineConfig, metadata={"doc": "local-engine options"})
+
+
+@dataclass
+class TrainingConfig:
+    """The resolved training config: typed sections, Bridge pass-through keys in :attr:`extra`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    rng: RngConfig = field(default_factory=RngConfig)
+    ddp: DdpConfig = field(default_factory=DdpConfig)
+    ft: FtConfig = field(default_factory=FtConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    mixed_precision: Any = _f("Bridge's mixed-precision recipe (a name such as bf16_mixed, or its fields)")
+    env_vars: dict[str, Any] = field(default_factory=dict, metadata={"doc": "environment variables for the ranks"})
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"doc": "suite-only settings"})
+    # Not config fields: what loading found beside the schema.
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+    """Keys added with ``+key=value`` that are not fields (nested like the config): passed through to Bridge."""
+    problems: list[str] = field(default_factory=list, metadata={"internal": True})
+    """One line per value whose type does not fit its field (the field is left unset)."""
+    invalid: set[str] = field(default_factory=set, metadata={"internal": True})
+    """The dotted keys of those values (the preflight does not also report them as unset)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
+        """The typed config of a resolved dict (every key known or passed through; see the module docstring)."""
+        problems: list[str] = []
+        invalid: set[str] = set()
+        extra: dict[str, Any] = {}
+        cfg = _build(cls, data, "", problems, invalid, extra)
+        cfg.extra, cfg.problems, cfg.invalid = extra, problems, invalid
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config of record (``config.yaml``): every field, with the pass-through keys in place."""
+        return _merge_extra(_as_dict(self), self.extra)
+
+
+# ---- building a typed config from a dict ------------------------------------------------------------------
+def _is_internal(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("internal"))
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else Any
+    return tp
+
+
+def check_value(tp: Any, value: Any, key: str) -> str | None:
+    """Why ``value`` does not fit a field of type ``tp`` (one line naming the key), or None."""
+    tp = _strip_optional(tp)
+    if value is None or tp is Any:
+        return None
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        return None if value in choices else f"{key}={value!r} is not one of {', '.join(map(str, choices))}"
+    if tp is bool:
+        return None if isinstance(value, bool) else f"{key}={value!r} must be a boolean (true/false)"
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key}={value!r} must be an integer"
+        return f"{key}={value} is out of range" if abs(value) > INT_MAX else None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{key}={value!r} must be a number"
+        return None if math.isfinite(value) else f"{key}={value} must be a finite number"
+    if tp is str:
+        return None if isinstance(value, str) else f"{key}={value!r} must be a string (quote it: {key}='{value}')"
+    if typing.get_origin(tp) is dict:
+        return None if isinstance(value, dict) else f"{key}={value!r} must be a mapping"
+    raise TypeError(f"config field {key} has a type the loader does not check: {tp!r}")
+
+
+def _build(cls: type, data: dict[str, Any], where: str, problems: list[str], invalid: set[str],
+           extra: dict[str, Any]) -> Any:
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not _is_internal(f)}
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{where}{name}"
+        f = fields.get(name)
+        if f is None:
+            extra[name] = value  # a '+key' the schema does not know: Bridge's to judge (the preflight checks it)
+            continue
+        tp = hints[name]
+        if value is None and f.default_factory is not dataclasses.MISSING:
+            continue  # a cleared section or mapping: its default (every field unset, no entries)
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                problems.append(f"'{key}' is a section, not a value")
+                invalid.add(key)
+                continue
+            sub: dict[str, Any] = {}
+            kwargs[name] = _build(tp, value, key + ".", problems, invalid, sub)
+            if sub:
+                extra[name] = sub
+            continue
+        problem = check_value(tp, value, key)
+        if problem:
+            problems.append(problem)
+            invalid.add(key)
+            continue
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if _is_internal(f):
+            continue
+        v = getattr(obj, f.name)
+        out[f.name] = _as_dict(v) if dataclasses.is_dataclass(v) else _copy(v)
+    return out
+
+
+def _copy(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_copy(x) for x in v]
+    return v
+
+
+def _merge_extra(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge_extra(base[k], v)
+        else:
+            base[k] = _copy(v)
+    return base
+
+
+def schema_dict(cls: type = TrainingConfig) -> dict[str, Any]:
+    """The schema as a nested dict of defaults (what the loader merges into and takes its key hints from)."""
+    out: dict[str, Any] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if _is_internal(f):
+            continue
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out[f.name] = schema_dict(tp)  # type: ignore[arg-type]
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = f.default
+    return out
+
+
+def field_types(cls: type = TrainingConfig, where: str = "") -> dict[str, Any]:
+    """Every leaf field's dotted key and type (sections expanded)."""
+    out: dict[str, Any] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if _is_internal(f):
+            continue
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(field_types(tp, f"{where}{f.name}."))  # type: ignore[arg-type]
+        else:
+            out[f"{where}{f.name}"] = tp
+    return out
+
+
+def field_docs(cls: type = TrainingConfig, where: str = "") -> dict[str, str]:
+    """Every field's dotted key and its one-line description."""
+    out: dict[str, str] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if _is_internal(f):
+            continue
+        out[f"{where}{f.name}"] = str(f.metadata.get("doc", ""))
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(field_docs(hints[f.name], f"{where}{f.name}."))
+    return out
+
+
+def bridge_kind(tp: Any) -> str:
+    """The kind Megatron Bridge's field table (``bridge_fields.json``) records for a field of type ``tp``."""
+    tp = _strip_optional(tp)
+    if typing.get_origin(tp) is Literal:
+        return "str" if all(isinstance(c, str) for c in typing.get_args(tp)) else "any"
+    return {bool: "bool", int: "int", float: "float", str: "str"}.get(tp, "any")
+
+
+def in_schema(dotted: str) -> bool:
+    """Whether ``dotted`` names a field (or a section) of the schema."""
+    return dotted in _keys()
+
+
+@functools.cache
+def _keys() -> frozenset[str]:
+    return frozenset(field_docs())
+
+
+# Suite-only keys: never handed to Megatron Bridge.
 SUITE_ONLY = (("pipeline",), ("dataset", "dataset_name"))
-
-
-def schema_copy() -> dict[str, Any]:
-    return copy.deepcopy(SCHEMA)

@@ -26,6 +26,7 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.argv import flag_value
 from pipeline.common.errors import UserError
+from pipeline.common.mappings import drop_unset
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
 
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
@@ -181,15 +182,16 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
         with _at_root():
             cfg, run_dir, plan = resolve(ov)
             if phase.tokens is not None:
-                per_iter = int(cfg["train"]["global_batch_size"]) * int(cfg["model"]["seq_length"])
-                ov["train.train_iters"] = max(1, math.ceil(phase.tokens / per_iter))
-                cfg, run_dir, plan = resolve(ov)
+                gbs, seq = cfg.train.global_batch_size, cfg.model.seq_length
+                if gbs and seq:  # unset or mistyped: the preflight names it
+                    ov["train.train_iters"] = max(1, math.ceil(phase.tokens / (gbs * seq)))
+                    cfg, run_dir, plan = resolve(ov)
     except UserError as exc:
         job.problems.append(str(exc).splitlines()[0])
         return job
-    job.cfg, job.run_dir = cfg, Path(run_dir)
-    job.save = Path(cfg["checkpoint"]["save"]) if (cfg.get("checkpoint") or {}).get("save") else None
-    job.iters = int(cfg["train"]["train_iters"])
+    job.cfg, job.run_dir = cfg.to_dict(), Path(run_dir)
+    job.save = Path(cfg.checkpoint.save) if cfg.checkpoint.save else None
+    job.iters = cfg.train.train_iters
     job.args = [exp.base.config, exp.base.model, exp.base.mode, *_train_argv(exp, ov, name)]
     if allow_config_change:
         job.args.insert(3, "--allow-config-change")
@@ -298,16 +300,7 @@ def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
     return out
 
 
-def set_values(d: Any) -> Any:
-    """The config without unset (None) values and empty sections, for display."""
-    if not isinstance(d, dict):
-        return d
-    out = {}
-    for k, v in d.items():
-        v = set_values(v)
-        if v is not None and v != {}:
-            out[k] = v
-    return out
+set_values = drop_unset  # the config without unset values and empty sections, for display
 
 
 def require_ok(plans: list[RunPlan]) -> None:

@@ -47,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.common import yamlio
+from pipeline.common import mappings, yamlio
 from pipeline.common.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
@@ -190,23 +190,10 @@ def _register_resolvers() -> None:
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        d = out
-        parts = key.lstrip("+").split(".")
-        for p in parts[:-1]:
-            d = d.setdefault(p, {})
-            if not isinstance(d, dict):
-                raise UserError(f"override {key} sets a key below {p}, which another override sets to a value")
-        d[parts[-1]] = value
-    return out
-
-
-def _deep_merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for k, v in update.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    try:
+        return mappings.nest(flat)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def resolve_values(values: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +206,7 @@ def resolve_values(values: dict[str, Any], context: dict[str, Any]) -> dict[str,
     from omegaconf.errors import OmegaConfBaseException
 
     _register_resolvers()
-    conf = OmegaConf.create(_deep_merge(context, nest(values)))
+    conf = OmegaConf.create(mappings.deep_merge(context, nest(values)))
     out = dict(values)
     for k in todo:
         try:

@@ -30,7 +30,7 @@ import logging
 import os
 import time
 
-from pipeline.config.loader import get
+from pipeline.config.schema import TrainingConfig
 
 log = logging.getLogger(__name__)
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # set by ft_launcher for each worker (nvidia_resiliency_ext data.py)
@@ -81,7 +81,7 @@ class FaultTolerance:
             self.open.clear()
 
 
-def start(cfg: dict) -> FaultTolerance | None:
+def start(cfg: TrainingConfig) -> FaultTolerance | None:
     """Connect to the rank monitor (under ft_launcher) and open the ``setup`` section."""
     ft = FaultTolerance.connect()
     if ft is not None:
@@ -89,13 +89,13 @@ def start(cfg: dict) -> FaultTolerance | None:
     return ft
 
 
-def callbacks(ft: FaultTolerance | None, cfg: dict) -> list:
+def callbacks(ft: FaultTolerance | None, cfg: TrainingConfig) -> list:
     """Trainer callbacks: the FT sections (under ft_launcher) and the hang/slow-step injection (if configured).
     Put them after the other callbacks so a save requested at step end (SaveAndExit) is timed too."""
     from transformers import TrainerCallback
 
-    hang_step = get(cfg, "pipeline.local.fault_inject_hang_step")
-    step_sleep = float(get(cfg, "pipeline.local.fault_inject_step_sleep") or 0)
+    hang_step = cfg.pipeline.local.fault_inject_hang_step
+    step_sleep = cfg.pipeline.local.fault_inject_step_sleep or 0.0
     first_attempt = (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0  # launcher restarts
                      and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)    # Slurm requeues
     hang = hang_step is not None and first_attempt and int(os.environ.get("RANK", "0")) == 0
@@ -105,7 +105,7 @@ def callbacks(ft: FaultTolerance | None, cfg: dict) -> list:
             if ft is not None:
                 ft.end("setup")
                 ft.start("step")
-            if hang and st.global_step + 1 == int(hang_step):
+            if hang and st.global_step + 1 == hang_step:
                 log.warning("fault injection: rank 0 hangs at step %d (pipeline.local.fault_inject_hang_step)",
                             st.global_step + 1)
                 while True:  # alive, no progress: only a timeout (or a kill) ends this

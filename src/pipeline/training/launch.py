@@ -21,8 +21,9 @@ from pipeline.config.cluster import (
     script_directives,
     user_set,
 )
-from pipeline.config.loader import get, load_config
+from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
+from pipeline.config.schema import TrainingConfig
 from pipeline.slurm.allocation import Allocation, current, rendezvous
 from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
 from pipeline.training.views import RunView, build_view
@@ -62,7 +63,7 @@ class LaunchPlan:
     cluster: ClusterProfile
     alloc: Allocation
     nodes: int
-    cfg: dict = field(repr=False)
+    cfg: TrainingConfig = field(repr=False)
     run_dir: Path
     preflight: Plan
     view: RunView | None = None  # the typed view the engines read; None when the preflight failed
@@ -116,16 +117,16 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
 
 
-def resolve_cluster(requested: str | None, cfg: dict, spec: ModelSpec) -> ClusterProfile:
-    name = requested or os.environ.get("PIPELINE_CLUSTER") or get(cfg, "pipeline.cluster") \
+def resolve_cluster(requested: str | None, cfg: TrainingConfig, spec: ModelSpec) -> ClusterProfile:
+    name = requested or os.environ.get("PIPELINE_CLUSTER") or cfg.pipeline.cluster \
         or ("local_cpu" if spec.is_local else None)
     if name is None:
         raise UserError("no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
     return load_cluster(name)
 
 
-def default_run_dir(cfg: dict, config_path: str) -> Path:
-    raw = get(cfg, "logger.wandb_exp_name")
+def default_run_dir(cfg: TrainingConfig, config_path: str) -> Path:
+    raw = cfg.logger.wandb_exp_name
     if raw is not None and str(raw).strip() == "":
         raise UserError("logger.wandb_exp_name is empty: give the run a name (or leave it unset to use the config's)")
     name = str(raw or Path(config_path).stem)
@@ -135,28 +136,29 @@ def default_run_dir(cfg: dict, config_path: str) -> Path:
     return paths.runs_dir() / name
 
 
-def finalize_config(cfg: dict, spec: ModelSpec, run_dir: Path, config_path: str) -> dict:
+def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_path: str) -> TrainingConfig:
     """Fill what the engines need and the config left unset (recorded in the resolved config).
 
     Megatron Bridge engine: ``train.exit_signal_handler`` is switched on (unless the config says otherwise), so
     the pre-limit request reaches Megatron's own handler, which checkpoints at the next step and exits; and
     ``checkpoint.load`` defaults to ``checkpoint.save``, so a requeued job resumes its own run."""
-    if not spec.is_local and get(cfg, "train.exit_signal_handler") is None:
-        cfg["train"]["exit_signal_handler"] = True
-    if not spec.is_local and get(cfg, "checkpoint.save") and get(cfg, "checkpoint.load") is None:
+    ckpt, logger = cfg.checkpoint, cfg.logger
+    if not spec.is_local and cfg.train.exit_signal_handler is None:
+        cfg.train.exit_signal_handler = True
+    if not spec.is_local and ckpt.save and ckpt.load is None:
         # The recipes leave checkpoint.load unset: a requeued or restarted job would then start again from
         # pretrained_checkpoint (or from scratch) and overwrite its own iterations. Megatron resumes from `load`
         # when it holds a checkpoint and falls back to pretrained_checkpoint when it does not.
-        cfg["checkpoint"]["load"] = get(cfg, "checkpoint.save")
+        ckpt.load = ckpt.save
     if spec.is_local:
-        if get(cfg, "checkpoint.save") is None:
-            cfg["checkpoint"]["save"] = str(run_dir / "checkpoints")
-        if get(cfg, "logger.wandb_exp_name") is None:
-            cfg["logger"]["wandb_exp_name"] = Path(config_path).stem
-        if get(cfg, "logger.wandb_project") is None:
-            cfg["logger"]["wandb_project"] = os.environ.get("WANDB_PROJECT", "pipeline-local")
-        if get(cfg, "logger.wandb_save_dir") is None:
-            cfg["logger"]["wandb_save_dir"] = os.environ.get("WANDB_DIR") or str(paths.repo_root())
+        if ckpt.save is None:
+            ckpt.save = str(run_dir / "checkpoints")
+        if logger.wandb_exp_name is None:
+            logger.wandb_exp_name = Path(config_path).stem
+        if logger.wandb_project is None:
+            logger.wandb_project = os.environ.get("WANDB_PROJECT", "pipeline-local")
+        if logger.wandb_save_dir is None:
+            logger.wandb_save_dir = os.environ.get("WANDB_DIR") or str(paths.repo_root())
     return cfg
 
 
@@ -189,16 +191,6 @@ def fan_out_command(argv: list[str]) -> list[str]:
     """The exact srun line that starts this launcher once per node of the allocation."""
     return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash",
             str(paths.repo_root() / "pipeline_training_launch.sh"), *argv]
-
-
-def set_values(d: dict) -> dict:
-    """The config without unset (None) values and empty sections, for display."""
-    out = {}
-    for k, v in d.items():
-        v = set_values(v) if isinstance(v, dict) else v
-        if v is not None and v != {}:
-            out[k] = v
-    return out
 
 
 def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str], overrides: list[str],

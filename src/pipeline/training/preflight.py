@@ -24,22 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from pipeline.config.cluster import ClusterProfile
-from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec
 from pipeline.config.parallel import Layout, node_local_problems
+from pipeline.config.schema import TrainingConfig
 from pipeline.data.packing import check_pad_multiple
 
 GB = 1e9
 OVERHEAD_GB = 5.0
-
-AUTOCAST = ("off", "bf16", "auto")  # pipeline.local.autocast
-
 
 @dataclasses.dataclass
 class Plan:
@@ -74,39 +70,32 @@ class Plan:
         return not self.problems
 
 
-def _int(cfg: dict, key: str, plan: Plan, required: bool = True) -> int:
-    v = get(cfg, key)
-    if v is None:
-        if required:
-            plan.problems.append(f"{key} is not set (no recipe default for model '{plan.model}' mode '{plan.mode}'); "
-                                 f"set it in the YAML or with {key}=...")
+def _count(cfg: TrainingConfig, key: str, value: int | None, plan: Plan) -> int:
+    """A required count (typed at load): 0 and a problem when it is unset or < 1 (train_iters: checked later)."""
+    if key in cfg.invalid:
+        return 0  # mistyped: already one of cfg.problems
+    if value is None:
+        plan.problems.append(f"{key} is not set (no recipe default for model '{plan.model}' mode '{plan.mode}'); "
+                             f"set it in the YAML or with {key}=...")
         return 0
-    if isinstance(v, bool) or not isinstance(v, int):
-        plan.problems.append(f"{key}={v!r} must be an integer")
+    if value < 1 and not key.endswith("train_iters"):
+        plan.problems.append(f"{key}={value} must be >= 1")
         return 0
-    if v > 2**62:
-        plan.problems.append(f"{key}={v} is out of range")
-        return 0
-    if v < 1 and not key.endswith("train_iters"):
-        plan.problems.append(f"{key}={v} must be >= 1")
-        return 0
-    return v
+    return value
 
 
-def packed_data_paths(cfg: dict, tokenizer_name: str) -> dict[str, Path] | None:
+def packed_data_paths(cfg: TrainingConfig, tokenizer_name: str) -> dict[str, Path] | None:
     from pipeline.data.packed_parquet import packed_paths
 
-    root = get(cfg, "dataset.dataset_root")
-    seq = get(cfg, "dataset.offline_packing_specs.packed_sequence_size") or get(cfg, "dataset.seq_length") \
-        or get(cfg, "model.seq_length")
+    ds, specs = cfg.dataset, cfg.dataset.offline_packing_specs
+    root = ds.dataset_root
+    seq = specs.packed_sequence_size or ds.seq_length or cfg.model.seq_length
     if root is None or seq is None:
         return None
-    pad = get(cfg, "dataset.offline_packing_specs.pad_seq_to_mult") or 1
-    paths = packed_paths(Path(root), tokenizer_name, int(pad), int(seq))
-    explicit = {"train": "packed_train_data_path", "validation": "packed_val_data_path",
-                "metadata": "packed_metadata_path"}
-    for k, key in explicit.items():
-        v = get(cfg, f"dataset.offline_packing_specs.{key}")
+    paths = packed_paths(Path(root), tokenizer_name, specs.pad_seq_to_mult or 1, seq)
+    explicit = {"train": specs.packed_train_data_path, "validation": specs.packed_val_data_path,
+                "metadata": specs.packed_metadata_path}
+    for k, v in explicit.items():
         if v:
             paths[k] = Path(v)
     return paths
@@ -146,7 +135,7 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
     return {k: round(v, 1) for k, v in parts.items()}
 
 
-def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile, nodes: int,
+def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: ClusterProfile, nodes: int,
                   path_checks: bool = True, peft: str | None = None) -> Plan:
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
@@ -160,19 +149,22 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     if plan.world < 1:
         plan.problems.append(f"cluster '{cluster.name}' gives {plan.ranks_per_node} ranks per node")
         return plan
-    tp = plan.tp = _int(cfg, "model.tensor_model_parallel_size", plan)
-    pp = plan.pp = _int(cfg, "model.pipeline_model_parallel_size", plan)
-    cp = plan.cp = _int(cfg, "model.context_parallel_size", plan)
-    ep = plan.ep = _int(cfg, "model.expert_model_parallel_size", plan)
-    etp = plan.etp = _int(cfg, "model.expert_tensor_parallel_size", plan)
-    gbs = plan.gbs = _int(cfg, "train.global_batch_size", plan)
-    mbs = plan.mbs = _int(cfg, "train.micro_batch_size", plan)
-    iters = plan.train_iters = _int(cfg, "train.train_iters", plan)
-    seq = plan.seq_length = _int(cfg, "model.seq_length", plan)
-    if plan.problems:
-        return plan
+    plan.problems += cfg.problems  # values whose type does not fit their field (found at load)
+    before = len(plan.problems)
+    m, t = cfg.model, cfg.train
+    tp = plan.tp = _count(cfg, "model.tensor_model_parallel_size", m.tensor_model_parallel_size, plan)
+    pp = plan.pp = _count(cfg, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, plan)
+    cp = plan.cp = _count(cfg, "model.context_parallel_size", m.context_parallel_size, plan)
+    ep = plan.ep = _count(cfg, "model.expert_model_parallel_size", m.expert_model_parallel_size, plan)
+    etp = plan.etp = _count(cfg, "model.expert_tensor_parallel_size", m.expert_tensor_parallel_size, plan)
+    gbs = plan.gbs = _count(cfg, "train.global_batch_size", t.global_batch_size, plan)
+    mbs = plan.mbs = _count(cfg, "train.micro_batch_size", t.micro_batch_size, plan)
+    iters = plan.train_iters = _count(cfg, "train.train_iters", t.train_iters, plan)
+    seq = plan.seq_length = _count(cfg, "model.seq_length", m.seq_length, plan)
+    if len(plan.problems) > before or 0 in (tp, pp, cp, ep, etp, gbs, mbs, seq):
+        return plan  # a count unset, < 1 or mistyped: the checks below divide by them
     gpn = cluster.ranks_per_node
-    sp = bool(get(cfg, "model.sequence_parallel", False))
+    sp = bool(m.sequence_parallel)
 
     if local and (tp, pp, cp, ep, etp) != (1, 1, 1, 1, 1):
         plan.problems.append(f"the local engine has no model parallelism: tp({tp}) pp({pp}) cp({cp}) ep({ep}) "
@@ -200,36 +192,32 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     if iters < 1:
         plan.problems.append(f"train.train_iters({iters}) must be >= 1")
 
-    ds_seq = get(cfg, "dataset.seq_length")
+    ds, specs = cfg.dataset, cfg.dataset.offline_packing_specs
+    ds_seq = ds.seq_length
     if ds_seq is not None and ds_seq != seq:
         plan.problems.append(f"dataset.seq_length({ds_seq}) != model.seq_length({seq}): set both to the same value")
-    specs_set = isinstance(get(cfg, "dataset.offline_packing_specs"), dict) and any(
-        v is not None for v in get(cfg, "dataset.offline_packing_specs").values())
-    if not local and specs_set and get(cfg, "dataset.enable_offline_packing") is False:
+    specs_set = any(v is not None for v in dataclasses.asdict(specs).values())
+    if not local and specs_set and ds.enable_offline_packing is False:
         # Bridge's GPT step hands the model the packed sequences' boundaries only with offline packing on; off, each
         # pack of several documents would be one sequence, attending across its documents (Bridge refuses the pair
         # at validation, on the GPU node, after the queue)
         plan.problems.append("dataset.enable_offline_packing is false but dataset.offline_packing_specs is set: the "
                              "packed documents would reach the model without their boundaries; set "
                              "dataset.enable_offline_packing=true (or drop the packing specs)")
-    packed_size = get(cfg, "dataset.offline_packing_specs.packed_sequence_size")
+    packed_size = specs.packed_sequence_size
     if packed_size not in (None, -1) and packed_size != seq:
         plan.problems.append(f"dataset.offline_packing_specs.packed_sequence_size({packed_size}) != "
                              f"model.seq_length({seq}): packs must be exactly one sequence long")
-    pad = get(cfg, "dataset.offline_packing_specs.pad_seq_to_mult") or 1
-    specs = get(cfg, "dataset.offline_packing_specs")
-    packed = mode == "sft" or (isinstance(specs, dict) and any(v is not None for v in specs.values()))
+    pad = specs.pad_seq_to_mult or 1
+    packed = mode == "sft" or specs_set
     if packed and (cp > 1 or pad > 1):  # the CP padding rule is about packed (THD) sequences
-        problem = check_pad_multiple(int(pad), cp, tp, sp)
+        problem = check_pad_multiple(pad, cp, tp, sp)
         if problem:
             plan.problems.append("dataset.offline_packing_specs." + problem)
     if seq % max(1, 2 * cp if cp > 1 else 1):
         plan.problems.append(f"model.seq_length({seq}) is not divisible by 2*cp = {2 * cp}")
 
     _check_values(cfg, plan)
-    autocast = get(cfg, "pipeline.local.autocast", "off")
-    if local and autocast not in AUTOCAST:
-        plan.problems.append(f"pipeline.local.autocast={autocast!r} is not one of {', '.join(AUTOCAST)}")
     plan.tokens_per_iter = gbs * seq
     plan.total_tokens = gbs * seq * iters
     if path_checks:
@@ -237,7 +225,7 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
     else:
         plan.notes.append("path checks skipped (--no-path-checks)")
 
-    recompute = get(cfg, "model.recompute_granularity")
+    recompute = m.recompute_granularity
     plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
     _hazards(cfg, plan, local)
     _check_bridge_keys(cfg, spec, mode, peft, plan)
@@ -251,53 +239,38 @@ def run_preflight(cfg: dict, spec: ModelSpec, mode: str, cluster: ClusterProfile
                              f"(weights {plan.memory_gb['weights']}, grads {plan.memory_gb['grads']}, optimizer "
                              f"{plan.memory_gb['optimizer']}, activations {plan.memory_gb['activations']}, logits "
                              f"{plan.memory_gb['logits']}): {hint}")
-    if not local and get(cfg, "checkpoint.save") is None and get(cfg, "logger.wandb_save_dir") is None:
+    if not local and cfg.checkpoint.save is None and cfg.logger.wandb_save_dir is None:
         plan.problems.append("checkpoint.save is null, so logger.wandb_save_dir must be set (W&B needs a writable "
                              "directory when no checkpoint directory exists)")
     return plan
 
 
-def _number(cfg: dict, key: str, plan: Plan) -> float | None:
-    v = get(cfg, key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        plan.problems.append(f"{key}={v!r} must be a number")
-        return None
-    if not math.isfinite(v):
-        plan.problems.append(f"{key}={v} must be a finite number")
-        return None
-    return float(v)
-
-
-def _check_values(cfg: dict, plan: Plan) -> None:
-    """Values that would fail only after the allocation starts (and be retried by the launcher): bounds here."""
-    lr = _number(cfg, "optimizer.lr", plan)
+def _check_values(cfg: TrainingConfig, plan: Plan) -> None:
+    """Values that would fail only after the allocation starts (and be retried by the launcher): bounds here. Their
+    types were checked at load (a mistyped value is unset here, and already one of the problems)."""
+    o, sch = cfg.optimizer, cfg.scheduler
+    lr = o.lr
     if lr is not None and lr <= 0:
         plan.problems.append(f"optimizer.lr={lr:g} must be > 0")
-    min_lr = _number(cfg, "optimizer.min_lr", plan)
-    if min_lr is not None and (min_lr < 0 or (lr is not None and min_lr > lr)):
-        plan.problems.append(f"optimizer.min_lr={min_lr:g} must be >= 0 and <= optimizer.lr")
-    for key in ("optimizer.weight_decay", "optimizer.clip_grad", "optimizer.adam_eps"):
-        v = _number(cfg, key, plan)
+    if o.min_lr is not None and (o.min_lr < 0 or (lr is not None and o.min_lr > lr)):
+        plan.problems.append(f"optimizer.min_lr={o.min_lr:g} must be >= 0 and <= optimizer.lr")
+    for key, v in (("optimizer.weight_decay", o.weight_decay), ("optimizer.clip_grad", o.clip_grad),
+                   ("optimizer.adam_eps", o.adam_eps)):
         if v is not None and v < 0:
             plan.problems.append(f"{key}={v:g} must be >= 0")
-    for key in ("optimizer.adam_beta1", "optimizer.adam_beta2"):
-        v = _number(cfg, key, plan)
+    for key, v in (("optimizer.adam_beta1", o.adam_beta1), ("optimizer.adam_beta2", o.adam_beta2)):
         if v is not None and not 0 <= v < 1:
             plan.problems.append(f"{key}={v:g} must be in [0, 1)")
-    for key, low in (("scheduler.lr_warmup_iters", 0), ("scheduler.lr_decay_iters", 1),
-                     ("checkpoint.save_interval", 1), ("logger.log_interval", 1), ("validation.eval_interval", 0),
-                     ("validation.eval_iters", 0)):
-        v = get(cfg, key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int):
-            plan.problems.append(f"{key}={v!r} must be an integer")
-        elif v < low:
+    for key, v, low in (("scheduler.lr_warmup_iters", sch.lr_warmup_iters, 0),
+                        ("scheduler.lr_decay_iters", sch.lr_decay_iters, 1),
+                        ("checkpoint.save_interval", cfg.checkpoint.save_interval, 1),
+                        ("logger.log_interval", cfg.logger.log_interval, 1),
+                        ("validation.eval_interval", cfg.validation.eval_interval, 0),
+                        ("validation.eval_iters", cfg.validation.eval_iters, 0)):
+        if v is not None and v < low:
             plan.problems.append(f"{key}={v} must be >= {low}")
-    warmup = get(cfg, "scheduler.lr_warmup_iters")
-    if isinstance(warmup, int) and not isinstance(warmup, bool) and plan.train_iters and warmup > plan.train_iters:
+    warmup = sch.lr_warmup_iters
+    if warmup is not None and plan.train_iters and warmup > plan.train_iters:
         plan.notes.append(f"scheduler.lr_warmup_iters({warmup}) > train.train_iters({plan.train_iters}): the run "
                           "never leaves warm-up")
 
@@ -330,14 +303,16 @@ def _bridge_fields() -> dict:
     return json.loads(BRIDGE_FIELDS.read_text())
 
 
-def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, plan: Plan) -> None:
+def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None, plan: Plan) -> None:
     """Every key and value handed to Megatron Bridge must exist on, and fit, the recipe's ConfigContainer.
 
     Bridge's own override code drops a key it does not know (a misspelled ``+key``, or an SFT dataset key under a
     pretrain recipe) without an error, and stores a string in an int or bool field; found by the Bridge
     harness (tests/bridge/). ``config/bridge_fields.json`` records every section, class and field kind of the
     pinned Bridge's recipes (written from the real ConfigContainer by the harness, which also checks it is
-    current), so this check runs on the login node without Bridge."""
+    current), so this check runs on the login node without Bridge. The values of the schema's own fields were typed
+    at load (their types agree with this table: tests/unit/test_config.py); here the table types the pass-through
+    ``+key`` values and says which keys the recipe's classes have at all."""
     import difflib
 
     from pipeline.config.loader import strip_suite_only
@@ -353,15 +328,7 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
         return
     classes = table["classes"]
 
-    from pipeline.config.schema import SCHEMA
-
-    def in_schema(dotted: str) -> bool:
-        node = SCHEMA
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        return True
+    from pipeline.config.schema import in_schema
 
     def walk(node: dict, fields: dict, where: str, owner: str) -> None:
         for k, v in node.items():
@@ -387,8 +354,8 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
                 if isinstance(v, dict):
                     walk(v, classes.get(cls, {}), dotted, cls)
                 continue
-            if isinstance(v, dict) or v is None or kind == "any":
-                continue
+            if isinstance(v, dict) or v is None or kind == "any" or in_schema(dotted):
+                continue  # a schema field's value was typed at load
             ok = {"bool": isinstance(v, bool), "int": isinstance(v, int) and not isinstance(v, bool),
                   "float": isinstance(v, (int, float)) and not isinstance(v, bool), "str": isinstance(v, str)}[kind]
             if not ok:
@@ -400,28 +367,29 @@ def _check_bridge_keys(cfg: dict, spec: ModelSpec, mode: str, peft: str | None, 
     walk(strip_suite_only(cfg), sections, "", "ConfigContainer")
 
 
-def _hazards(cfg: dict, plan: Plan, local: bool) -> None:
+def _hazards(cfg: TrainingConfig, plan: Plan, local: bool) -> None:
     """The reference system's documented hazards: valid configs that are known to fail on the cluster."""
     if local:
         return
-    lr = get(cfg, "optimizer.lr")
-    if plan.cp > 1 and isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 8e-5:
+    lr = cfg.optimizer.lr
+    if plan.cp > 1 and lr is not None and lr >= 8e-5:
         plan.warnings.append(f"optimizer.lr={lr:g} with context_parallel_size={plan.cp}: the reference measured NaN "
                              "losses at 8e-5 under context parallelism (the recipe's SFT rate is 5e-6)")
-    if get(cfg, "model.fp8") and (plan.ep > 1 or plan.model in ("nano", "super")):
-        plan.warnings.append(f"model.fp8={get(cfg, 'model.fp8')!r} on a MoE model: the reference saw stochastic "
+    if cfg.model.fp8 and (plan.ep > 1 or plan.model in ("nano", "super")):
+        plan.warnings.append(f"model.fp8={cfg.model.fp8!r} on a MoE model: the reference saw stochastic "
                              "alignment crashes in MoE routing with FP8; BF16 is the certified setting")
 
 
-def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | None) -> None:
+def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, peft: str | None) -> None:
     from pipeline.data.chat import tokenizer_model_name
 
-    save = get(cfg, "checkpoint.save")
+    save = cfg.checkpoint.save
     if save is not None:
         problem = unwritable_dir(Path(str(save)))
         if problem:
             plan.problems.append(f"checkpoint.save {save} {problem}")
-    root = get(cfg, "dataset.dataset_root")
+    root = cfg.dataset.dataset_root
+    pad = cfg.dataset.offline_packing_specs.pad_seq_to_mult or 1
     if root is None:
         plan.problems.append("dataset.dataset_root is not set: point it at a prepared dataset "
                              "(pipeline_data_prepare.py prepare ...)")
@@ -430,7 +398,7 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
                              f"python pipeline_data_prepare.py prepare --dataset ... --dataset-root {root}, "
                              "or fix the path (--no-path-checks to plan away from the cluster)")
     else:
-        tok = get(cfg, "dataset.offline_packing_specs.tokenizer_model_name") or tokenizer_model_name(spec.name)
+        tok = cfg.dataset.offline_packing_specs.tokenizer_model_name or tokenizer_model_name(spec.name)
         paths = packed_data_paths(cfg, tok)
         indexed = mode != "sft" and any(Path(root).rglob("*_text_document.idx"))
         if indexed:
@@ -438,10 +406,10 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
         elif paths and not paths["train"].exists():
             plan.problems.append(f"packed training data {paths['train']} does not exist: run python "
                                  f"pipeline_data_prepare.py pack {root} <tokenizer> {plan.seq_length} "
-                                 f"{get(cfg, 'dataset.offline_packing_specs.pad_seq_to_mult') or 1}")
+                                 f"{pad}")
         elif paths:
             _note_epochs(paths["train"], plan)
-    pre = get(cfg, "checkpoint.pretrained_checkpoint")
+    pre = cfg.checkpoint.pretrained_checkpoint
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
         from pipeline.checkpoint.layout import TRACKER
 
@@ -453,7 +421,7 @@ def _check_paths(cfg: dict, spec: ModelSpec, mode: str, plan: Plan, peft: str | 
             plan.problems.append(f"checkpoint.pretrained_checkpoint {pre} is neither a checkpoints/ folder ({TRACKER})"
                                  " nor a model folder (config.json)")
     if not spec.is_local and mode in ("sft", "cpt") or (not spec.is_local and peft):
-        ckpt = get(cfg, "checkpoint.pretrained_checkpoint") or get(cfg, "checkpoint.load")
+        ckpt = cfg.checkpoint.pretrained_checkpoint or cfg.checkpoint.load
         if ckpt is None:
             plan.problems.append(f"mode {mode} starts from a checkpoint: set checkpoint.pretrained_checkpoint "
                                  f"(import one with: pipeline_checkpoint_convert.sh import {spec.hf_id})")

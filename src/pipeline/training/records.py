@@ -37,6 +37,8 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, write_json, write_text
+from pipeline.common.mappings import flatten
+from pipeline.config.schema import TrainingConfig
 from pipeline.training import goodput
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
@@ -77,7 +79,7 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
 
     runtime = os.environ.get("PIPELINE_RUNTIME", "venv")
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json(run_dir / "launch.json", {"model": spec.name, "engine": spec.engine, "mode": mode, "peft": peft,
                                          "cluster": cluster.name, "nodes": nodes})
     write_json(run_dir / "preflight.json", plan_dict(plan))
@@ -113,29 +115,16 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
 IDENTITY_IGNORED = ("logger.wandb_save_dir", "pipeline.local.fault_inject_")
 
 
-def flat_config(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"train.train_iters": 40, ...}``: every leaf of a nested config under its dotted key."""
-    if not isinstance(cfg, dict):
-        return {prefix.rstrip("."): cfg} if prefix else {}
-    out: dict[str, Any] = {}
-    for k, v in cfg.items():
-        if isinstance(v, dict) and v:
-            out.update(flat_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def config_diff(old: dict, new: dict, ignore: tuple[str, ...] = IDENTITY_IGNORED) -> dict[str, tuple[Any, Any]]:
     """The dotted keys whose values differ (``{key: (old, new)}``), both configs normalised through YAML (as
     ``config.yaml`` stores them); keys starting with an ``ignore`` prefix are left out."""
-    a = flat_config(yaml.safe_load(yaml.safe_dump(old)) or {})
-    b = flat_config(yaml.safe_load(yaml.safe_dump(new)) or {})
+    a = flatten(yaml.safe_load(yaml.safe_dump(old)) or {})
+    b = flatten(yaml.safe_load(yaml.safe_dump(new)) or {})
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.startswith(ignore)}
 
 
-def check_run_identity(run_dir: Path, cfg: dict, allow_change: bool = False) -> dict[str, tuple[Any, Any]]:
+def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = False) -> dict[str, tuple[Any, Any]]:
     """Refuse (UserError, exit 2) to resume, or to call finished, a run directory whose recorded ``config.yaml``
     differs from ``cfg``: a relaunch with other overrides under the same run name is another run. Returns the
     differing keys (empty when the config is the same or the directory is new); ``allow_change`` lets them pass."""
@@ -147,7 +136,7 @@ def check_run_identity(run_dir: Path, cfg: dict, allow_change: bool = False) -> 
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's recorded config is "
                         "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
-    diff = config_diff(old if isinstance(old, dict) else {}, cfg)
+    diff = config_diff(old if isinstance(old, dict) else {}, cfg.to_dict())
     if diff and not allow_change:
         shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
         more = f" (+{len(diff) - 8} more)" if len(diff) > 8 else ""
@@ -205,8 +194,9 @@ def wait_for_records(run_dir: Path, timeout: float = 300) -> None:
         time.sleep(1)
 
 
-def load_run(run_dir: Path) -> tuple[dict, dict]:
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+def load_run(run_dir: Path) -> tuple[TrainingConfig, dict]:
+    """The run's resolved config (typed: the ranks read attributes) and its launch record."""
+    cfg = TrainingConfig.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     return cfg, read_json(run_dir / "launch.json")
 
 

@@ -4,7 +4,8 @@ The launcher resolves the config (recipe < YAML < overrides) and runs the prefli
 result into a :class:`RunView`: the parallel layout (every factor named, as torchtitan's ``ParallelDims``), the
 batch and sequence, the checkpoint directory and the data paths the preflight resolved. It is recorded with the run
 (``view.json``, beside ``config.yaml``) and the engines read it instead of re-deriving these values from dotted
-lookups into the dict. The raw dict remains the config of record, and what is handed to Megatron Bridge.
+lookups into the config. The typed config (:class:`~pipeline.config.schema.TrainingConfig`) remains the config of
+record; its dict form is what is handed to Megatron Bridge.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
-from pipeline.config.loader import get
 from pipeline.config.models import ModelSpec
+from pipeline.config.schema import TrainingConfig
 from pipeline.data.chat import tokenizer_model_name
 from pipeline.training.preflight import Plan, packed_data_paths
 
@@ -107,14 +108,14 @@ class RunView:
                    save=Path(d["save"]) if d.get("save") else None, seed=int(d.get("seed", 1234)))
 
 
-def build_view(cfg: dict, spec: ModelSpec, mode: str, plan: Plan) -> RunView:
+def build_view(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan) -> RunView:
     """The view of a config whose preflight passed (``plan.ok``): every value here was checked there."""
     if not plan.ok:
         raise ValueError("build_view needs a plan whose preflight passed")
-    root = get(cfg, "dataset.dataset_root")
-    tok = get(cfg, "dataset.offline_packing_specs.tokenizer_model_name") or tokenizer_model_name(spec.name)
+    root = cfg.dataset.dataset_root
+    tok = cfg.dataset.offline_packing_specs.tokenizer_model_name or tokenizer_model_name(spec.name)
     packed = packed_data_paths(cfg, tok) or {}
-    save = get(cfg, "checkpoint.save")
+    save = cfg.checkpoint.save
     return RunView(
         model=spec.name, mode=mode,
         parallel=ParallelLayout(world=plan.world, tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, etp=plan.etp,
@@ -123,7 +124,7 @@ def build_view(cfg: dict, spec: ModelSpec, mode: str, plan: Plan) -> RunView:
                         seq_length=plan.seq_length, train_iters=plan.train_iters),
         data=DataView(dataset_root=Path(root) if root else None, tokenizer=tok, packed=dict(packed)),
         save=Path(save) if save else None,
-        seed=int(get(cfg, "rng.seed", 1234) or 1234),
+        seed=cfg.rng.seed or 1234,
     )
 
 

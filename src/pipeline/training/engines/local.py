@@ -25,8 +25,9 @@ import numpy as np
 
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
-from pipeline.config.loader import get
+from pipeline.common.mappings import flatten
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
+from pipeline.config.schema import TrainingConfig
 from pipeline.training import fault_tolerance, records
 from pipeline.training.views import RunView, read_view
 
@@ -155,14 +156,15 @@ def build_dataset(view: RunView, spec: ModelSpec | None = None):
 
 
 # ---- model -----------------------------------------------------------------------------------------
-def build_model_and_tokenizer(cfg: dict, spec: ModelSpec, mode: str):
+def build_model_and_tokenizer(cfg: TrainingConfig, spec: ModelSpec, mode: str):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, get(cfg, "pipeline.local.dtype", "float32"))
+    dtype = getattr(torch, cfg.pipeline.local.dtype)
+    seed = 1234 if cfg.rng.seed is None else cfg.rng.seed
     base = require_local_model(spec)
     tokenizer = AutoTokenizer.from_pretrained(base)
-    pretrained = get(cfg, "checkpoint.pretrained_checkpoint")
+    pretrained = cfg.checkpoint.pretrained_checkpoint
     if pretrained:
         src = Path(pretrained)
         if (src / layout.TRACKER).exists():
@@ -170,20 +172,20 @@ def build_model_and_tokenizer(cfg: dict, spec: ModelSpec, mode: str):
         log.info("initialising from %s", src)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     elif spec.tiny_config is not None:
-        torch.manual_seed(int(get(cfg, "rng.seed", 1234)))
+        torch.manual_seed(seed)
         conf = build_tiny_config(spec, len(tokenizer), tokenizer.pad_token_id or tokenizer.eos_token_id,
                                  tokenizer.eos_token_id, tokenizer.bos_token_id)
         model = AutoModelForCausalLM.from_config(conf, dtype=dtype)
         log.info("random-initialised %s (%.1fM parameters)", spec.name, model.num_parameters() / 1e6)
     elif mode == "pretrain":
-        torch.manual_seed(int(get(cfg, "rng.seed", 1234)))
+        torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base), dtype=dtype)
         log.info("pretrain: random-initialised %s architecture", spec.name)
     else:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
         log.info("initialising from the base model %s", base)
     model.config.use_cache = False
-    if get(cfg, "pipeline.local.gradient_checkpointing", False):
+    if cfg.pipeline.local.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tokenizer
 
@@ -316,13 +318,13 @@ def _barrier():
         dist.barrier()
 
 
-def use_bf16_autocast(cfg: dict) -> bool:
+def use_bf16_autocast(cfg: TrainingConfig) -> bool:
     """``pipeline.local.autocast``: bf16 autocast on, off, or (``auto``) on where the CPU computes bf16 natively
     (AMX tiles or AVX512-BF16: there it measured 0.74x fp32's step time on the quickstart, docs/benchmarks.md);
     elsewhere bf16 on CPU is emulated and slower than fp32."""
     import torch
 
-    mode = get(cfg, "pipeline.local.autocast", "off")
+    mode = cfg.pipeline.local.autocast
     if mode == "bf16":
         return True
     if mode != "auto" or torch.cuda.is_available():
@@ -332,9 +334,9 @@ def use_bf16_autocast(cfg: dict) -> bool:
     return any(f() for f in native)
 
 
-def _scheduler(cfg: dict) -> tuple[str, dict]:
-    style = get(cfg, "scheduler.lr_decay_style", "cosine")
-    min_lr = float(get(cfg, "optimizer.min_lr", 0.0) or 0.0)
+def _scheduler(cfg: TrainingConfig) -> tuple[str, dict]:
+    style = cfg.scheduler.lr_decay_style or "cosine"
+    min_lr = float(cfg.optimizer.min_lr or 0.0)
     if style == "cosine":
         return "cosine_with_min_lr", {"min_lr": min_lr}
     if style == "linear":
@@ -342,12 +344,12 @@ def _scheduler(cfg: dict) -> tuple[str, dict]:
     if style == "constant":
         return "constant_with_warmup", {}
     if style == "WSD":
-        return "warmup_stable_decay", {"num_decay_steps": int(get(cfg, "scheduler.lr_decay_iters", 0) or 0)}
+        return "warmup_stable_decay", {"num_decay_steps": cfg.scheduler.lr_decay_iters or 0}
     raise UserError(f"scheduler.lr_decay_style={style!r} is not supported by the local engine "
                     "(cosine, linear, constant, WSD)")
 
 
-def train(run_dir: Path, cfg: dict, launch: dict) -> int:
+def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     import torch
     import transformers
     from transformers import Trainer, TrainingArguments
@@ -371,7 +373,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
             records.print_already_finished(iters, save)
         return 0
 
-    ignored = [f"+{k}" for k in _unknown_keys(cfg)]
+    ignored = [f"+{k}" for k in flatten(cfg.extra)]
     if ignored and rank == 0:
         log.warning("the local engine ignores keys added for Megatron Bridge: %s", ", ".join(ignored))
 
@@ -380,7 +382,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
     dataset, kind = build_dataset(view, spec)
-    shift = int(get(cfg, "pipeline.local.fault_inject_resume_shift", 0) or 0)
+    shift = cfg.pipeline.local.fault_inject_resume_shift or 0
     if shift and latest is not None:
         # Fault injection for the resume-equivalence test: a resume that reads the data one batch off.
         dataset = _Shifted(dataset, shift * mbs * accum * world)
@@ -397,43 +399,44 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
         signal.signal(signal.SIGTERM, _on_signal)
 
     sched, sched_kwargs = _scheduler(cfg)
-    wandb_on = bool(get(cfg, "logger.wandb_project")) and os.environ.get("WANDB_MODE") != "disabled"
+    lg, opt = cfg.logger, cfg.optimizer
+    wandb_on = bool(lg.wandb_project) and os.environ.get("WANDB_MODE") != "disabled"
     if wandb_on:
-        os.environ["WANDB_PROJECT"] = str(get(cfg, "logger.wandb_project"))
-        os.environ["WANDB_DIR"] = str(get(cfg, "logger.wandb_save_dir") or run_dir)
+        os.environ["WANDB_PROJECT"] = str(lg.wandb_project)
+        os.environ["WANDB_DIR"] = str(lg.wandb_save_dir or run_dir)
         Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
-        if get(cfg, "logger.wandb_entity"):
-            os.environ["WANDB_ENTITY"] = str(get(cfg, "logger.wandb_entity"))
+        if lg.wandb_entity:
+            os.environ["WANDB_ENTITY"] = str(lg.wandb_entity)
     bf16 = use_bf16_autocast(cfg)
     if rank == 0:
-        log.info("compute: %s weights, %s; %d threads", get(cfg, "pipeline.local.dtype", "float32"),
+        log.info("compute: %s weights, %s; %d threads", cfg.pipeline.local.dtype,
                  "bf16 autocast" if bf16 else "no autocast", torch.get_num_threads())
-    save_interval = int(get(cfg, "checkpoint.save_interval") or iters)
-    eval_interval = int(get(cfg, "validation.eval_interval") or 0)
+    save_interval = cfg.checkpoint.save_interval or iters
+    eval_interval = cfg.validation.eval_interval or 0
+    # Optimizer values the config leaves unset take TrainingArguments' own defaults (Adam 0.9 / 0.999 / 1e-8,
+    # no weight decay, clipping at 1.0, no warm-up); the local recipe (config/models.py) sets them all.
+    optim = {k: v for k, v in {"learning_rate": opt.lr, "weight_decay": opt.weight_decay,
+                               "adam_beta1": opt.adam_beta1, "adam_beta2": opt.adam_beta2,
+                               "adam_epsilon": opt.adam_eps, "max_grad_norm": opt.clip_grad,
+                               "warmup_steps": cfg.scheduler.lr_warmup_iters}.items() if v is not None}
     args = TrainingArguments(
         output_dir=str(save / ".staging"),
-        run_name=str(get(cfg, "logger.wandb_exp_name", run_dir.name)),
+        run_name=str(lg.wandb_exp_name or run_dir.name),
         max_steps=iters,
         per_device_train_batch_size=mbs,
         gradient_accumulation_steps=accum,
-        learning_rate=float(get(cfg, "optimizer.lr")),
-        weight_decay=float(get(cfg, "optimizer.weight_decay", 0.0) or 0.0),
-        adam_beta1=float(get(cfg, "optimizer.adam_beta1", 0.9)),
-        adam_beta2=float(get(cfg, "optimizer.adam_beta2", 0.999)),
-        adam_epsilon=float(get(cfg, "optimizer.adam_eps", 1e-8)),
-        max_grad_norm=float(get(cfg, "optimizer.clip_grad", 1.0) or 0.0),
+        **optim,
         lr_scheduler_type=sched,
         lr_scheduler_kwargs=sched_kwargs,
-        warmup_steps=int(get(cfg, "scheduler.lr_warmup_iters", 0) or 0),
-        logging_steps=int(get(cfg, "logger.log_interval", 1) or 1),
+        logging_steps=lg.log_interval or 1,
         save_strategy="steps",
         save_steps=save_interval,
-        save_only_model=not get(cfg, "checkpoint.save_optim", True),
+        save_only_model=cfg.checkpoint.save_optim is False,
         eval_strategy="steps" if eval_interval else "no",
         eval_steps=eval_interval or None,
         seed=view.seed,
-        data_seed=int(get(cfg, "dataset.seed", view.seed) or view.seed),
-        dataloader_num_workers=int(get(cfg, "dataset.num_workers", 0) or 0),
+        data_seed=cfg.dataset.seed or view.seed,
+        dataloader_num_workers=cfg.dataset.num_workers or 0,
         remove_unused_columns=False,
         report_to=["wandb"] if wandb_on and rank == 0 else [],
         use_cpu=not torch.cuda.is_available(),
@@ -450,7 +453,7 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
             log.info("progress.ndjson: %d line(s) past the resumed step %d superseded", dropped, latest or 0)
 
     class _Trainer(Trainer):
-        nan_step = get(cfg, "pipeline.local.fault_inject_nan_step")
+        nan_step = cfg.pipeline.local.fault_inject_nan_step
 
         def compute_loss(self, model, inputs, return_outputs=False, **kw):
             out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
@@ -490,19 +493,6 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     if rank == 0:
         records.finish_completed(run_dir, save, progress, step, time.time() - t0)
     return 0
-
-
-def _unknown_keys(cfg: dict, prefix: str = "", schema: dict | None = None) -> list[str]:
-    from pipeline.config.schema import SCHEMA
-
-    schema = SCHEMA if schema is None else schema
-    out = []
-    for k, v in cfg.items():
-        if k not in schema:
-            out.append(prefix + k)
-        elif isinstance(v, dict) and isinstance(schema[k], dict) and schema[k] and k != "env_vars":
-            out.extend(_unknown_keys(v, prefix + k + ".", schema[k]))
-    return out
 
 
 __all__ = ["train", "PackedSFTDataset", "IndexedPretrainDataset"]

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from pipeline import bridge
 from pipeline.checkpoint import layout
-from pipeline.config.loader import get
+from pipeline.config.schema import TrainingConfig
 from pipeline.training import records
+from pipeline.training.views import read_view
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,11 @@ class SaveRequestWatcher:
                 return
 
 
-def train(run_dir: Path, cfg: dict, launch: dict) -> int:
+def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     bridge.require_bridge(f"training {launch['model']}")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    iters = int(get(cfg, "train.train_iters"))
-    save = get(cfg, "checkpoint.save")
+    view = read_view(run_dir)  # resolved and checked once, at launch
+    iters, save = view.batch.train_iters, cfg.checkpoint.save
     if records.already_finished(run_dir, save, iters):
         if rank == 0:
             records.print_already_finished(iters, save)
@@ -83,10 +84,8 @@ def train(run_dir: Path, cfg: dict, launch: dict) -> int:
     elif rank == 0:
         log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
-    seq = int(get(cfg, "model.seq_length"))
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
-    progress = records.ProgressLog(run_dir, tokens_per_step=int(get(cfg, "train.global_batch_size")) * seq,
-                                   writer=writer)
+    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=writer)
     progress.clock.attempt()
     if writer:
         latest = layout.latest_complete(Path(save)) if save else None
