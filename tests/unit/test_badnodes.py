@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.cli import sbatch as sbatch_cli
 from pipeline.common.errors import UserError
+from pipeline.slurm import sbatch_options
 from pipeline.slurm.badnodes import BadNodeLog, Entry
 from tests.helpers import ROOT, run
 
@@ -235,12 +236,17 @@ def test_exclusion_of_100000_logged_nodes_is_a_short_argument(tmp_path, monkeypa
 @pytest.mark.parametrize("argv,needle", [
     (["pipeline_checkpoint_submit.sbatch", "export", "/nonexistent", "--hf-model", "a/b", "--no-reasoning"],
      "checkpoint directory /nonexistent does not exist"),
-    (["pipeline_checkpoint_submit.sbatch", "export", "/tmp", "--hf-model", "a/b"], "--reasoning or --no-reasoning"),
-    (["pipeline_checkpoint_submit.sbatch", "exprot", "/tmp"], "must be export, import or upload-all"),
+    # the job's arguments go through its own pipeline's parser (pipeline_checkpoint_convert.sh's, ...): its words
+    (["pipeline_checkpoint_submit.sbatch", "export", "/tmp", "--hf-model", "a/b"],
+     "one of the arguments --reasoning --no-reasoning is required"),
+    (["pipeline_checkpoint_submit.sbatch", "exprot", "/tmp"],
+     "invalid choice: 'exprot' (choose from 'export', 'import', 'upload-all')"),
     (["pipeline_data_submit.sbatch", "prepare", "--dataset", "/nope.jsonl", "--seq-length", "256"],
      "dataset /nope.jsonl does not exist"),
     (["pipeline_data_submit.sbatch", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "2e9"],
-     "--seq-length '2e9' must be an integer"),
+     "argument --seq-length: invalid int value: '2e9'"),
+    (["pipeline_data_submit.sbatch", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "2000000"],
+     "--seq-length must be between 2 and 1048576, got 2000000"),
     (["pipeline_data_submit.sbatch", "/nope", "tok", "256"], "dataset root /nope does not exist"),
     (["pipeline_coherence_submit.sbatch", "/nope/hf"], "model /nope/hf does not exist"),
     (["pipeline_coherence_submit.sbatch", "m", "--backend", "endpoint", "--discovery-file", "/nope.endpoint"],
@@ -285,9 +291,9 @@ def test_a_dependent_submission_leaves_its_input_paths_to_the_job(monkeypatch, t
     cmd, _, _ = sbatch_cli.build_submission(["-d", "afterok:12", "pipeline_coherence_submit.sbatch",
                                              str(later / "iter_0000040" / "hf")])
     assert cmd[-1].endswith("iter_0000040/hf")
-    with pytest.raises(UserError, match="--iteration 'x' must be a non-negative integer"):
+    with pytest.raises(UserError, match="argument --iteration: invalid int value: 'x'"):
         sbatch_cli.build_submission(["--dependency=afterok:12", *export[:-1], "x"])
-    with pytest.raises(UserError, match="needs --hf-model ID"):
+    with pytest.raises(UserError, match="the following arguments are required: --hf-model"):
         sbatch_cli.build_submission(["--dependency=afterok:12", "pipeline_checkpoint_submit.sbatch", "export",
                                      str(later)])
 
@@ -295,15 +301,15 @@ def test_a_dependent_submission_leaves_its_input_paths_to_the_job(monkeypatch, t
 def test_getopt_like_parsing():
     table = (frozenset({"-N", "--nodes", "-J", "--job-name", "--comment", "-x", "--exclude", "-o", "--output"}),
              frozenset({"-H", "--hold", "--parsable"}))
-    opts, ex, script, rest = sbatch_cli.split_sbatch_args(
+    opts, ex, script, rest = sbatch_options.split_sbatch_args(
         ["--hold", "-HN", "2", "--comment", "-N5", "--job", "x", "-xn1", "--", "s.sbatch", "-N", "9"], table)
     assert opts == ["--hold", "-H", "-N", "2", "--comment=-N5", "--job-name=x"] and ex == ["n1"]
     assert script == "s.sbatch" and rest == ["-N", "9"]
-    assert sbatch_cli.option_value(opts, "--nodes", "-N") == "2"  # not the comment's "-N5"
+    assert sbatch_options.option_value(opts, "--nodes", "-N") == "2"  # not the comment's "-N5"
     with pytest.raises(UserError, match="unknown sbatch option '-Z'"):
-        sbatch_cli.split_sbatch_args(["-HZ", "s.sbatch"], table)
+        sbatch_options.split_sbatch_args(["-HZ", "s.sbatch"], table)
     with pytest.raises(UserError, match="ambiguous"):
-        sbatch_cli.split_sbatch_args(["--no", "s.sbatch"], (frozenset({"--nodes", "--nodelist"}), frozenset()))
+        sbatch_options.split_sbatch_args(["--no", "s.sbatch"], (frozenset({"--nodes", "--nodelist"}), frozenset()))
 
 
 @pytest.mark.parametrize("node", ["n" * 62 + "[10-11]"])

@@ -15,8 +15,8 @@ from pipeline.config.cluster import (
     load_cluster,
     parse_profile_text,
     profile_sbatch_options,
-    script_directives,
 )
+from pipeline.slurm.sbatch_options import script_directives
 from tests.helpers import ROOT, run
 
 GH = "/projects/a5k/public"

@@ -1,5 +1,6 @@
 """No module of the suite imports another that imports it back (lazy imports inside functions included), and
-``megatron.bridge`` / ``megatron.core`` are imported by exactly one module, ``pipeline/bridge.py``, which itself
+``megatron.bridge`` / ``megatron.core`` are imported by exactly one module, ``pipeline/bridge.py`` (through importlib
+inside functions; no module has a ``megatron`` import statement), which itself
 imports nothing of the suite above ``pipeline.config`` and ``pipeline.common``."""
 
 import ast
@@ -54,6 +55,9 @@ def test_megatron_is_imported_by_one_low_level_module_only():
         ext = {i for i in imports_of(p) if i.split(".")[0] == "megatron"}
         if ext:
             users[module_name(p)] = ext
+    # No module imports megatron statically (an import statement, top level or lazy), bridge.py included: Megatron
+    # Bridge cannot even be imported without Transformer Engine (CUDA), so the suite must import on any machine.
+    assert users == {}, users
     # bridge.py imports megatron.* through importlib with module-name strings: nobody else does.
     dynamic = {}
     for p in SRC.rglob("*.py"):

@@ -13,6 +13,11 @@ from pathlib import Path
 from tests.helpers import ROOT, run
 
 BIN = Path(sys.executable).parent
+# The commands of the house rules (program, then arguments), run from the repository root; .pre-commit-config.yaml
+# runs the same ones (tests/unit/test_precommit_config.py).
+RUFF = ["ruff", "check", "--no-cache", "."]
+SHELLCHECK = ["shellcheck"]  # + every shell script (shell_scripts)
+LINT_IMPORTS = ["lint-imports", "--config", "pyproject.toml", "--no-cache", "--no-logo"]  # with PYTHONPATH=src
 
 
 def shell_scripts() -> list[str]:
@@ -29,7 +34,7 @@ def shell_scripts() -> list[str]:
 
 
 def test_ruff_finds_nothing():
-    res = run([str(BIN / "ruff"), "check", "--no-cache", "."])
+    res = run([str(BIN / RUFF[0]), *RUFF[1:]])
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
 
 
@@ -38,14 +43,14 @@ def test_shellcheck_finds_nothing():
     assert shellcheck, "shellcheck is not installed: tests/run.sh installs it (apt-get install shellcheck)"
     scripts = shell_scripts()
     assert {"isambard_sbatch", "pipeline_training_submit.sbatch", "src/pipeline/common/lib.sh"} <= set(scripts)
-    res = run([shellcheck, *scripts])
+    res = run([shellcheck, *SHELLCHECK[1:], *scripts])
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
 
 
 def lint_imports(config: Path, src: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(src)}  # the copy under test shadows the installed package
-    return run([str(BIN / "lint-imports"), "--config", str(config), "--no-cache", "--no-logo"], env=env,
-               cwd=config.parent)
+    args = [str(config) if a == "pyproject.toml" else a for a in LINT_IMPORTS[1:]]
+    return run([str(BIN / LINT_IMPORTS[0]), *args], env=env, cwd=config.parent)
 
 
 def test_import_layers_are_kept():

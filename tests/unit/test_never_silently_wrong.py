@@ -374,6 +374,7 @@ def test_terminal_escapes_in_a_reply_are_written_escaped():
 ])
 def test_a_failing_sbatch_help_uses_the_built_in_table(tmp_path, monkeypatch, argv, script, opt):
     from pipeline.cli import sbatch as sbatch_cli
+    from pipeline.slurm import sbatch_options
 
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()
@@ -382,15 +383,15 @@ def test_a_failing_sbatch_help_uses_the_built_in_table(tmp_path, monkeypatch, ar
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
     monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
-    sbatch_cli.sbatch_option_table.cache_clear()
+    sbatch_options.sbatch_option_table.cache_clear()
     try:
-        assert sbatch_cli.sbatch_option_table() is None
+        assert sbatch_options.sbatch_option_table() is None
         cmd, _, _ = sbatch_cli.build_submission(argv)
         assert script in cmd and cmd[cmd.index(script) - (2 if opt == "-M" else 1)] == opt
         with pytest.raises(UserError, match="sbatch --help could not be read; write it --opt=value"):
             sbatch_cli.build_submission(["--newer-option", "x", "job.sbatch"])
     finally:
-        sbatch_cli.sbatch_option_table.cache_clear()
+        sbatch_options.sbatch_option_table.cache_clear()
 
 
 def test_an_empty_response_to_a_prompt_that_fills_the_context_names_its_length(tmp_path, smollm2_dir, capsys):

@@ -25,7 +25,6 @@ from pipeline.cli.parser import Parser, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
-from pipeline.data.prepare import CHUNK_SIZE
 
 
 def _print_summary(summary: dict) -> None:
@@ -43,8 +42,8 @@ def _print_summary(summary: dict) -> None:
         print(f"{k:>10}: {v}")
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> Parser:
+    """The data pipeline's parser (standard library only: isambard_sbatch checks a submission with it)."""
     parser = Parser(prog="pipeline_data_prepare.py", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
 
@@ -66,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="what to do with examples longer than the sequence length (counted either way)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, help="use only the first N usable conversations")
-    p.add_argument("--chunk-size", type=int, default=CHUNK_SIZE,
-                   help=f"conversations per tokenised chunk (resume unit, default {CHUNK_SIZE})")
+    p.add_argument("--chunk-size", type=int,
+                   help="conversations per tokenised chunk (resume unit; default: data.prepare.CHUNK_SIZE, in the "
+                        "fingerprint)")
     p.add_argument("--workers", type=positive_int, help="tokenize worker processes (default: every usable CPU); "
                    "the output is the same for any number")
     p.add_argument("--force", action="store_true", help="redo every stage")
@@ -104,8 +104,41 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--force", action="store_true")
     k.add_argument("--quiet", action="store_true")
+    return parser
 
-    args = parser.parse_args(argv)
+
+def _is_hub_id(name: str) -> bool:
+    """A hub id ORG/NAME, not a local path (which is checked now)."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith("/")
+
+
+def check_submission(argv: list[str], inputs_later: bool = False) -> None:
+    """isambard_sbatch's check of ``pipeline_data_prepare.py ARGS`` before queueing (UserError, one line): this parser,
+    then the paths the job reads, then the packing arguments (data.prepare.check_pack_args, where numpy is there:
+    a bare login node gets the parser's and the paths' checks). ``inputs_later``: the job waits for another,
+    whose outputs are its dataset root; that root is then checked by the job."""
+    args = build_parser().parse_args(argv)
+    if args.action == "prepare":
+        if args.dataset != "chatterbot-corpus" and not _is_hub_id(args.dataset) and not Path(args.dataset).exists():
+            raise UserError(f"prepare: dataset {args.dataset} does not exist")
+    elif not inputs_later and not Path(args.dataset_root).exists() and not (
+            args.action == "tokenize" and _is_hub_id(str(args.dataset_root))):
+        raise UserError(f"{args.action}: dataset root {args.dataset_root} does not exist")
+    if args.action == "tokenize":
+        return
+    try:
+        from pipeline.data.prepare import check_pack_args
+    except ImportError:  # a bare login node: the job checks them when it starts
+        return
+    problems = check_pack_args(args.seq_length, args.pad_seq_to_mult, args.context_parallel_size,
+                               args.tensor_parallel_size, args.sequence_parallel, args.seed)
+    if problems:
+        raise UserError(f"{args.action}: " + "; ".join(problems))
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging(quiet=getattr(args, "quiet", False))
 
     from pipeline.data import prepare as prep
@@ -126,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             pad_seq_to_mult=args.pad_seq_to_mult, context_parallel_size=args.context_parallel_size,
             tensor_parallel_size=args.tensor_parallel_size, sequence_parallel=args.sequence_parallel,
             val_fraction=args.val_fraction, seed=args.seed, overlong=args.overlong, limit=args.limit,
-            chunk_size=args.chunk_size, workers=args.workers, force=args.force, quiet=args.quiet)
+            chunk_size=prep.CHUNK_SIZE if args.chunk_size is None else args.chunk_size, workers=args.workers,
+            force=args.force, quiet=args.quiet)
         summary = prep.prepare(opts)
         print(json.dumps(summary, indent=2)) if args.json else _print_summary(summary)
         return 0
@@ -135,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.data.indexed import tokenize_corpus
 
         src = Path(args.dataset_root)
-        is_hub_id = (args.dataset_root.count("/") == 1 and not args.dataset_root.startswith((".", "/", "~"))
-                     and not args.dataset_root.endswith("/"))
-        if not src.exists() and not is_hub_id:
+        if not src.exists() and not _is_hub_id(args.dataset_root):
             raise UserError(f"corpus {src} does not exist")
         if args.docs_per_part < 1:
             raise UserError(f"--docs-per-part must be >= 1, got {args.docs_per_part}")

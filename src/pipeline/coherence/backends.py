@@ -110,12 +110,20 @@ def spread_over_gpus(model_path: str, margin: float = 0.85) -> bool:
     return need is None or need > margin * torch.cuda.get_device_properties(0).total_memory
 
 
+def discovery_file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a serving job's discovery file to read now (a directory, or absent), else None."""
+    if path.is_dir():
+        return f"discovery file {path} is a directory, not the file a serving job writes"
+    if not path.is_file():
+        return f"discovery file {path} does not exist (is the serving job running?)"
+    return None
+
+
 def read_discovery_file(path: Path) -> str:
     """A serving job's discovery file: a URL on one line, or JSON with a 'url' (or 'host' + 'port') field."""
-    if path.is_dir():
-        raise UserError(f"discovery file {path} is a directory, not the file a serving job writes")
-    if not path.is_file():
-        raise UserError(f"discovery file {path} does not exist (is the serving job running?)")
+    problem = discovery_file_problem(path)
+    if problem:
+        raise UserError(problem)
     try:
         text = path.read_bytes()[:65536].decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):

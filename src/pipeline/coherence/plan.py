@@ -24,7 +24,7 @@ from pipeline.checkpoint.plan import (
     megatron_gb,
     placement,
 )
-from pipeline.coherence.backends import model_bytes
+from pipeline.coherence.backends import discovery_file_problem, model_bytes
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
 
@@ -76,6 +76,9 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
         if n_nodes > 1:
             plan.problems.append(f"the endpoint backend runs on one node (the server generates), and {n_nodes} were "
                                  "asked for: submit it with --nodes=1")
+        problem = discovery_file_problem(Path(cfg.discovery_file)) if cfg.discovery_file is not None else None
+        if problem and not inputs_later:  # a job that waits for the serving job reads the file when it starts
+            plan.problems.append(problem)
         return plan
     if cfg.backend == "hf":
         plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf",

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from pipeline.common import paths
+from pipeline.common.argv import has_flag
 from pipeline.common.errors import UserError, cli_main
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
@@ -295,16 +296,6 @@ def load_cluster(name: str) -> ClusterProfile:
 
 # --- the sbatch options a profile adds -------------------------------------------------------------------------
 
-def _given(opts: list[str] | tuple[str, ...], *names: str) -> bool:
-    """Whether any of the sbatch options ``names`` (long or short spelling) appears in ``opts``."""
-    for a in opts:
-        for n in names:
-            if a == n or (n.startswith("--") and a.startswith(n + "=")) or (
-                    not n.startswith("--") and a.startswith(n) and len(n) == 2):
-                return True
-    return False
-
-
 def profile_sbatch_options(profile, user_opts: list[str], script_opts: list[str] | tuple[str, ...] = ()
                            ) -> list[str]:
     """The sbatch options the cluster profile adds to a submission (pure; sorted): --gpus-per-node (when > 0),
@@ -313,38 +304,17 @@ def profile_sbatch_options(profile, user_opts: list[str], script_opts: list[str]
     ClusterProfile, and the result is an argv list, never shell text."""
     given = [*user_opts, *script_opts]
     out = []
-    if profile.gpus_per_node > 0 and not _given(given, "--gpus-per-node", "--gpus", "-G", "--gres"):
+    if profile.gpus_per_node > 0 and not has_flag(given, "--gpus-per-node", "--gpus", "-G", "--gres"):
         out.append(f"--gpus-per-node={profile.gpus_per_node}")
-    if profile.partition and not _given(given, "--partition", "-p"):
+    if profile.partition and not has_flag(given, "--partition", "-p"):
         out.append(f"--partition={profile.partition}")
-    if profile.account and not _given(given, "--account", "-A"):
+    if profile.account and not has_flag(given, "--account", "-A"):
         out.append(f"--account={profile.account}")
-    if profile.time_limit and not _given(given, "--time", "-t"):
+    if profile.time_limit and not has_flag(given, "--time", "-t"):
         out.append(f"--time={profile.time_limit}")
-    if profile.exclusive and not _given(given, "--exclusive", "--oversubscribe", "-s"):
+    if profile.exclusive and not has_flag(given, "--exclusive", "--oversubscribe", "-s"):
         out.append("--exclusive")
     return sorted(out)
-
-
-def script_directives(script: str | None) -> list[str]:
-    """The options of a batch script's #SBATCH header (sbatch reads them up to the first command)."""
-    import shlex
-
-    if script is None or not Path(script).is_file():
-        return []
-    out: list[str] = []
-    try:
-        for line in Path(script).read_text(errors="replace").splitlines()[1:]:
-            if line.startswith("#SBATCH"):
-                try:
-                    out += shlex.split(line[len("#SBATCH"):], comments=True)
-                except ValueError:
-                    continue
-            elif line.strip() and not line.startswith("#"):
-                break
-    except OSError:
-        return []
-    return out
 
 
 # --- the shell side ---------------------------------------------------------------------------------------------

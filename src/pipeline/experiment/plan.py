@@ -24,7 +24,7 @@ from typing import Any
 
 from pipeline.checkpoint import layout
 from pipeline.common import paths
-from pipeline.common.argv import flag_value
+from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
 from pipeline.common.mappings import drop_unset
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
@@ -108,14 +108,14 @@ def _merge_opts(*groups: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def _directives(script: str) -> list[str]:
-    from pipeline.config.cluster import script_directives
+    from pipeline.slurm.sbatch_options import script_directives
 
     return script_directives(str(paths.repo_root() / script))
 
 
 def _pipeline_flags(exp: Experiment) -> list[str]:
     flags = list(exp.base.flags)
-    if exp.base.cluster and "--cluster" not in flags:
+    if exp.base.cluster and not has_flag(flags, "--cluster"):
         flags += ["--cluster", exp.base.cluster]
     return flags
 
@@ -211,9 +211,9 @@ def _hf_reasoning(exp: Experiment, args: tuple[str, ...]) -> list[str]:
     from pipeline.config.models import get_model
 
     out = []
-    if "--hf-model" not in args and not any(a.startswith("--hf-model=") for a in args):
+    if not has_flag(args, "--hf-model"):
         out += ["--hf-model", get_model(exp.base.model).hf_id]
-    if "--reasoning" not in args and "--no-reasoning" not in args:
+    if not has_flag(args, "--reasoning", "--no-reasoning"):
         out.append("--no-reasoning")
     return out
 

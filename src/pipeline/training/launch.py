@@ -18,13 +18,13 @@ from pipeline.config.cluster import (
     effective_knobs,
     load_cluster,
     profile_sbatch_options,
-    script_directives,
     user_set,
 )
 from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
 from pipeline.slurm.allocation import Allocation, current, rendezvous
+from pipeline.slurm.sbatch_options import script_directives
 from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
 from pipeline.training.views import RunView, build_view
 

@@ -1,0 +1,175 @@
+"""isambard_sbatch's checks of a pipeline job before anything is queued, so that a mistake is one line now and not a
+failed job after the queue wait. Each job's arguments go through its own pipeline's parser and checks: the data
+CLI's (cli/data.py ``check_submission``), the checkpoint and coherence CLIs' parsers and plans (``plan_from_argv``)
+and the training launcher's preflight (cli/train.py ``plan_from_argv``). The data check and the option handling
+need only the standard library; the plans need the pipeline venv or the login node's planner.
+
+``inputs_later`` (a ``--dependency`` submission): the job waits for another, whose outputs are this job's inputs;
+their existence is then checked by the job itself, and only the shape of the arguments here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pipeline.common.argv import flag_values, has_flag
+from pipeline.common.errors import UserError
+from pipeline.slurm.sbatch_options import directive_value, option_value
+
+TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
+DATA_SCRIPT = "pipeline_data_submit.sbatch"
+ENV_SCRIPT = "pipeline_env_submit.sbatch"
+DATA_ACTIONS = ("prepare", "tokenize", "pack")
+ENV_ACTIONS = ("setup", "validate")  # pipeline_env_submit.sbatch runs pipeline_env_setup.sh (bash: no parser here)
+PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
+# the job script -> its pipeline's CLI, whose plan_from_argv parses the job's arguments and plans it
+GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint",
+                   "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence"}
+
+
+def check_job(script: str, script_args: list[str], opts: list[str], required: bool = True) -> str | None:
+    """Every check of one job before it is queued (UserError, one line per problem): the data and environment jobs'
+    arguments, the checkpoint and coherence jobs' plans, the training job's preflight. ``opts``: the submission's
+    sbatch options (a --dependency leaves the inputs to the job); ``required`` False (--no-preflight): a plan that
+    cannot be made here is skipped with a warning. Returns the training run's name (else None)."""
+    inputs_later = option_value(opts, "--dependency", "-d") is not None
+    submit_checks(script, script_args, inputs_later=inputs_later)
+    name = Path(script).name
+    if name in GPU_JOB_SCRIPTS:
+        gpu_job_plan(script, script_args, opts, required=required, inputs_later=inputs_later)
+    if name == TRAINING_SCRIPT:
+        return training_preflight(script_args, opts, required=required)
+    return None
+
+
+def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> None:
+    """The cheap checks of a data or environment submission (UserError naming the job script)."""
+    name = Path(script).name
+    if name == ENV_SCRIPT:
+        if not args or args[0] not in ENV_ACTIONS:
+            raise UserError(f"{name}: the action must be setup or validate (got {args[0] if args else 'none'!r})")
+    elif name == DATA_SCRIPT:
+        from pipeline.cli import data
+
+        # the job script's own mapping: any other first argument is the reference's positional pack-only form
+        argv = list(args) if args and args[0] in DATA_ACTIONS else ["pack", *args]
+        try:
+            data.check_submission(argv, inputs_later=inputs_later)
+        except UserError as exc:
+            raise UserError(f"{name}: {exc}") from None
+
+
+def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required: bool = True,
+                 inputs_later: bool = False) -> None:
+    """The plan of a checkpoint or coherence submission (checkpoint/plan.py, coherence/plan.py), made here as the
+    job would make it: a layout that cannot run, a node count the job cannot use or a model that does not fit is
+    refused (UserError, one line per problem) before the queue wait. Needs the pipeline venv or the login node's
+    planner, as the training preflight does."""
+    import importlib
+
+    nodes = option_value(opts, "--nodes", "-N") or directive_value(script, "--nodes", "-N") or "1"
+    nodes = nodes.split("-")[0]
+    if not nodes.isdigit():
+        raise UserError(f"--nodes={nodes!r} is not a node count")
+    try:
+        cli = importlib.import_module(GPU_JOB_SCRIPTS[Path(script).name])
+    except ImportError as exc:
+        if required:
+            raise UserError(f"the {Path(script).name} plan cannot be checked here: no pipeline venv or login-node "
+                            f"planner ({exc}); create the planner with: {PLANNER_SETUP} (or pass --no-preflight to "
+                            "queue without the checks); nothing was submitted") from None
+        print(f"warning: plan check skipped (--no-preflight): {exc}", file=sys.stderr)
+        return
+    try:  # the job's own parser and plan: a usage mistake is the pipeline's own one line
+        plan = cli.plan_from_argv(list(script_args), int(nodes), inputs_later=inputs_later)
+    except UserError as exc:
+        raise UserError(f"{Path(script).name}: {exc}") from None
+    asked = option_value(opts, "--gpus-per-node")
+    asked = asked.split(":")[-1] if asked else None  # --gpus-per-node=[type:]N
+    if asked is not None and asked.isdigit() and int(asked) < plan.gpus_per_node:
+        plan.problems.append(f"the {plan.job} plan ({plan.engine}) uses {plan.gpus_per_node} GPU(s) per node, and "
+                             f"--gpus-per-node={asked} gives {asked}: submit with --gpus-per-node={plan.gpus_per_node}"
+                             f" (the plan: {plan.job} ... --dry-run)")
+    if not plan.ok:
+        raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
+    print(f"Plan: PASS - {plan.job}: world {plan.world_size} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "
+          f"{plan.layout.pp} ep {plan.layout.ep}), memory estimate {plan.memory_per_gpu_gb:.1f} GB per GPU",
+          file=sys.stderr)
+
+
+def training_preflight(script_args: list[str], opts: list[str], required: bool = True) -> str | None:
+    """Run the training preflight for a pipeline_training_submit.sbatch submission; UserError on failure.
+    Returns the run's name (``logger.wandb_exp_name``), or None when the preflight could not run here: that is
+    refused (UserError naming the command that creates the login-node planner) unless ``required`` is False
+    (``--no-preflight``)."""
+    if len(script_args) < 3:
+        raise UserError(f"{TRAINING_SCRIPT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
+    nodes = (option_value(opts, "--nodes", "-N") or "1").split("-")[0]
+    if not nodes.isdigit():
+        raise UserError(f"--nodes={nodes!r} is not a node count")
+    config, model, mode, *rest = script_args
+    argv = [config, "--model", model, "--mode", mode, "--nodes", nodes, *rest]
+    if option_value(opts, "--dependency", "-d") is not None and not has_flag(rest, "--no-path-checks"):
+        # a job that waits for another leaves its inputs (the previous phase's checkpoint) to the job, whose launcher
+        # checks them when it starts, as submit_checks does for the other pipelines
+        argv.append("--no-path-checks")
+    cluster = os.environ.get("PIPELINE_CLUSTER")
+    if cluster and not has_flag(rest, "--cluster"):
+        argv += ["--cluster", cluster]
+    try:
+        from pipeline.cli.train import plan_from_argv  # the pipeline environment: not there on a bare login node
+
+        launch = plan_from_argv(argv)
+    except ImportError as exc:  # a login node without the pipeline venv or the planner (the container posture)
+        if required:
+            # The container runtime's login node gets the planner; a venv machine gets the venv itself.
+            fix = (f"create the planner with: {f'PIPELINE_CLUSTER={cluster} ' if cluster else ''}{PLANNER_SETUP}"
+                   if os.environ.get("PIPELINE_RUNTIME") == "apptainer" else
+                   "create the pipeline venv with: bash pipeline_env_setup.sh")
+            raise UserError(f"the training preflight cannot run here: no pipeline venv or login-node planner "
+                            f"({exc}); {fix} (or pass --no-preflight to queue without the checks); nothing was "
+                            "submitted") from None
+        print(f"warning: preflight skipped (--no-preflight): the pipeline environment is not available here "
+              f"({exc}); the job checks its config when it starts", file=sys.stderr)
+        return None
+    plan, cfg = launch.preflight, launch.cfg
+    if not plan.ok:
+        raise UserError("\n".join(plan.problems)
+                        + f"\npreflight: {len(plan.problems)} problem(s); nothing was submitted")
+    for w in plan.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"Preflight: PASS - world {plan.world} (tp {plan.tp} pp {plan.pp} cp {plan.cp} ep {plan.ep} dp {plan.dp}), "
+          f"memory estimate {plan.memory_gb.get('total', 0):.1f} of {plan.memory_budget_gb:g} GB", file=sys.stderr)
+    name = (cfg.get("logger") or {}).get("wandb_exp_name")
+    return str(name) if name else None
+
+
+def run_job_name(run_name: str | None, config: str) -> str:
+    """The Slurm job name of a training run: ``training-<run>``. The auto-requeue chain's singleton key is the
+    job name, so two runs' chains never block each other."""
+    import re
+
+    base = run_name or Path(config).stem
+    return "training-" + (re.sub(r"[^A-Za-z0-9._-]", "_", base)[:100] or "run")
+
+
+def submission_profile(script: str | None, script_args: list[str]):
+    """The cluster profile of a submission, in the training launcher's order: a training job's ``--cluster
+    NAME``, else PIPELINE_CLUSTER (which pipeline_env_config.env's knobs came from), else a training config's
+    ``pipeline.cluster`` (read without YAML: a login node may have no venv), else local_cpu."""
+    import re
+
+    from pipeline.config.cluster import DEFAULT_PROFILE, load_cluster
+
+    given = flag_values(script_args, "--cluster")  # the last one wins, as in the launcher's parser
+    name = (given[-1] if given else None) or os.environ.get("PIPELINE_CLUSTER")
+    if not name and script is not None and Path(script).name == TRAINING_SCRIPT and script_args:
+        try:
+            text = Path(script_args[0]).read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = re.search(r"^pipeline:[ \t]*(?:#.*)?\n(?:[ \t]+.*\n|[ \t]*#.*\n|[ \t]*\n)*?[ \t]+cluster:[ \t]*"
+                      r"[\"']?([A-Za-z0-9_.-]+)", text, re.M)
+        name = m.group(1) if m and m.group(1) != "null" else None
+    return load_cluster(name or DEFAULT_PROFILE)

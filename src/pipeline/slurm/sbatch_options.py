@@ -1,0 +1,221 @@
+"""The sbatch option grammar: which options take a value (the installed sbatch's --help/--usage, else a built-in
+table), an sbatch command line split the way sbatch's getopt reads it, and a batch script's ``#SBATCH`` header.
+Standard library only: isambard_sbatch runs on login nodes without the pipeline environment."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pipeline.common.errors import UserError
+
+# The option table used when the installed sbatch's --help cannot be read (no sbatch on a laptop's dry run, or one
+# that fails): Slurm 22.05's sbatch --help/--usage as parsed by sbatch_option_table, plus the value options of newer
+# Slurm's manual. With it, `--tmp 10G` still takes its value (the old short list made `10G` the job script); an
+# option outside it is refused unless written `--opt=value`, which cannot be misread.
+BUILTIN_VALUE_OPTS = frozenset({
+    "--account", "--acctg-freq", "--array", "--batch", "--bb", "--bbf", "--begin", "--chdir", "--cluster-constraint",
+    "--clusters", "--comment", "--constraint", "--container-id", "--core-spec", "--cores-per-socket", "--cpu-freq",
+    "--cpus-per-gpu", "--cpus-per-task", "--deadline", "--delay-boot", "--dependency", "--distribution", "--error",
+    "--exclude", "--export", "--export-file", "--extra-node-info", "--gid", "--gpu-bind", "--gpu-freq", "--gpus",
+    "--gpus-per-node", "--gpus-per-socket", "--gpus-per-task", "--gres", "--gres-flags", "--hint", "--input",
+    "--job-name", "--kill-on-invalid-dep", "--licenses", "--mail-type", "--mail-user", "--mcs-label", "--mem",
+    "--mem-bind", "--mem-per-cpu", "--mem-per-gpu", "--mincpus", "--mpi", "--network", "--nodefile", "--nodelist",
+    "--nodes", "--ntasks", "--ntasks-per-core", "--ntasks-per-node", "--ntasks-per-socket", "--open-mode",
+    "--output", "--partition", "--power", "--prefer", "--priority", "--profile", "--qos", "--relative",
+    "--reservation", "--resv-ports", "--segment", "--signal", "--sockets-per-node", "--switches", "--thread-spec",
+    "--threads-per-core", "--time", "--time-min", "--tmp", "--tres-bind", "--tres-per-task", "--uid", "--wckey",
+    "--wrap", "-A", "-B", "-C", "-D", "-F", "-G", "-J", "-L", "-M", "-N", "-S", "-a", "-b", "-c", "-d", "-e", "-i",
+    "-m", "-n", "-o", "-p", "-q", "-r", "-t", "-w", "-x",
+})
+BUILTIN_FLAGS = frozenset({
+    "--container", "--contiguous", "--exclusive", "--get-user-env", "--help", "--hold", "--ignore-pbs", "--nice",
+    "--no-kill", "--no-requeue", "--overcommit", "--oversubscribe", "--parsable", "--propagate", "--quiet",
+    "--reboot", "--requeue", "--spread-job", "--test-only", "--usage", "--use-min-nodes", "--verbose", "--version",
+    "--wait", "-H", "-O", "-Q", "-V", "-W", "-h", "-k", "-s", "-v",
+})
+
+
+# Value options that sbatch accepts but that Slurm 22.05's --help/--usage do not list (from the sbatch manual),
+# and two that --help shows as "[=...]" although sbatch requires their value (--wrap CMD, --export NAMES work
+# with a space; checked on the local Slurm).
+UNLISTED_VALUE_OPTS = {"--wrap", "--export", "--hint", "--open-mode", "--mem-bind", "--network", "--acctg-freq",
+                       "--batch", "--tres-per-task", "--kill-on-invalid-dep", "--resv-ports", "--mpi", "--prefer",
+                       "--distribution", "--clusters", "--cpus-per-gpu", "--gpus-per-node", "-r", "--relative"}
+UNLISTED_FLAGS = {"--test-only", "--exclusive", "--parsable"}
+
+
+@functools.lru_cache(maxsize=1)
+def sbatch_option_table() -> tuple[frozenset[str], frozenset[str]] | None:
+    """(options taking a value, options taking none) as the installed sbatch describes them in --help and
+    --usage; None when sbatch is not installed (then the built-in table is used and nothing is refused)."""
+    import re
+    import subprocess
+
+    texts = []
+    for flag in ("--help", "--usage"):
+        try:
+            res = subprocess.run(["sbatch", flag], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        texts.append(res.stdout)
+    if not any(texts):
+        return None
+    values, flags = set(UNLISTED_VALUE_OPTS), set()
+    for line in texts[0].splitlines():  # "  -N, --nodes=N  ..." / "      --tmp=MB ..." / "  -H, --hold ..."
+        m = re.match(r"^\s+(?:(-[A-Za-z])[, ]\s*)?(--[A-Za-z][\w-]*)(\[?=)?", line)
+        if not m:
+            continue
+        short, long_, eq = m.groups()
+        kind = values if eq == "=" else flags  # "--opt[=x]" takes its value only joined with "="
+        kind.update(o for o in (short, long_) if o)
+    for tok in re.findall(r"\[([^\[\]]*(?:\[[^\]]*\])?[^\[\]]*)\]", texts[1]):  # "[-N nnodes]" "[--mem=MB]"
+        m = re.match(r"^(-[A-Za-z]|--[A-Za-z][\w-]*)(\[?=|\s+\S)?", tok.strip())
+        if m:
+            (values if m.group(2) and not m.group(2).startswith("[") else flags).add(m.group(1))
+    flags -= values
+    return frozenset(values), frozenset(flags | UNLISTED_FLAGS)
+
+
+def _table(table=None) -> tuple[frozenset[str], frozenset[str], bool]:
+    """(value options, flags, from the built-in table)"""
+    if table is not None:
+        return table[0], table[1], False
+    read = sbatch_option_table()
+    return (read[0], read[1], False) if read else (BUILTIN_VALUE_OPTS, BUILTIN_FLAGS, True)
+
+
+def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[str]] | None = None,
+                      own_flags: tuple[str, ...] = ()) -> tuple[list[str], list[str], str | None, list[str]]:
+    """(sbatch options without excludes, user excludes, script, script args), parsed the way sbatch's getopt
+    does: which options take a value comes from the installed sbatch (``sbatch_option_table``); clustered short
+    options (``-HN 2``), unique abbreviations of long options (``--job`` for ``--job-name``) and ``--`` work;
+    an option sbatch does not know is refused with one line. The options come back normalised (``--long=value``,
+    ``-S value``, flags alone), which sbatch reads the same way. ``own_flags``: the caller's own options among
+    sbatch's (isambard_sbatch's --no-preflight), kept in the options exactly as written."""
+    values, flags, builtin = _table(table)
+    known = sorted(values | flags)
+    opts: list[str] = []
+    excludes: list[str] = []
+
+    def add(name: str, value: str | None) -> None:
+        if name in ("-x", "--exclude"):
+            excludes.append(value or "")
+        elif value is None:
+            opts.append(name)
+        elif name.startswith("--"):
+            opts.append(f"{name}={value}")
+        else:
+            opts.extend([name, value])
+
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return opts, excludes, (argv[i + 1] if i + 1 < len(argv) else None), argv[i + 2:]
+        if not a.startswith("-") or a == "-":
+            return opts, excludes, a, argv[i + 1:]
+        if a in own_flags:  # the caller's own, exactly as written (the caller takes them out)
+            opts.append(a)
+            i += 1
+            continue
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if name not in values and name not in flags:
+                matches = [k for k in known if k.startswith(name) and k.startswith("--")]
+                if len(matches) != 1 and builtin and eq:
+                    add(name, val)  # --opt=value: unambiguous, whatever the cluster's sbatch options are
+                    i += 1
+                    continue
+                if len(matches) != 1:
+                    what = f"ambiguous ({', '.join(matches[:5])})" if matches else (
+                        "not in the built-in option table: sbatch --help could not be read; write it --opt=value"
+                        if builtin else "not in this Slurm's sbatch --help")
+                    raise UserError(f"unknown sbatch option {a!r} ({what}); check the spelling")
+                name = matches[0]
+            if name in values and not eq:
+                if i + 1 >= len(argv):
+                    raise UserError(f"{name} needs a value")
+                val, i = argv[i + 1], i + 1
+            add(name, val if (eq or name in values) else None)
+            i += 1
+            continue
+        # short options, possibly clustered: a value-taking letter takes the rest of the token or the next argument
+        j = 1
+        while j < len(a):
+            name = "-" + a[j]
+            if name in values:
+                val = a[j + 1:]
+                if not val:
+                    if i + 1 >= len(argv):
+                        raise UserError(f"{name} needs a value")
+                    val, i = argv[i + 1], i + 1
+                add(name, val)
+                break
+            if name not in flags:
+                where = "the built-in option table (sbatch --help could not be read)" if builtin else \
+                    "this Slurm's sbatch --help"
+                raise UserError(f"unknown sbatch option {name!r} in {a!r} (not in {where})")
+            add(name, None)
+            j += 1
+        i += 1
+    return opts, excludes, None, []
+
+
+def option_value(opts: list[str], *names: str) -> str | None:
+    """The value of an option in normalised ``opts`` (as split_sbatch_args returns them); values of other
+    options are never mistaken for options."""
+    values, _, _ = _table()
+    i = 0
+    while i < len(opts):
+        a = opts[i]
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if name in names and eq:
+                return val
+            i += 1
+            continue
+        if a in values:
+            if a in names and i + 1 < len(opts):
+                return opts[i + 1]
+            i += 2
+            continue
+        i += 1
+    return None
+
+
+def script_directives(script: str | None) -> list[str]:
+    """The options of a batch script's #SBATCH header (sbatch reads them up to the first command)."""
+    import shlex
+
+    if script is None or not Path(script).is_file():
+        return []
+    out: list[str] = []
+    try:
+        for line in Path(script).read_text(errors="replace").splitlines()[1:]:
+            if line.startswith("#SBATCH"):
+                try:
+                    out += shlex.split(line[len("#SBATCH"):], comments=True)
+                except ValueError:
+                    continue
+            elif line.strip() and not line.startswith("#"):
+                break
+    except OSError:
+        return []
+    return out
+
+
+def header_options(script: str | None) -> tuple[list[str], list[str]]:
+    """(options without excludes, excludes) of a batch script's #SBATCH header, normalised as
+    :func:`split_sbatch_args` returns them; UserError for a header sbatch itself would refuse."""
+    opts, excludes, _, _ = split_sbatch_args(script_directives(script))
+    return opts, excludes
+
+
+def directive_value(script: str | None, *names: str) -> str | None:
+    """The value of an option in a batch script's #SBATCH header (the first one), or None (also for a header that
+    sbatch would refuse: sbatch says so itself)."""
+    try:
+        return option_value(header_options(script)[0], *names)
+    except UserError:
+        return None

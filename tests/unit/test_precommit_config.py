@@ -1,0 +1,60 @@
+""".pre-commit-config.yaml runs the house rules of tests/unit/test_lint.py and nothing else: local hooks only (nothing
+fetched), each entry one of test_lint's commands, the shellcheck hook on exactly test_lint's shell scripts, and
+every one of test_lint's commands has its hook. pre-commit itself is not needed to check this."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+import yaml
+
+from tests.helpers import ROOT
+from tests.unit import test_lint
+
+CONFIG = ROOT / ".pre-commit-config.yaml"
+COMMANDS = {"ruff": test_lint.RUFF, "shellcheck": test_lint.SHELLCHECK, "lint-imports": test_lint.LINT_IMPORTS}
+
+
+def hooks() -> list[dict]:
+    repos = yaml.safe_load(CONFIG.read_text())["repos"]
+    assert [r["repo"] for r in repos] == ["local"], "only local hooks: nothing is fetched"
+    return repos[0]["hooks"]
+
+
+def entry_command(hook: dict) -> tuple[dict[str, str], list[str]]:
+    """(the environment an ``env K=V ...`` prefix sets, the command) of a hook's entry."""
+    words = shlex.split(hook["entry"])
+    env = {}
+    if words[0] == "env":
+        words = words[1:]
+        while words and "=" in words[0]:
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+    return env, words
+
+
+def test_every_hook_is_a_local_system_command_that_test_lint_runs():
+    seen = set()
+    for hook in hooks():
+        assert hook["language"] == "system", hook["id"]
+        env, cmd = entry_command(hook)
+        assert cmd[0] in COMMANDS, f"{hook['id']}: {cmd[0]} is not one of test_lint's commands {sorted(COMMANDS)}"
+        assert cmd == COMMANDS[cmd[0]], f"{hook['id']}: {cmd} != test_lint's {COMMANDS[cmd[0]]}"
+        # the whole-tree commands run once on the tree, not on the staged files; shellcheck gets the files
+        assert hook.get("pass_filenames", True) is (cmd[0] == "shellcheck"), hook["id"]
+        if cmd[0] == "lint-imports":
+            assert env == {"PYTHONPATH": "src"} and hook.get("always_run") is True, hook
+        else:
+            assert env == {}, hook
+        seen.add(cmd[0])
+    assert seen == set(COMMANDS), f"test_lint's {sorted(set(COMMANDS) - seen)} have no hook"
+
+
+def test_the_shellcheck_hook_selects_exactly_test_lints_shell_scripts():
+    (hook,) = [h for h in hooks() if entry_command(h)[1][0] == "shellcheck"]
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True).stdout
+    chosen = sorted(name for name in files.split() if (ROOT / name).is_file()
+                    and re.search(hook["files"], name) and not re.search(hook.get("exclude", "^$"), name))
+    assert chosen == test_lint.shell_scripts()
