@@ -80,6 +80,27 @@ def test_training_submission_runs_preflight(monkeypatch, tmp_path):
                                      "--no-path-checks", "model.expert_model_parallel_size=8"])
 
 
+def test_a_planned_training_submission_takes_its_plan_s_cluster(monkeypatch, tmp_path):
+    """The cluster profile's Slurm options come from the training plan (the launcher's own resolution of the
+    config), not from reading the YAML with a pattern: a flow-style YAML the pattern cannot read still gets its
+    profile's options."""
+    import yaml
+
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.delenv("PIPELINE_CLUSTER", raising=False)
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    cfg = yaml.safe_load((ROOT / "configs/quickstart/nemotron_nano_quickstart_sft.yaml").read_text())
+    assert cfg["pipeline"]["cluster"] == "isambard_gh200"
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(yaml.safe_dump(cfg, default_flow_style=True))
+    args = [str(flow), "nano", "sft", "--no-path-checks"]
+    from pipeline.cli.submission import submission_profile
+
+    assert submission_profile("pipeline_training_submit.sbatch", args).name == "local_cpu"  # the pattern misses it
+    cmd, _, _ = sbatch_cli.build_submission(["--nodes=16", "pipeline_training_submit.sbatch", *args])
+    assert "--gpus-per-node=4" in cmd and "--exclusive" in cmd, cmd  # isambard_gh200's options, from the plan
+
+
 # ---- the log is the team's file: rewrites keep mode, group, comments; no-op rewrites do not touch it ----
 import os  # noqa: E402
 import random  # noqa: E402

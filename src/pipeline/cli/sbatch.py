@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.cli.badnodes import COMMANDS as CRUD
 from pipeline.cli.badnodes import run_command
-from pipeline.cli.submission import TRAINING_SCRIPT, check_job, run_job_name, submission_profile
+from pipeline.cli.submission import TRAINING_SCRIPT, JobCheck, check_job, run_job_name, submission_profile
 from pipeline.common.errors import UserError, cli_main
 from pipeline.config.cluster import profile_sbatch_options  # pure; shared with the dry run
 from pipeline.slurm.badnodes import from_env
@@ -87,8 +88,23 @@ def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm")) -> st
     return str(path)
 
 
-def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
-    """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
+@dataclass(frozen=True)
+class Submission:
+    """One sbatch submission, as built: its options, the job script and its arguments, the logged bad nodes."""
+
+    opts: list[str]
+    script: str | None
+    script_args: list[str]
+    bad: list[str]
+    bad_log: Path
+
+    @property
+    def cmd(self) -> list[str]:
+        return ["sbatch", *self.opts, *([self.script, *self.script_args] if self.script is not None else [])]
+
+
+def plan_submission(argv: list[str]) -> Submission:
+    """Check the job and build its submission (UserError, one line per problem, before anything is queued)."""
     log = from_env()
     opts, user_ex, script, script_args = split_sbatch_args(argv, own_flags=OWN_FLAGS)
     no_preflight = "--no-preflight" in opts
@@ -115,17 +131,21 @@ def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
                   f"{', '.join(unknown[:5])}", file=sys.stderr)
         bad = [n for n in bad if n in known]
     excluded = sorted(set(user_nodes) | set(bad))
-    cmd = ["sbatch", *opts, *profile_sbatch_options(submission_profile(script, script_args), opts,
-                                                     script_directives(script))]
+    checked = check_job(script, script_args, opts, required=not no_preflight) if script is not None else JobCheck()
+    # the training plan's own cluster profile; the launcher's order read without the plan where none was made here
+    profile = checked.cluster or submission_profile(script, script_args)
+    opts = [*opts, *profile_sbatch_options(profile, opts, script_directives(script))]
     if excluded:
-        cmd.append("--exclude=" + render_exclude(excluded))
-    if script is not None:
-        cmd += [script, *script_args]
-    if script is not None:
-        name = check_job(script, script_args, opts, required=not no_preflight)
-        if Path(script).name == TRAINING_SCRIPT and option_value(opts, "--job-name", "-J") is None:
-            cmd.insert(1, f"--job-name={run_job_name(name, script_args[0])}")
-    return cmd, bad, log.path
+        opts.append("--exclude=" + render_exclude(excluded))
+    if script is not None and Path(script).name == TRAINING_SCRIPT and option_value(opts, "--job-name", "-J") is None:
+        opts.insert(0, f"--job-name={run_job_name(checked.run_name, script_args[0])}")
+    return Submission(opts=opts, script=script, script_args=list(script_args), bad=bad, bad_log=log.path)
+
+
+def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
+    """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
+    sub = plan_submission(argv)
+    return sub.cmd, sub.bad, sub.bad_log
 
 
 @cli_main
@@ -138,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in CRUD:
         return run_command(log, argv[0], argv[1:])
 
-    cmd, bad, path = build_submission(argv)
+    sub = plan_submission(argv)
+    cmd, bad, path = sub.cmd, sub.bad, sub.bad_log
     Path("logs/slurm").mkdir(parents=True, exist_ok=True)
     print(f"Bad nodes: {len(bad)} excluded (last {log.ttl_days:g}d) - file: {path}", file=sys.stderr)
     print("           report more: isambard_sbatch --mark-bad <node> [reason]", file=sys.stderr)
@@ -156,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     m = re.search(r"(\d+)", res.stdout)
     if m:
-        opts, _, script, _ = split_sbatch_args(cmd[1:])
-        out = log_path(opts, script, m.group(1), option_value(opts, "--job-name", "-J"))
+        out = log_path(sub.opts, sub.script, m.group(1), option_value(sub.opts, "--job-name", "-J"))
         print(f"job {m.group(1)}: log {out}" if out else f"job {m.group(1)} submitted", file=sys.stderr)
     return 0
 

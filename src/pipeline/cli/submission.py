@@ -9,11 +9,14 @@ their existence is then checked by the job itself, and only the shape of the arg
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pipeline.common.argv import flag_values, has_flag
+from pipeline.common.argv import flag_values
 from pipeline.common.errors import UserError
 from pipeline.slurm.sbatch_options import directive_value, option_value
 
@@ -28,19 +31,31 @@ GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint
                    "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence"}
 
 
-def check_job(script: str, script_args: list[str], opts: list[str], required: bool = True) -> str | None:
+@dataclass(frozen=True)
+class JobCheck:
+    """What checking a job found out: a training run's name and the cluster profile its plan resolved (None where
+    no training plan was made here)."""
+
+    run_name: str | None = None
+    cluster: Any = None  # config.cluster.ClusterProfile of the training plan
+
+
+def check_job(script: str, script_args: list[str], opts: list[str], required: bool = True) -> JobCheck:
     """Every check of one job before it is queued (UserError, one line per problem): the data and environment jobs'
     arguments, the checkpoint and coherence jobs' plans, the training job's preflight. ``opts``: the submission's
     sbatch options (a --dependency leaves the inputs to the job); ``required`` False (--no-preflight): a plan that
-    cannot be made here is skipped with a warning. Returns the training run's name (else None)."""
+    cannot be made here is skipped with a warning."""
     inputs_later = option_value(opts, "--dependency", "-d") is not None
     submit_checks(script, script_args, inputs_later=inputs_later)
     name = Path(script).name
     if name in GPU_JOB_SCRIPTS:
         gpu_job_plan(script, script_args, opts, required=required, inputs_later=inputs_later)
     if name == TRAINING_SCRIPT:
-        return training_preflight(script_args, opts, required=required)
-    return None
+        launch = training_preflight(script_args, opts, required=required)
+        if launch is not None:
+            run = launch.cfg.logger.wandb_exp_name
+            return JobCheck(run_name=str(run) if run else None, cluster=launch.cluster)
+    return JobCheck()
 
 
 def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> None:
@@ -98,29 +113,35 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
           file=sys.stderr)
 
 
-def training_preflight(script_args: list[str], opts: list[str], required: bool = True) -> str | None:
+def training_preflight(script_args: list[str], opts: list[str], required: bool = True):
     """Run the training preflight for a pipeline_training_submit.sbatch submission; UserError on failure.
-    Returns the run's name (``logger.wandb_exp_name``), or None when the preflight could not run here: that is
-    refused (UserError naming the command that creates the login-node planner) unless ``required`` is False
-    (``--no-preflight``)."""
+    Returns the launch plan (``training.launch.LaunchPlan``: the run's name, its cluster profile), or None when
+    the preflight could not run here: that is refused (UserError naming the command that creates the login-node
+    planner) unless ``required`` is False (``--no-preflight``).
+
+    The job's own words (CONFIG MODEL MODE, launcher flags, Hydra overrides) are parsed once, by the launcher's
+    parser, into a ``LaunchRequest``, as the job's launcher will parse them; what the submission adds (the node
+    count, the path checks a dependent job leaves to itself, the cluster) is set on the request, not appended to an
+    argv for the parser to read again."""
     if len(script_args) < 3:
         raise UserError(f"{TRAINING_SCRIPT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
     nodes = (option_value(opts, "--nodes", "-N") or "1").split("-")[0]
     if not nodes.isdigit():
         raise UserError(f"--nodes={nodes!r} is not a node count")
     config, model, mode, *rest = script_args
-    argv = [config, "--model", model, "--mode", mode, "--nodes", nodes, *rest]
-    if option_value(opts, "--dependency", "-d") is not None and not has_flag(rest, "--no-path-checks"):
-        # a job that waits for another leaves its inputs (the previous phase's checkpoint) to the job, whose launcher
-        # checks them when it starts, as submit_checks does for the other pipelines
-        argv.append("--no-path-checks")
     cluster = os.environ.get("PIPELINE_CLUSTER")
-    if cluster and not has_flag(rest, "--cluster"):
-        argv += ["--cluster", cluster]
     try:
-        from pipeline.cli.train import plan_from_argv  # the pipeline environment: not there on a bare login node
+        from pipeline.cli.train import parse_job_args  # the pipeline environment: not there on a bare login node
+        from pipeline.training.launch import plan_launch
 
-        launch = plan_from_argv(argv)
+        request = parse_job_args(config, model, mode, rest)
+        if option_value(opts, "--dependency", "-d") is not None:
+            # a job that waits for another leaves its inputs (the previous phase's checkpoint) to the job, whose
+            # launcher checks them when it starts, as submit_checks does for the other pipelines
+            request = dataclasses.replace(request, path_checks=False)
+        request = dataclasses.replace(request, nodes=request.nodes or int(nodes),
+                                      cluster=request.cluster or cluster or None)
+        launch = plan_launch(request)
     except ImportError as exc:  # a login node without the pipeline venv or the planner (the container posture)
         if required:
             # The container runtime's login node gets the planner; a venv machine gets the venv itself.
@@ -133,7 +154,7 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
         print(f"warning: preflight skipped (--no-preflight): the pipeline environment is not available here "
               f"({exc}); the job checks its config when it starts", file=sys.stderr)
         return None
-    plan, cfg = launch.preflight, launch.cfg
+    plan = launch.preflight
     if not plan.ok:
         raise UserError("\n".join(plan.problems)
                         + f"\npreflight: {len(plan.problems)} problem(s); nothing was submitted")
@@ -141,8 +162,7 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
         print(f"warning: {w}", file=sys.stderr)
     print(f"Preflight: PASS - world {plan.world} (tp {plan.tp} pp {plan.pp} cp {plan.cp} ep {plan.ep} dp {plan.dp}), "
           f"memory estimate {plan.memory_gb.get('total', 0):.1f} of {plan.memory_budget_gb:g} GB", file=sys.stderr)
-    name = (cfg.get("logger") or {}).get("wandb_exp_name")
-    return str(name) if name else None
+    return launch
 
 
 def run_job_name(run_name: str | None, config: str) -> str:
@@ -155,9 +175,10 @@ def run_job_name(run_name: str | None, config: str) -> str:
 
 
 def submission_profile(script: str | None, script_args: list[str]):
-    """The cluster profile of a submission, in the training launcher's order: a training job's ``--cluster
-    NAME``, else PIPELINE_CLUSTER (which pipeline_env_config.env's knobs came from), else a training config's
-    ``pipeline.cluster`` (read without YAML: a login node may have no venv), else local_cpu."""
+    """The cluster profile of a submission whose training plan could not be made here (``--no-preflight`` on a
+    login node without the planner; a planned training job takes its plan's profile), in the training launcher's
+    order: a training job's ``--cluster NAME``, else PIPELINE_CLUSTER (which pipeline_env_config.env's knobs came
+    from), else a training config's ``pipeline.cluster`` (read without YAML: there is no venv), else local_cpu."""
     import re
 
     from pipeline.config.cluster import DEFAULT_PROFILE, load_cluster

@@ -93,6 +93,12 @@ def parse_request(argv: list[str]) -> tuple[LaunchRequest, bool]:
                          allow_config_change=a.allow_config_change), a.dry_run
 
 
+def parse_job_args(config: str, model: str, mode: str, rest: list[str]) -> LaunchRequest:
+    """A training job's words (``pipeline_training_submit.sbatch CONFIG MODEL MODE [flags] [overrides]``) as the job's
+    launcher reads them (the batch script passes them on as ``CONFIG --model MODEL --mode MODE ...``)."""
+    return parse_request([config, "--model", model, "--mode", mode, *rest])[0]
+
+
 def plan_from_argv(argv: list[str]) -> LaunchPlan:
     """The launcher's command line -> its plan (the dry run's, preflight included)."""
     return plan_launch(parse_request(argv)[0])
