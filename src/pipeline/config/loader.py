@@ -164,7 +164,7 @@ def resolve_interpolations(cfg: dict) -> dict:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # type: ignore[return-value]
+        return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
     except OmegaConfBaseException as exc:
         raise UserError(f"cannot resolve the config: {' '.join(str(exc).split())[:300]}") from None
 

@@ -303,7 +303,7 @@ def _build(cls: type, data: dict[str, Any], where: str, problems: list[str], inv
         tp = hints[name]
         if value is None and f.default_factory is not dataclasses.MISSING:
             continue  # a cleared section or mapping: its default (every field unset, no entries)
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 problems.append(f"'{key}' is a section, not a value")
                 invalid.add(key)

@@ -155,7 +155,7 @@ class BadNodeLog:
     def _lines(self, data: bytes | None = None) -> list[tuple[bytes, Entry | None]]:
         """Every line of the log with its end (byte-exact) and its entry, or None (comment, blank, malformed)."""
         data = self._read() if data is None else data
-        out = []
+        out: list[tuple[bytes, Entry | None]] = []
         for raw in _split_lf(data):
             try:
                 text = raw.decode("utf-8")

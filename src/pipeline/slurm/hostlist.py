@@ -92,18 +92,19 @@ def compress(names) -> str:
             groups[key] = []
             order.append(key)
         groups[key].append(int(m.group(2)))
-    items = []
-    for key in order:
-        if isinstance(key, str):
-            items.append(key)
+    items: list[str] = []
+    for entry in order:
+        if isinstance(entry, str):
+            items.append(entry)
             continue
-        prefix, suffix, width = key
-        nums = sorted(groups[key])
+        prefix, suffix, width = entry
+        nums = sorted(groups[entry])
         if len(nums) == 1:
             items.append(f"{prefix}{str(nums[0]).zfill(width)}{suffix}")
             continue
-        ranges, lo = [], nums[0]
-        for a, b in zip(nums, nums[1:] + [None]):
+        ranges: list[str] = []
+        lo: int | None = nums[0]
+        for a, b in zip(nums, [*nums[1:], None]):
             if b is None or b != a + 1:
                 lo_s, hi_s = str(lo).zfill(width), str(a).zfill(width)
                 ranges.append(lo_s if lo == a else f"{lo_s}-{hi_s}")

@@ -61,7 +61,7 @@ def sbatch_option_table() -> tuple[frozenset[str], frozenset[str]] | None:
         texts.append(res.stdout)
     if not any(texts):
         return None
-    values, flags = set(UNLISTED_VALUE_OPTS), set()
+    values, flags = set(UNLISTED_VALUE_OPTS), set[str]()
     for line in texts[0].splitlines():  # "  -N, --nodes=N  ..." / "      --tmp=MB ..." / "  -H, --hold ..."
         m = re.match(r"^\s+(?:(-[A-Za-z])[, ]\s*)?(--[A-Za-z][\w-]*)(\[?=)?", line)
         if not m:

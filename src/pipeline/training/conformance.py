@@ -94,7 +94,7 @@ class Source:
         return None
 
 
-def _params(fn: ast.FunctionDef) -> set[str]:
+def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     a = fn.args
     return {x.arg for x in a.args + a.kwonlyargs}
 
@@ -152,7 +152,8 @@ _SECTIONS = {"train", "model", "dataset", "optimizer", "scheduler", "checkpoint"
 def _const(node, local: dict):
     if isinstance(node, ast.Constant):
         return True, node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, (int, float, complex))):
         return True, -node.operand.value
     if isinstance(node, ast.Name) and node.id in local:
         return True, local[node.id]

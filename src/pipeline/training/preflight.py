@@ -107,8 +107,8 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
     if local_engine:
         # transformers Trainer, FP32 everything, AdamW: weights 4 + grads 4 + Adam 8 bytes per parameter.
         p = (spec.dense_params_b + spec.expert_params_b) * 1e9
-        act = 34 * s * h * L * plan.mbs * 2  # FP32 activations are 2x the BF16 per-layer figure
-        logits = 2 * 4 * s * V * plan.mbs
+        act: float = 34 * s * h * L * plan.mbs * 2  # FP32 activations are 2x the BF16 per-layer figure
+        logits: float = 2 * 4 * s * V * plan.mbs
         return {"weights": 4 * p / GB, "grads": 4 * p / GB, "optimizer": 8 * p / GB,
                 "activations": act / GB, "logits": logits / GB, "overhead": 0.5,
                 "total": (16 * p + act + logits) / GB + 0.5}
@@ -233,8 +233,8 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
         hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
             if not local else "lower train.micro_batch_size or model.seq_length"
-        unit = "GPU" if cluster.has_gpus else "host"
-        plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {unit}"
+        per = "GPU" if cluster.has_gpus else "host"
+        plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {per}"
                              f" > {plan.memory_budget_gb:g} GB on '{cluster.name}' "
                              f"(weights {plan.memory_gb['weights']}, grads {plan.memory_gb['grads']}, optimizer "
                              f"{plan.memory_gb['optimizer']}, activations {plan.memory_gb['activations']}, logits "

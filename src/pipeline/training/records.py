@@ -88,7 +88,8 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
 
         write_view(run_dir, view)
     manifest_path = run_dir / "manifest.json"
-    manifest = read_json(manifest_path) if manifest_path.exists() else {"run_dir": str(run_dir), "launches": []}
+    manifest: dict[str, Any] = read_json(manifest_path) if manifest_path.exists() else {"run_dir": str(run_dir),
+                                                                                          "launches": []}
     manifest["launches"].append({
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": command,

@@ -144,7 +144,7 @@ def build_dataset(view: RunView, spec: ModelSpec | None = None):
     if train is not None and train.exists():
         unpack = spec is not None and unpacks(spec)
         ds = PackedSFTDataset(train, unpack=unpack)
-        if unpack:
+        if spec is not None and unpack:
             log.warning("%s cannot keep packed documents apart (its Mamba layers, in transformers' PyTorch fallback, "
                         "scan the whole row): training one document per sample (%d documents)", spec.name, len(ds))
         return ds, "packed_sft"
