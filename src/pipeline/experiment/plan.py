@@ -308,9 +308,3 @@ def set_values(d: Any) -> Any:
         if v is not None and v != {}:
             out[k] = v
     return out
-
-
-def require_ok(plans: list[RunPlan]) -> None:
-    problems = [f"{rp.run.label}: {p}" for rp in plans for p in rp.problems]
-    if problems:
-        raise UserError("\n".join(problems) + f"\npreflight: {len(problems)} problem(s); nothing was submitted")
