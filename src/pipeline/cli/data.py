@@ -25,7 +25,7 @@ from pipeline.cli.parser import Parser, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
-from pipeline.data.stage_tokenize import CHUNK_SIZE
+from pipeline.data.prepare import CHUNK_SIZE
 
 
 def _print_summary(summary: dict) -> None:
@@ -152,20 +152,19 @@ def main(argv: list[str] | None = None) -> int:
 
     # pack
     from pipeline.data.chat import tokenizer_model_name
-    from pipeline.data.stage_base import Timer
-    from pipeline.data.stage_pack import PackOptions, check_pack_args, stage_pack
 
-    problems = check_pack_args(args.seq_length, args.pad_seq_to_mult, args.context_parallel_size,
-                               args.tensor_parallel_size, args.sequence_parallel, args.seed)
+    problems = prep.check_pack_args(args.seq_length, args.pad_seq_to_mult, args.context_parallel_size,
+                                    args.tensor_parallel_size, args.sequence_parallel, args.seed)
     if problems:
         raise UserError("; ".join(problems))
     if not args.dataset_root.is_dir():
         raise UserError(f"dataset root {args.dataset_root} does not exist (or is not a directory)")
     with prep.root_lock(args.dataset_root):
-        opts = PackOptions(dataset_root=args.dataset_root, tok_name=tokenizer_model_name(args.tokenizer),
-                           tokenizer=args.tokenizer, seq_length=args.seq_length, pad_seq_to_mult=args.pad_seq_to_mult,
-                           seed=args.seed, overlong=args.overlong, force=args.force)
-        res = stage_pack(opts, Timer())
+        opts = prep.PackOptions(dataset_root=args.dataset_root, tok_name=tokenizer_model_name(args.tokenizer),
+                                tokenizer=args.tokenizer, seq_length=args.seq_length,
+                                pad_seq_to_mult=args.pad_seq_to_mult, seed=args.seed, overlong=args.overlong,
+                                force=args.force)
+        res = prep.stage_pack(opts, prep.Timer())
     print(json.dumps(res, indent=2))
     return 0
 
