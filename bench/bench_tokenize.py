@@ -61,11 +61,12 @@ def child(kind: str, k: int, data: Path) -> dict:
         encs = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
         t2 = time.perf_counter()
         return {"render": t1 - t0, "encode": t2 - t1, "total": t2 - t0, "tokens": sum(len(e) for e in encs)}
-    from pipeline.data.prepare import PrepareOptions, Timer, stage_tokenize
+    from pipeline.data.stage_base import Timer
+    from pipeline.data.stage_tokenize import TokenizeOptions, stage_tokenize
 
-    opts = PrepareOptions(dataset="-", dataset_root=data, seq_length=4096, force=True, quiet=True, workers=k)
+    opts = TokenizeOptions(dataset_root=data, tok_name="bench", force=True, quiet=True, workers=k)
     t0 = time.perf_counter()
-    res = stage_tokenize(opts, "bench", Timer(), tokenizer=tok)
+    res = stage_tokenize(opts, Timer(), tokenizer=tok)
     return {"total": time.perf_counter() - t0, "tokens": res["train"]["tokens"]}
 
 

@@ -9,11 +9,11 @@ import pytest
 
 from pipeline.common.errors import UserError
 from pipeline.data import packed_parquet
-from pipeline.data import prepare as prep
 from pipeline.data.chat import render, tokenize_conversations
 from pipeline.data.packing import pack_sequences
-from pipeline.data.prepare import PrepareOptions, pack_split, prepare
+from pipeline.data.prepare import PrepareOptions, prepare
 from pipeline.data.sources import load_conversations, normalise
+from pipeline.data.stage_pack import pack_split
 
 
 def test_loss_mask_covers_assistant_content_and_end_of_turn(tokenizer):
@@ -134,7 +134,7 @@ def _reference_rows(seqs, masks, seq_length, pad_mult, pad_id, overlong, seed):
 @pytest.mark.parametrize("seq_length,pad_mult,overlong", [(64, 1, "drop"), (64, 8, "truncate"), (40, 6, "truncate"),
                                                           (256, 4, "drop"), (33, 1, "truncate")])
 def test_vectorised_pack_equals_the_per_sequence_reference(tmp_path, monkeypatch, seq_length, pad_mult, overlong):
-    monkeypatch.setattr(prep, "PACK_BLOCK_TOKENS", 700)  # many blocks (each whole row groups of 2 packs)
+    monkeypatch.setattr("pipeline.data.stage_pack.PACK_BLOCK_TOKENS", 700)  # many blocks (each whole row groups of 2 packs)
     monkeypatch.setattr(packed_parquet, "ROW_GROUP_SIZE", 2)
     rng = np.random.default_rng(seq_length * pad_mult)
     lengths = np.concatenate([[0, 1, 2], rng.integers(0, 90, 300), [seq_length + 1, seq_length + 2]])

@@ -4,8 +4,6 @@ run-identity check of the run records; lock comparison; the chain verdict; loss-
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -195,18 +193,6 @@ def test_loss_curve_png_follows_the_data(tmp_path, monkeypatch):
         sizes.append(out["r"].stat().st_size)
     assert sizes[0] != sizes[1]
     assert write_plots(exp, []) == {}
-
-
-def test_cli_help_and_user_errors(tmp_path):
-    py = [sys.executable, str(ROOT / "pipeline_experiment.py")]
-    for cmd in ([], ["list"], ["render"], ["submit"], ["status"], ["csv"]):
-        res = subprocess.run([*py, *cmd, "--help"], capture_output=True, text=True, cwd=ROOT)
-        assert res.returncode == 0 and "usage:" in res.stdout, (cmd, res.stderr)
-    res = subprocess.run([*py, "list", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == 2 and res.stderr.strip() == f"error: experiment file {tmp_path / 'missing.yaml'} does not exist"
-    (tmp_path / "e.yaml").write_text(BASE + "grid: {optimizer.lr: [0.1, 0.2]}\n")
-    res = subprocess.run([*py, "list", str(tmp_path / "e.yaml")], capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == 0 and "lr0.1 " in res.stdout and "optimizer.lr=0.2" in res.stdout
 
 
 def test_two_submits_of_one_experiment_at_once_are_refused(tmp_path, pipeline_env, capsys):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from pipeline.common.errors import UserError
 from pipeline.common.io import read_json
 from pipeline.data.indexed import tokenize_corpus
 from pipeline.data.sources import input_identity
-from tests.helpers import run
 
 
 # ---- data: a text corpus folder is what its fingerprint covers -------------------------------------------------
@@ -119,26 +117,6 @@ def test_an_output_name_that_is_a_path_is_refused(tmp_path, name):
     assert not (tmp_path.parent / "escape_text_document.bin").exists()
 
 
-# ---- experiments and common knobs: durations and intervals are finite numbers, in one line ---------------------
-@pytest.mark.parametrize("value", ["inf", "1e300", "-5", "nan", "abc", "0"])
-def test_status_watch_takes_a_finite_interval(value):
-    res = run([sys.executable, "pipeline_experiment.py", "status", "configs/experiments/tiny_lr_batch_sweep.yaml",
-               "--watch", value], env={**os.environ, "PIPELINE_RUNS_DIR": "/nonexistent"})
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 2 and len(lines) == 1 and "argument --watch" in lines[0] and "Traceback" not in res.stderr
-
-
-@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan"])
-def test_a_bad_progress_interval_is_one_line(tmp_path, value):
-    d = corpus(tmp_path)
-    res = run([sys.executable, "pipeline_data_prepare.py", "tokenize", str(d), "smollm2-135m", "c", "--output-dir",
-               str(tmp_path / "out"), "--workers", "1"], env={**os.environ, "PIPELINE_PROGRESS_INTERVAL": value})
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert res.stderr.strip().splitlines()[-1] == (
-        f"error: PIPELINE_PROGRESS_INTERVAL={value!r} is not a number of seconds >= 0")
-
-
-
 # ---- the bad-node log: through its symlink, never a FIFO ---------------------------------------------------------
 def test_a_symlinked_team_log_stays_the_teams(tmp_path):
     """--unmark-bad through BAD_NODES_LOG=link.log replaced the link by a private copy; later marks went to the copy
@@ -158,42 +136,6 @@ def test_a_symlinked_team_log_stays_the_teams(tmp_path):
     log.mark("nid000002", "ECC")
     assert [e.node for e in BadNodeLog(team).entries()] == ["nid000002"]
     assert (shared / "team.log.lock").exists() and not (tmp_path / "link.log.lock").exists()
-
-
-def test_a_fifo_as_the_bad_node_log_is_one_line(tmp_path):
-    """A FIFO as the log blocked every submission forever (item 13)."""
-    fifo = tmp_path / "bad.log"
-    os.mkfifo(fifo)
-    env = {**os.environ, "BAD_NODES_LOG": str(fifo)}
-    for args in (["--list-bad"], ["--mark-bad", "nid000001", "x"], ["--wrap", "true"]):
-        res = run(["bash", "isambard_sbatch", *args], env=env, timeout=30)
-        assert res.returncode == 2, (args, res.stderr)
-        assert res.stderr.strip().splitlines()[-1] == (
-            f"error: the bad-node log {fifo} is not a regular file; point BAD_NODES_LOG (or the profile's "
-            "bad_nodes_log) at one")
-
-
-# ---- experiments: csv --output never replaces a special file ---------------------------------------------------
-def _csv(tmp_path, output) -> object:
-    env = {**os.environ, "PIPELINE_RUNS_DIR": str(tmp_path / "runs")}
-    return run([sys.executable, "pipeline_experiment.py", "csv", "configs/experiments/tiny_lr_batch_sweep.yaml",
-                "--output", str(output)], env=env, timeout=120)
-
-
-def test_csv_output_refuses_fifos_and_directories(tmp_path):
-    """csv --output turned a FIFO (and /dev/full) into a regular file, and a directory was a traceback (items 6, 14)."""
-    fifo = tmp_path / "out.fifo"
-    os.mkfifo(fifo)
-    res = _csv(tmp_path, fifo)
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
-        f"error: {fifo} is not a regular file (a FIFO, device or socket): name a regular file, or /dev/stdout")
-    assert fifo.is_fifo()
-    res = _csv(tmp_path, tmp_path)
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path} is a directory")
-    res = _csv(tmp_path, "/dev/stdout")
-    assert res.returncode == 0 and res.stdout.startswith("run,"), res.stderr[-2000:]
-    good = tmp_path / "r.csv"
-    assert _csv(tmp_path, good).returncode == 0 and good.read_text().startswith("run,")
 
 
 # ---- checkpoint: fidelity decides an export, quality is reported ----------------------------------------------
@@ -288,23 +230,6 @@ def test_upload_all_poll_names_an_incomplete_final_iteration(tmp_path, caplog):
     assert "every complete iteration is converted" not in caplog.text
 
 
-# ---- training: a local run's pretrained checkpoint is checked before torchrun ----------------------------------
-@pytest.mark.parametrize("kind", ["missing", "not_a_checkpoint"])
-def test_a_bad_pretrained_checkpoint_is_refused_by_the_preflight(tmp_path, kind):
-    """A missing checkpoint.pretrained_checkpoint passed the preflight and then failed four times under torchrun
-    (9 tracebacks; item 14)."""
-    target = tmp_path / ("nope" if kind == "missing" else "empty")
-    if kind == "not_a_checkpoint":
-        target.mkdir()
-    res = run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
-               "--mode", "sft", "--dry-run", f"checkpoint.pretrained_checkpoint={target}"],
-              env={**os.environ, "PIPELINE_DATA_ROOT": str(tmp_path / "data")})
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    want = "does not exist" if kind == "missing" else "is neither a checkpoints/ folder"
-    assert any(line.startswith(f"error: checkpoint.pretrained_checkpoint {target} {want}")
-               for line in res.stderr.splitlines()), res.stderr
-
-
 def test_1e_3_is_a_number_in_configs_as_on_the_command_line(tmp_path):
     """YAML 1.1 reads 1e-3 as a string: `lr: 1e-3` in a config and `optimizer.lr=1e-3` as an override differed."""
     from pipeline.config.loader import read_yaml
@@ -313,43 +238,6 @@ def test_1e_3_is_a_number_in_configs_as_on_the_command_line(tmp_path):
     cfg.write_text("optimizer:\n  lr: 1e-3\n  min_lr: 3E-5\nlogger:\n  wandb_exp_name: \"1e-3\"\n")
     data = read_yaml(cfg)
     assert data["optimizer"] == {"lr": 0.001, "min_lr": 3e-05} and data["logger"]["wandb_exp_name"] == "1e-3"
-
-
-# ---- coherence: a folder that is not a model is one line -------------------------------------------------------
-def test_coherence_on_a_folder_without_tokenizer_files_is_one_line(tmp_path, smollm2_dir):
-    """Coherence on a directory without tokenizer files was a traceback (item 14)."""
-    import shutil
-
-    d = tmp_path / "weights_only"
-    d.mkdir()
-    shutil.copy(smollm2_dir / "config.json", d / "config.json")
-    res = run([sys.executable, "pipeline_coherence_test.py", str(d), "--max-tokens", "4"],
-              env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert res.stderr.strip().splitlines()[-1] == (
-        f"error: {d} is not a Hugging Face model folder: it has no tokenizer files (tokenizer.json, "
-        "tokenizer_config.json) (an export's hf/ folder has both; a Megatron checkpoint needs --backend megatron)")
-
-
-@pytest.mark.parametrize("text,needle", [
-    ("not json {", "is not readable JSON"),
-    ('["a"]', "is not a submission record"),
-    ('{"runs": {"lr0.001": {"jobs": "oops"}}}', "the entry of run 'lr0.001' is malformed"),
-    ('{"runs": {"lr0.001": {"jobs": {"train": {"job_id": 12}}}}}', "the entry of run 'lr0.001' is malformed"),
-])
-def test_a_broken_submission_record_is_one_line(tmp_path, text, needle):
-    """A non-JSON submissions.json showed every run as "not submitted" (and the next submit overwrote it);
-    malformed entries were tracebacks (item 14)."""
-    env = {**os.environ, "PIPELINE_RUNS_DIR": str(tmp_path / "runs")}
-    state = tmp_path / "runs" / "_experiments" / "tiny_lr_batch_sweep"
-    state.mkdir(parents=True)
-    (state / "submissions.json").write_text(text)
-    res = run([sys.executable, "pipeline_experiment.py", "status", "configs/experiments/tiny_lr_batch_sweep.yaml",
-               "--no-plots"], env=env, timeout=120)
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    line = res.stderr.strip().splitlines()[-1]
-    assert needle in line and line.endswith("nothing was changed"), line
-    assert (state / "submissions.json").read_text() == text
 
 
 def test_terminal_escapes_in_a_reply_are_written_escaped():

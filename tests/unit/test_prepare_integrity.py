@@ -78,11 +78,14 @@ def test_a_damaged_chunk_is_made_again_on_resume_and_named_by_pack(tmp_path, cap
 
     # A finished split read back by the pack action: one line naming the chunk, which is removed with the split's
     # marker, so the next prepare remakes just it.
-    from pipeline.data.prepare import Timer, stage_pack
+    from pipeline.data.stage_base import Timer
+    from pipeline.data.stage_pack import PackOptions, stage_pack
 
     chunk.write_bytes(b"garbage")
     with pytest.raises(UserError, match="chunk_00003.parquet is unreadable.*re-run prepare"):
-        stage_pack(root, "HuggingFaceTB--SmolLM2-135M-Instruct", "smollm2-135m", 512, 1, 0, "drop", True, Timer())
+        stage_pack(PackOptions(dataset_root=root, tok_name="HuggingFaceTB--SmolLM2-135M-Instruct",
+                               tokenizer="smollm2-135m", seq_length=512, pad_seq_to_mult=1, seed=0, overlong="drop",
+                               force=True), Timer())
     s = prepare(opts(f, root, chunk_size=10))
     assert chunk.read_bytes() == good and s["seconds_per_stage"].get("export") is None
     for p in sorted(ref.rglob("*.parquet")):

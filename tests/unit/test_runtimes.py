@@ -5,7 +5,7 @@ lines are covered by rendering), and missing images hard-fail every launcher wit
 import pytest
 
 from pipeline.env.runtimes import RuntimeConfig, check, render
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT
 
 
 def cfg(tmp_path, runtime, **env):
@@ -55,13 +55,3 @@ def test_missing_pieces_name_the_fix(tmp_path):
     assert any("container image" in p and "--only pull" in p for p in problems)
     assert any("NCCL network plugin" in p and "--only nccl-plugin" in p for p in problems)
     assert any("Python overlay" in p and "--only overlay" in p for p in problems)
-
-
-@pytest.mark.parametrize("runtime,fix", [("apptainer", "--only pull"), ("charliecloud", "--only image")])
-def test_missing_image_fails_the_training_launcher_at_once(tmp_path, pipeline_env, runtime, fix):
-    env = {**pipeline_env, "PIPELINE_RUNTIME": runtime, "PIPELINE_SIF": str(tmp_path / "none.sif"),
-           "PIPELINE_CH_IMAGE": str(tmp_path / "none")}
-    res = run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
-               "--mode", "sft"], env=env, timeout=60)
-    assert res.returncode == 1
-    assert f"bash {ROOT}/pipeline_env_setup.sh {fix}" in res.stderr

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -32,7 +30,7 @@ def chat_opts(root, workers, **kw):
 
 
 def test_prepare_is_byte_identical_with_one_and_two_workers_and_resumes_chunk_by_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr("pipeline.data.prepare.SLICE_CONVERSATIONS", 37)  # many slices per chunk, odd sizes
+    monkeypatch.setattr("pipeline.data.stage_base.SLICE_CONVERSATIONS", 37)  # many slices per chunk, odd sizes
     one, two = tmp_path / "one", tmp_path / "two"
     s1, s2 = prepare(chat_opts(one, 1)), prepare(chat_opts(two, 2))
     pats = [f"{TOK_DIR}/*/chunk_*.parquet", "packed/*/*.parquet", "packed/*/*_metadata.jsonl"]
@@ -82,25 +80,15 @@ def test_tokenize_action_is_byte_identical_with_one_and_two_workers(tmp_path):
 
 
 def test_line_starts_and_slices_cover_every_conversation_once(tmp_path):
-    from pipeline.data.prepare import _slices
+    from pipeline.data.stage_base import slices
 
     f = tmp_path / "x.jsonl"
     rows = [json.dumps({"i": i, "pad": "é" * (i % 5)}) for i in range(23)]
     f.write_text("\n".join(rows[:10]) + "\n\n" + "\n".join(rows[10:]) + "\n")
     starts = wk.line_starts(f, block=16)  # tiny blocks: lines cross block edges
     assert len(starts) == 24 and starts[-1] == f.stat().st_size
-    got = [r["i"] for a, b in _slices(starts, 3, 20) for r in wk.read_lines(f, a, b)]
+    got = [r["i"] for a, b in slices(starts, 3, 20) for r in wk.read_lines(f, a, b)]
     assert got == list(range(3, 20))
-
-
-@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
-def test_bad_workers_is_one_line_and_exit_2(value, tmp_path, pipeline_env):
-    for args in (["prepare", "--dataset", "chatterbot-corpus", "--seq-length", "64"],
-                 ["tokenize", str(tmp_path), "smollm2-135m", "pt"]):
-        res = subprocess.run([sys.executable, str(ROOT / "pipeline_data_prepare.py"), *args, "--workers", value],
-                             cwd=ROOT, env=pipeline_env, capture_output=True, text=True, timeout=120)
-        lines = res.stderr.strip().splitlines()
-        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and "--workers" in lines[0]
 
 
 def test_default_is_every_usable_cpu():
@@ -179,10 +167,12 @@ def test_the_export_read_by_workers_equals_the_serial_reader(tmp_path, monkeypat
     """A JSONL dataset (a file, or a folder of files) is exported by the workers, a byte range each: the same split
     files and counts as reading it row by row in this process, whatever the limit (which may fall inside a slice
     with dropped rows in it)."""
-    from pipeline.data.chat import tokenizer_files
-    from pipeline.data.prepare import Timer, stage_export, start_pool
+    from pipeline.data.chat import tokenizer_files, tokenizer_model_name
+    from pipeline.data.stage_base import Timer
+    from pipeline.data.stage_export import stage_export
+    from pipeline.data.stage_tokenize import start_pool
 
-    monkeypatch.setattr("pipeline.data.prepare.SLICE_CONVERSATIONS", 5)
+    monkeypatch.setattr("pipeline.data.stage_base.SLICE_CONVERSATIONS", 5)
     folder = tmp_path / "folder"
     folder.mkdir()
     for i in range(3):
@@ -193,9 +183,10 @@ def test_the_export_read_by_workers_equals_the_serial_reader(tmp_path, monkeypat
             root = tmp_path / f"{how}-{dataset.name}-{limit}"
             opts = PrepareOptions(dataset=str(dataset), dataset_root=root, seq_length=256, limit=limit, workers=2,
                                   val_fraction=0.2, quiet=True)
-            pool = start_pool(opts, tokenizer_files("smollm2-135m")) if how == "workers" else None
+            tokenize_opts = opts.for_tokenize(tokenizer_model_name(opts.tokenizer))
+            pool = start_pool(tokenize_opts, tokenizer_files("smollm2-135m")) if how == "workers" else None
             try:
-                stats = stage_export(opts, Timer(), pool=pool)
+                stats = stage_export(opts.for_export(), Timer(), pool=pool)
             finally:
                 if pool is not None:
                     pool.close()

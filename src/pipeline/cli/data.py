@@ -192,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dataset_root.is_dir():
         raise UserError(f"dataset root {args.dataset_root} does not exist (or is not a directory)")
     with prep.root_lock(args.dataset_root):
-        res = prep.stage_pack(args.dataset_root, tokenizer_model_name(args.tokenizer), args.tokenizer,
-                              args.seq_length, args.pad_seq_to_mult, args.seed, args.overlong, args.force,
-                              prep.Timer())
+        opts = prep.PackOptions(dataset_root=args.dataset_root, tok_name=tokenizer_model_name(args.tokenizer),
+                                tokenizer=args.tokenizer, seq_length=args.seq_length,
+                                pad_seq_to_mult=args.pad_seq_to_mult, seed=args.seed, overlong=args.overlong,
+                                force=args.force)
+        res = prep.stage_pack(opts, prep.Timer())
     print(json.dumps(res, indent=2))
     return 0
 

@@ -23,11 +23,6 @@ def setup_logging(name: str = "pipeline", quiet: bool = False) -> logging.Logger
     return logging.getLogger(name)
 
 
-def progress_disabled(quiet: bool = False) -> bool:
-    """Progress bars only on a TTY and when not quiet."""
-    return quiet or not sys.stderr.isatty()
-
-
 def progress_interval() -> float:
     """PIPELINE_PROGRESS_INTERVAL in seconds (default 30); a value that is not a finite number >= 0 is one line."""
     import math

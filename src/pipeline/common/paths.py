@@ -46,11 +46,6 @@ def models_dir(env: Mapping[str, str] | None = None) -> Path:
     return _env_or("PIPELINE_MODELS_DIR", repo_root(env) / ".cache" / "models", env)
 
 
-def logs_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Slurm job logs: ``$PIPELINE_LOG_DIR`` or ``<repo>/logs``."""
-    return _env_or("PIPELINE_LOG_DIR", repo_root(env) / "logs", env)
-
-
 def machine_cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
     """What is built once per machine and shared by every checkout on it (the SmolLM2 conversion):
     ``$PIPELINE_MACHINE_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/pipeline-suite``; ``off`` turns it off."""

@@ -115,7 +115,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     from pipeline.common.log import Progress
     from pipeline.data import workers as wk
     from pipeline.data.chat import load_tokenizer
-    from pipeline.data.prepare import fingerprint_diff, read_marker, reuse_if_current
+    from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
     from pipeline.data.sources import iter_texts
 
     prefix = out_dir / f"{output_name}_text_document"

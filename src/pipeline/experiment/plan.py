@@ -301,9 +301,3 @@ def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
 
 
 set_values = drop_unset  # the config without unset values and empty sections, for display
-
-
-def require_ok(plans: list[RunPlan]) -> None:
-    problems = [f"{rp.run.label}: {p}" for rp in plans for p in rp.problems]
-    if problems:
-        raise UserError("\n".join(problems) + f"\npreflight: {len(problems)} problem(s); nothing was submitted")

@@ -1,0 +1,29 @@
+"""pipeline_experiment.py's help and user errors, run for real (moved from tests/unit/test_experiment_spec.py:
+this test runs the script)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+BASE = """
+base:
+  config: configs/local/tiny_moe_sft.yaml
+  model: tiny-qwen3-moe
+  mode: sft
+  overrides: {train.train_iters: 8}
+"""
+
+
+def test_cli_help_and_user_errors(tmp_path):
+    py = [sys.executable, str(ROOT / "pipeline_experiment.py")]
+    for cmd in ([], ["list"], ["render"], ["submit"], ["status"], ["csv"]):
+        res = subprocess.run([*py, *cmd, "--help"], capture_output=True, text=True, cwd=ROOT)
+        assert res.returncode == 0 and "usage:" in res.stdout, (cmd, res.stderr)
+    res = subprocess.run([*py, "list", str(tmp_path / "missing.yaml")], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and res.stderr.strip() == f"error: experiment file {tmp_path / 'missing.yaml'} does not exist"
+    (tmp_path / "e.yaml").write_text(BASE + "grid: {optimizer.lr: [0.1, 0.2]}\n")
+    res = subprocess.run([*py, "list", str(tmp_path / "e.yaml")], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0 and "lr0.1 " in res.stdout and "optimizer.lr=0.2" in res.stdout

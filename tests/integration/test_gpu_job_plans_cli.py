@@ -1,0 +1,79 @@
+"""The GPU jobs other than training, planned before they are queued (issue 21), through the real scripts: dry runs
+need no torch and exit 2 on an impossible layout (moved from tests/unit/test_gpu_job_plans.py: these tests run
+processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from pipeline.checkpoint.plan import plan_export
+from pipeline.cli.coherence import plan_from_argv as coherence_plan
+from pipeline.config.models import get_model
+from tests.helpers import ROOT, run
+
+NANO, SUPER = get_model("nano").hf_id, get_model("super").hf_id
+
+
+@pytest.fixture(autouse=True)
+def isambard(monkeypatch):
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    for k in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
+    plan = coherence_plan(["/ckpts/run", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+                           "--ep", "4", "--max-tokens", "256"], 6)
+    d = plan.as_dict()
+    assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"], d["etp"], d["dp"]) == \
+        (24, 6, 4, 4, 6, 4, 1, 1)
+    assert plan.ok and 0 < d["memory_per_gpu_gb"] < 95
+    launch = plan.launch
+    assert launch[:3] == ["torchrun", "--nnodes=6", "--nproc-per-node=4"] and "--rdzv-backend=c10d" in launch
+    assert launch[launch.index("-m") + 1] == "pipeline.cli.coherence"
+    # the old layout arithmetic (ranks = tp * pp * ep = 96, one node) is gone; a 1-node allocation is told the count
+    short = coherence_plan(["/ckpts/run", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+                            "--ep", "4"], 1)
+    assert not short.ok and "needs 6 node(s) of 4 GPUs (24 ranks), and the allocation has 1: submit it with " \
+        "--nodes=6" in short.problems[0]
+
+
+@pytest.mark.parametrize("hf_model, export_gb", [(NANO, 26.1), (SUPER, 77.8)])
+def test_nano_and_super_exports_plan_ep4_on_one_node_and_fit(hf_model, export_gb):
+    plan = plan_export(ROOT / "no-such-run", hf_model, inputs_later=True)  # planned before training wrote it
+    d = plan.as_dict()
+    assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"]) == (4, 1, 4, 1, 1, 4)
+    assert plan.ok, plan.problems
+    assert d["memory_gb"]["export"] == export_gb and d["memory_per_gpu_gb"] <= 95
+    # the verification's HF side: Nano (63 GB) on one GPU, Super (240 GB) over the node's four
+    assert d["memory_gb"]["verify_hf"] == (68.2 if hf_model == NANO else 65.0)
+    assert plan.launch[:4] == ["torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4"]
+
+
+def test_dry_runs_need_no_torch_and_exit_2_on_an_impossible_layout(tmp_path):
+    """The login node's planner has no torch, transformers or Megatron: the plans import none of them."""
+    code = ("import sys; from pipeline.cli.checkpoint import plan_from_argv as c; "
+            "from pipeline.cli.coherence import plan_from_argv as g; "
+            f"c(['export', '/c', '--hf-model', {SUPER!r}, '--no-reasoning']); c(['import', 'nano']); "
+            f"g(['/c', '--backend', 'megatron', '--hf-model', {SUPER!r}]); g([{NANO!r}]); "
+            "print(sorted(m for m in ('torch', 'transformers', 'megatron', 'safetensors') if m in sys.modules))")
+    env = {**os.environ, "PIPELINE_CLUSTER": "isambard_gh200"}
+    res = run([sys.executable, "-c", code], env=env, timeout=120)
+    # the launcher plans in the login node's planner when the container is not there (the venv stands in for it)
+    env["PIPELINE_PLANNER_VENV"] = str(ROOT / ".venv")
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+    res = run(["bash", "pipeline_checkpoint_convert.sh", "export", "/c", "--hf-model", NANO, "--no-reasoning",
+               "--dry-run", "--json"], env=env, timeout=120)
+    assert res.returncode == 2 and res.stderr == "error: checkpoint directory /c does not exist\n"
+    res = run(["bash", "pipeline_checkpoint_convert.sh", "upload-all", "/c", "--hf-model", NANO, "--no-reasoning",
+               "--poll", "--dry-run", "--json"], env=env, timeout=120)  # upload-all --poll may wait for training
+    d = json.loads(res.stdout)
+    assert res.returncode == 0 and {"world_size", "nodes", "procs_per_node", "tp", "pp", "ep",
+                                    "memory_per_gpu_gb"} <= set(d)
+    res = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", NANO,
+               "--tp", "4", "--ep", "8", "--dry-run", "--nodes", "2"], env=env, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: ep(8) * etp(1) = 8 > ")
