@@ -19,6 +19,7 @@ import dataclasses
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.common import paths
@@ -60,7 +61,8 @@ def wandb_key_present(environ: dict[str, str] | None = None) -> bool:
         return netrc.netrc(path).authenticators(WANDB_HOST) is not None
     except (OSError, netrc.NetrcParseError):
         return False
-# The record of which knobs a profile filled (``NAME:KEY,KEY``), so that sourcing the env config again with
+# The record of which knobs a profile filled (``NAME:KEY,KEY``, NAME as selected: a name or a .yaml path), so that
+# sourcing the env config again with
 # another profile selected refills them, while a knob the user exported keeps winning.
 FILLED = "PIPELINE_PROFILE_FILLED"
 DEFAULT_PROFILE = "local_cpu"
@@ -349,16 +351,30 @@ def script_directives(script: str | None) -> list[str]:
 
 # --- the shell side ---------------------------------------------------------------------------------------------
 
-def selected_name(environ: dict[str, str] | None = None) -> str:
-    """The profile the shell knobs come from: PIPELINE_CLUSTER, else local_cpu."""
+def profile_name(requested: str | None = None, config_cluster: str | None = None,
+                 environ: Mapping[str, str] | None = None, default: str | None = DEFAULT_PROFILE) -> str:
+    """Which profile, in the one order of every entry point: the command's --cluster, else PIPELINE_CLUSTER (the
+    shell knobs of pipeline_env_config.env came from it), else the config's ``pipeline.cluster``, else ``default``
+    (local_cpu; None: no default, a UserError)."""
     environ = os.environ if environ is None else environ
-    return environ.get("PIPELINE_CLUSTER") or DEFAULT_PROFILE
+    name = requested or environ.get("PIPELINE_CLUSTER") or config_cluster or default
+    if not name:
+        raise UserError("no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
+    return name
 
 
-def user_set(environ: dict[str, str]) -> dict[str, str]:
+def resolve_profile(requested: str | None = None, config_cluster: str | None = None,
+                    environ: Mapping[str, str] | None = None, default: str | None = DEFAULT_PROFILE) -> ClusterProfile:
+    """The cluster profile of a command: the one resolver the launcher, isambard_sbatch, the checkpoint jobs and
+    the shell knobs (``python3 -m pipeline.config.cluster env``) share; its knobs as the job sees them (an exported
+    value wins) are :func:`effective_knobs`."""
+    return load_cluster(profile_name(requested, config_cluster, environ, default))
+
+
+def user_set(environ: Mapping[str, str]) -> dict[str, str]:
     """The profile knobs the user set: exported, and not a value that a profile filled earlier (an earlier
     sourcing of pipeline_env_config.env records those in PIPELINE_PROFILE_FILLED as ``NAME:KEY,KEY``)."""
-    prev_name, _, keys = environ.get(FILLED, "").partition(":")
+    prev_name, _, keys = environ.get(FILLED, "").rpartition(":")
     filled = set(keys.split(",")) if keys else set()
     prev: dict[str, str] = {}
     if filled:
@@ -385,7 +401,7 @@ def env_lines(name: str, environ: dict[str, str] | None = None) -> list[str]:
     values = effective_knobs(profile, environ)
     filled = [k for k in KNOBS if k not in mine]
     lines = [f"{k}={v}" for k, v in values.items()]
-    lines.append(f"{FILLED}={profile.name}:{','.join(filled)}")
+    lines.append(f"{FILLED}={name}:{','.join(filled)}")
     for line in lines:
         if "\n" in line or "\0" in line:
             raise UserError(f"cluster profile '{name}': a value holds a newline: {line.splitlines()[0]!r}")
@@ -399,12 +415,13 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.split("\n\n")[1] if argv and argv[0] in ("-h", "--help") else
               "usage: python3 -m pipeline.config.cluster env|show [NAME]", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    name = argv[1] if len(argv) == 2 and argv[1] else selected_name()
+    name = profile_name(argv[1] if len(argv) == 2 else None)
     if argv[0] == "env":
         print("\n".join(env_lines(name)))
     else:
+        profile = load_cluster(name)
         for f in dataclasses.fields(ClusterProfile):
-            print(f"{f.name}: {getattr(load_cluster(name), f.name)!r}")
+            print(f"{f.name}: {getattr(profile, f.name)!r}")
     return 0
 
 
