@@ -19,7 +19,6 @@ if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
   usage "$0"
   [[ $# -eq 0 ]] && exit 2 || exit 0
 fi
-require_env
 cd "$PIPELINE_ROOT"
 if [[ "$1" == "--" ]]; then
   shift
@@ -27,6 +26,4 @@ if [[ "$1" == "--" ]]; then
   run_in_env "$@"
 fi
 if [[ -n "${PIPELINE_IN_CONTAINER:-}" ]]; then exec bash -c "$*"; fi
-_runtimes prepare
-mapfile -d '' ARGV < <(_runtimes render -- "$*")
-exec "${ARGV[@]}"
+exec_in_runtime "$*"

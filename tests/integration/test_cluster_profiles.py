@@ -15,6 +15,7 @@ from pipeline.config.cluster import (
     load_cluster,
     parse_profile_text,
     profile_sbatch_options,
+    resolve_profile,
 )
 from pipeline.slurm.sbatch_options import script_directives
 from tests.helpers import ROOT, run
@@ -58,6 +59,41 @@ def test_shell_knobs_come_from_the_selected_profile_and_exports_win():
     assert out.startswith(f"charliecloud /my/img 'x'.sif {BAD_LOG} ")
     # values a profile filled are refilled when another profile is selected in a child process
     out = shell("source pipeline_env_config.env; PIPELINE_CLUSTER=isambard_gh200 bash -c "
+                "'source pipeline_env_config.env; echo $PIPELINE_RUNTIME $PIPELINE_SIF'")
+    assert out == f"apptainer {SIF}"
+
+
+def test_one_resolver_picks_the_profile_in_one_order(tmp_path):
+    """--cluster, else PIPELINE_CLUSTER, else the config's pipeline.cluster, else the default (none: one line)."""
+    env = {"PIPELINE_CLUSTER": "isambard_gh200"}
+    assert resolve_profile("local_cpu", "isambard_gh200", env).name == "local_cpu"
+    assert resolve_profile(None, "local_cpu", env).name == "isambard_gh200"
+    assert resolve_profile(None, "isambard_gh200", {}).name == "isambard_gh200"
+    assert resolve_profile(None, None, {}).name == "local_cpu"
+    with pytest.raises(UserError, match="no cluster profile: the config names none"):
+        resolve_profile(None, None, {}, default=None)
+
+
+def test_a_second_sourcing_for_the_same_profile_starts_no_python(tmp_path):
+    """A job step or a launcher under a launcher sources the env config again: with the profile already resolved
+    the helper is not started (here no python3 is on PATH for the second sourcing); another profile starts it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sha256sum", "cut", "cat"):
+        (tools / tool).symlink_to(f"/usr/bin/{tool}")
+    echo = "echo $PIPELINE_RUNTIME $PIPELINE_SIF"
+    out = shell(f"PIPELINE_CLUSTER=isambard_gh200; source pipeline_env_config.env; PATH={tools}; "
+                f"source pipeline_env_config.env; {echo}")
+    assert out == f"apptainer {SIF}"
+    res = run(["bash", "-c", f"export PIPELINE_ROOT={ROOT}; source pipeline_env_config.env; PATH={tools}; "
+               "PIPELINE_CLUSTER=isambard_gh200; source pipeline_env_config.env"], env=clean_env())
+    assert res.returncode != 0 and "python3" in res.stderr
+
+
+def test_a_profile_selected_by_path_is_refilled_by_another(tmp_path):
+    prof = tmp_path / "site.yaml"
+    prof.write_text("name: site\nruntime: charliecloud\n")
+    out = shell(f"PIPELINE_CLUSTER={prof}; source pipeline_env_config.env; PIPELINE_CLUSTER=isambard_gh200 bash -c "
                 "'source pipeline_env_config.env; echo $PIPELINE_RUNTIME $PIPELINE_SIF'")
     assert out == f"apptainer {SIF}"
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pipeline.config.models import get_model
+from pipeline.config.schema import TrainingConfig
 from pipeline.training.engines.local import PackedSFTDataset, build_model_and_tokenizer, collate, unpacks
 
 LENS = (40, 50, 30)
@@ -53,7 +54,7 @@ def test_a_changed_document_leaves_the_others_losses_exactly(tmp_path, documents
     batch of tokens changes, and the expert matmuls are per token), so there is no float tolerance to state."""
     spec = get_model(name)
     assert not unpacks(spec)
-    model, _ = build_model_and_tokenizer({"rng": {"seed": 1}}, spec, "sft")
+    model, _ = build_model_and_tokenizer(TrainingConfig.from_dict({"rng": {"seed": 1}}), spec, "sft")
     model.eval()
     docs, changed = documents
     (a,), (b,) = losses_of(model, tmp_path, docs, "a"), losses_of(model, tmp_path, changed, "b")
@@ -69,7 +70,7 @@ def test_a_changed_document_leaves_the_others_losses_exactly(tmp_path, documents
 def test_nemotronh_is_trained_one_document_per_sample(tmp_path, documents):
     spec = get_model("tiny-nemotronh-moe")
     assert unpacks(spec)
-    model, _ = build_model_and_tokenizer({"rng": {"seed": 1}}, spec, "sft")
+    model, _ = build_model_and_tokenizer(TrainingConfig.from_dict({"rng": {"seed": 1}}), spec, "sft")
     model.eval()
     docs, changed = documents
     # packed, its Mamba layers carry the first document into the next ones: why the engine does not train it so

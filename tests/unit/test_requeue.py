@@ -1,9 +1,22 @@
 """The end-of-job decisions of pipeline_training_submit.sbatch (src/pipeline/slurm/requeue.py), branch by branch,
 and the line protocol the sbatch file reads."""
 
+import subprocess
+
 import pytest
 
-from pipeline.slurm.requeue import JobEnd, decide, main
+from pipeline.common.errors import UserError
+from pipeline.slurm.requeue import (
+    Decision,
+    JobEnd,
+    carry_out,
+    decide,
+    finish,
+    job_log_path,
+    main,
+    start,
+    submit_successor,
+)
 
 RESUME = "isambard_sbatch --nodes=2 pipeline_training_submit.sbatch c.yaml nano sft"
 
@@ -45,3 +58,100 @@ def test_line_protocol_reads_the_job_log(tmp_path, capsys):
     assert main(["--exit-code", "0", "--max-requeues", "3", "--successor", "43", "--log-file", str(log),
                  "--stop-regex", "(unclosed"]) == 2
     assert "is not a regular expression" in capsys.readouterr().err
+
+
+# --- the job's side: the Slurm commands go through a runner, recorded here --------------------------------------
+
+SUBMISSION = ["c.yaml", "nano", "sft", "--disable-ft", "train.train_iters=200"]
+
+
+class Runner:
+    """Answers each command by its first words and records every argv it was given."""
+
+    def __init__(self, answers: dict[tuple[str, ...], tuple[int, str, str]]):
+        self.answers, self.calls = answers, []
+
+    def __call__(self, argv):
+        self.calls.append(list(argv))
+        for key, (rc, out, err) in self.answers.items():
+            if tuple(argv[:len(key)]) == key:
+                return subprocess.CompletedProcess(list(argv), rc, out, err)
+        raise AssertionError(f"unexpected command {argv}")
+
+
+SHOW_JOB = ("JobId=42 JobName=training-x\n   UserId=me(1000) GroupId=me(1000)\n"
+            "   StdErr=/team logs/training-42.out\n   StdIn=/dev/null\n   StdOut=/team logs/training-42.out\n")
+
+
+def test_the_log_path_is_read_whole_from_the_multi_line_form():
+    run = Runner({("scontrol", "show", "job"): (0, SHOW_JOB, "")})
+    assert str(job_log_path("42", run)) == "/team logs/training-42.out"
+    assert run.calls == [["scontrol", "show", "job", "42"]]
+    assert job_log_path("42", Runner({("scontrol",): (1, "", "Invalid job id")})) is None
+
+
+def test_the_successor_is_submitted_singleton_with_this_jobs_nodes_and_limit(tmp_path, capsys):
+    run = Runner({("squeue",): (0, "1:00:00\n", ""), (str(tmp_path / "isambard_sbatch"),): (0, "43;cluster\n", "")})
+    assert submit_successor(tmp_path, "42", "training-x", "2", SUBMISSION, run) == "43"
+    assert run.calls == [["squeue", "-h", "-j", "42", "-o", "%l"],
+                         [str(tmp_path / "isambard_sbatch"), "--parsable", "--dependency=singleton",
+                          "--job-name=training-x", "--nodes=2", "--time=1:00:00",
+                          str(tmp_path / "pipeline_training_submit.sbatch"), *SUBMISSION]]
+    assert "INFO auto-requeue: successor job 43 (singleton) submitted" in capsys.readouterr().err
+
+
+def test_a_failed_successor_submission_warns_and_the_job_goes_on(tmp_path, capsys):
+    run = Runner({("squeue",): (0, "10:00\n", ""), (str(tmp_path / "isambard_sbatch"),):
+                  (1, "", "a\nb\nerror: the preflight failed\nnothing was submitted\n")})
+    assert submit_successor(tmp_path, "42", "training-x", "1", SUBMISSION, run) is None
+    err = capsys.readouterr().err
+    assert ("WARN auto-requeue: submitting the successor failed; this job continues without one: b error: the "
+            "preflight failed nothing was submitted") in err
+
+
+def test_start_submits_only_with_auto_requeue(tmp_path, capsys):
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "training-x", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_JOB_NODELIST": "n1", "PIPELINE_ROOT": str(tmp_path)}
+    run = Runner({})
+    assert start(SUBMISSION, env, run) is None and run.calls == []
+    assert "INFO job 42: 1 node(s) [n1], restart 0" in capsys.readouterr().err
+    run = Runner({("squeue",): (0, "10:00\n", ""), (str(tmp_path / "isambard_sbatch"),): (0, "43\n", "")})
+    assert start(SUBMISSION, {**env, "PIPELINE_AUTO_REQUEUE": "1"}, run) == "43"
+    with pytest.raises(UserError, match="is not a regular expression"):  # refused before the training, not after
+        start(SUBMISSION, {**env, "PIPELINE_AUTO_REQUEUE": "1", "PIPELINE_AUTO_REQUEUE_STOP_REGEX": "(x"}, run)
+
+
+def test_carry_out_runs_the_decision():
+    run, pauses = Runner({("scontrol", "requeue"): (0, "", ""), ("scancel",): (1, "", "gone")}), []
+    assert carry_out(Decision(0, requeue=True), "42", None, run, pauses.append) == 0
+    assert run.calls == [["scontrol", "requeue", "42"]] and pauses == [5]
+    run.calls.clear()
+    assert carry_out(Decision(7, cancel_successor=True), "42", "43", run, pauses.append) == 7  # a gone successor
+    assert run.calls == [["scancel", "43"]]
+    failing = Runner({("scontrol", "requeue"): (1, "", "Requested operation is presently disabled")})
+    assert carry_out(Decision(0, requeue=True), "42", None, failing, pauses.append) == 1
+
+
+def test_finish_reads_the_save_marker_and_the_log_then_acts(tmp_path, capsys):
+    log = tmp_path / "team logs" / "training-42.out"
+    log.parent.mkdir()
+    log.write_text("[after training is done] datetime: 2026-11-30 12:00:00\n")
+    request = tmp_path / ".save-request-42"
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_RESTART_COUNT": "3", "PIPELINE_MAX_REQUEUES": "3",
+           "PIPELINE_SAVE_REQUEST_FILE": str(request)}
+    # finished: the successor is cancelled, the exit code is the training's
+    run = Runner({("scontrol", "show", "job"): (0, f"JobId=42\n   StdOut={log}\n", ""), ("scancel",): (0, "", "")})
+    assert finish(0, "43", SUBMISSION, env, run, lambda s: None) == 0
+    assert run.calls[-1] == ["scancel", "43"]
+    # checkpointed with the budget spent: FAILED (3) with the submission that continues, the request used up
+    request.touch()
+    request.with_name(request.name + ".saved").touch()
+    assert finish(0, None, SUBMISSION, env, Runner({}), lambda s: None) == 3
+    assert ("continue with the same submission (it resumes from the checkpoint): isambard_sbatch --nodes=2 "
+            "pipeline_training_submit.sbatch c.yaml nano sft --disable-ft train.train_iters=200") in capsys.readouterr().err
+    assert not request.exists() and not request.with_name(request.name + ".saved").exists()
+
+
+def test_the_cli_needs_the_submission_after_a_double_dash(capsys):
+    assert main(["finish", "--exit-code", "0", "c.yaml"]) == 2
+    assert capsys.readouterr().err.startswith("error: the submission goes after --")

@@ -4,7 +4,7 @@ lines are covered by rendering), and missing images hard-fail every launcher wit
 
 import pytest
 
-from pipeline.env.runtimes import RuntimeConfig, check, render
+from pipeline.env.runtimes import RuntimeConfig, check, main, render
 from tests.helpers import ROOT
 
 
@@ -47,6 +47,24 @@ def test_charliecloud_and_venv_command_lines(tmp_path):
     b, _ = cfg(tmp_path, "bogus")
     with pytest.raises(ValueError, match="unknown runtime"):
         render(b, "true")
+
+
+def test_enter_checks_before_it_renders(tmp_path, monkeypatch, capsys):
+    """`enter` is what a launcher runs before it execs: the problems and exit 1, or the NUL-separated argv."""
+    _, env = cfg(tmp_path, "apptainer")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["enter", "--", "true"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--only pull" in captured.err
+    monkeypatch.setenv("PIPELINE_RUNTIME", "venv")
+    monkeypatch.setenv("PIPELINE_VENV", str(tmp_path / "venv"))
+    monkeypatch.setenv("PIPELINE_ENV_READY", str(tmp_path / "venv" / "ready"))
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").touch()
+    (tmp_path / "venv" / "ready").touch()
+    assert main(["enter", "--", "echo hi"]) == 0
+    assert capsys.readouterr().out == "bash\0-c\0echo hi\0"
 
 
 def test_missing_pieces_name_the_fix(tmp_path):

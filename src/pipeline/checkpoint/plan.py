@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import ClusterProfile, load_cluster, selected_name
+from pipeline.config.cluster import ClusterProfile, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems, weight_gb_per_gpu
 
@@ -137,7 +137,7 @@ def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[Cl
     if alloc.in_slurm and alloc.nodes < 1:
         raise UserError(f"the Slurm environment is malformed: SLURM_JOB_NUM_NODES={alloc.nodes}")
     given = nodes is not None or alloc.in_slurm
-    return load_cluster(cluster or selected_name()), nodes or alloc.nodes or 1, given
+    return resolve_profile(cluster), nodes or alloc.nodes or 1, given
 
 
 def check_gpus_on_node(plan: JobPlan) -> None:

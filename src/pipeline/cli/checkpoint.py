@@ -41,7 +41,7 @@ from pipeline.common.argv import strip_options
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import read_json
 from pipeline.common.log import setup_logging
-from pipeline.config.cluster import load_cluster, selected_name
+from pipeline.config.cluster import resolve_profile
 
 
 def _add_common(p: Parser) -> None:
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return jobs.print_plan(plan, args.json)
         jobs.refuse(plan)
-        fetch, out, megatron = jobs.import_target(args.hf_id, args.output, load_cluster(selected_name()))
+        fetch, out, megatron = jobs.import_target(args.hf_id, args.output, resolve_profile())
         target = ex.import_hf(fetch, out, megatron=megatron, force=args.force)
         print(f"imported {fetch} -> {target}")
         print(f"use it with: checkpoint.pretrained_checkpoint={out}")

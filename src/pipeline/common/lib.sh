@@ -37,19 +37,26 @@ require_env() {
   _runtimes check || exit 1
 }
 
-# Run a command inside the configured environment (replaces the current process).
+# exec_in_runtime "COMMAND": run the shell command inside the configured container, checked (the fix printed,
+# exit 1), prepared and rendered by one Python start (replaces the current process).
+exec_in_runtime() {
+  local argv=()
+  mapfile -d '' argv < <(_runtimes enter -- "$1")
+  wait "$!" || exit 1
+  exec "${argv[@]}"
+}
+
+# Run a command inside the configured environment (replaces the current process). The venv needs no Python start
+# before the command's own: pipeline_env_activate.sh checks it (the same fix as `_runtimes check`).
 run_in_env() {
-  require_env
   if [[ "$PIPELINE_RUNTIME" == venv || -n "${PIPELINE_IN_CONTAINER:-}" ]]; then
     # shellcheck source=../../../pipeline_env_activate.sh
-    source "$PIPELINE_ROOT/pipeline_env_activate.sh"
+    source "$PIPELINE_ROOT/pipeline_env_activate.sh" || exit 1
     exec "$@"
   fi
-  local cmd argv=()
-  _runtimes prepare
+  local cmd
   printf -v cmd '%q ' "$@"
-  mapfile -d '' argv < <(_runtimes render -- "source $(printf '%q' "$PIPELINE_ROOT/pipeline_env_activate.sh") && exec $cmd")
-  exec "${argv[@]}"
+  exec_in_runtime "source $(printf '%q' "$PIPELINE_ROOT/pipeline_env_activate.sh") && exec $cmd"
 }
 
 # Plan only (a --dry-run): in the job's environment when it is complete, else - a cluster's login node, where the

@@ -19,6 +19,7 @@ import dataclasses
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.common import paths
@@ -48,7 +49,7 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_HOST = "api.wandb.ai"
 
 
-def wandb_key_present(environ: dict[str, str] | None = None) -> bool:
+def wandb_key_present(environ: Mapping[str, str] | None = None) -> bool:
     """A W&B key is there: WANDB_API_KEY, or an entry for api.wandb.ai in the netrc that ``wandb login`` writes
     (NETRC, else ~/.netrc)."""
     import netrc
@@ -61,7 +62,8 @@ def wandb_key_present(environ: dict[str, str] | None = None) -> bool:
         return netrc.netrc(path).authenticators(WANDB_HOST) is not None
     except (OSError, netrc.NetrcParseError):
         return False
-# The record of which knobs a profile filled (``NAME:KEY,KEY``), so that sourcing the env config again with
+# The record of which knobs a profile filled (``NAME:KEY,KEY``, NAME as selected: a name or a .yaml path), so that
+# sourcing the env config again with
 # another profile selected refills them, while a knob the user exported keeps winning.
 FILLED = "PIPELINE_PROFILE_FILLED"
 DEFAULT_PROFILE = "local_cpu"
@@ -176,7 +178,7 @@ class ClusterProfile:
         """A path field, absolute (relative ones are under the checkout)."""
         return str((root or ROOT) / getattr(self, field))
 
-    def knob_values(self, root: Path | None = None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    def knob_values(self, root: Path | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """The shell knobs this profile fills (PIPELINE_RUNTIME, PIPELINE_SIF, ...), paths made absolute; W&B's
         auto mode is resolved against ``environ``'s key or netrc."""
         out = {}
@@ -319,16 +321,30 @@ def profile_sbatch_options(profile, user_opts: list[str], script_opts: list[str]
 
 # --- the shell side ---------------------------------------------------------------------------------------------
 
-def selected_name(environ: dict[str, str] | None = None) -> str:
-    """The profile the shell knobs come from: PIPELINE_CLUSTER, else local_cpu."""
+def profile_name(requested: str | None = None, config_cluster: str | None = None,
+                 environ: Mapping[str, str] | None = None, default: str | None = DEFAULT_PROFILE) -> str:
+    """Which profile, in the one order of every entry point: the command's --cluster, else PIPELINE_CLUSTER (the
+    shell knobs of pipeline_env_config.env came from it), else the config's ``pipeline.cluster``, else ``default``
+    (local_cpu; None: no default, a UserError)."""
     environ = os.environ if environ is None else environ
-    return environ.get("PIPELINE_CLUSTER") or DEFAULT_PROFILE
+    name = requested or environ.get("PIPELINE_CLUSTER") or config_cluster or default
+    if not name:
+        raise UserError("no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
+    return name
 
 
-def user_set(environ: dict[str, str]) -> dict[str, str]:
+def resolve_profile(requested: str | None = None, config_cluster: str | None = None,
+                    environ: Mapping[str, str] | None = None, default: str | None = DEFAULT_PROFILE) -> ClusterProfile:
+    """The cluster profile of a command: the one resolver the launcher, isambard_sbatch, the checkpoint jobs and
+    the shell knobs (``python3 -m pipeline.config.cluster env``) share; its knobs as the job sees them (an exported
+    value wins) are :func:`effective_knobs`."""
+    return load_cluster(profile_name(requested, config_cluster, environ, default))
+
+
+def user_set(environ: Mapping[str, str]) -> dict[str, str]:
     """The profile knobs the user set: exported, and not a value that a profile filled earlier (an earlier
     sourcing of pipeline_env_config.env records those in PIPELINE_PROFILE_FILLED as ``NAME:KEY,KEY``)."""
-    prev_name, _, keys = environ.get(FILLED, "").partition(":")
+    prev_name, _, keys = environ.get(FILLED, "").rpartition(":")
     filled = set(keys.split(",")) if keys else set()
     prev: dict[str, str] = {}
     if filled:
@@ -339,13 +355,13 @@ def user_set(environ: dict[str, str]) -> dict[str, str]:
     return {k: environ[k] for k in KNOBS if k in environ and not (k in filled and prev.get(k) == environ[k])}
 
 
-def effective_knobs(profile: ClusterProfile, environ: dict[str, str] | None = None) -> dict[str, str]:
+def effective_knobs(profile: ClusterProfile, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Each profile knob as a job would see it: the user's exported value wins, else the profile's."""
     environ = os.environ if environ is None else environ
     return {**profile.knob_values(environ=environ), **user_set(environ)}
 
 
-def env_lines(name: str, environ: dict[str, str] | None = None) -> list[str]:
+def env_lines(name: str, environ: Mapping[str, str] | None = None) -> list[str]:
     """``KEY=VALUE`` lines for pipeline_env_config.env: every profile knob (the user's value where set) and the
     record of what the profile filled. Values are printed raw - the reader assigns them with ``declare``, which
     never evaluates them - so a value may not hold a newline (refused by the profile's validation)."""
@@ -355,7 +371,7 @@ def env_lines(name: str, environ: dict[str, str] | None = None) -> list[str]:
     values = effective_knobs(profile, environ)
     filled = [k for k in KNOBS if k not in mine]
     lines = [f"{k}={v}" for k, v in values.items()]
-    lines.append(f"{FILLED}={profile.name}:{','.join(filled)}")
+    lines.append(f"{FILLED}={name}:{','.join(filled)}")
     for line in lines:
         if "\n" in line or "\0" in line:
             raise UserError(f"cluster profile '{name}': a value holds a newline: {line.splitlines()[0]!r}")
@@ -369,12 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.split("\n\n")[1] if argv and argv[0] in ("-h", "--help") else
               "usage: python3 -m pipeline.config.cluster env|show [NAME]", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    name = argv[1] if len(argv) == 2 and argv[1] else selected_name()
+    name = profile_name(argv[1] if len(argv) == 2 else None)
     if argv[0] == "env":
         print("\n".join(env_lines(name)))
     else:
+        profile = load_cluster(name)
         for f in dataclasses.fields(ClusterProfile):
-            print(f"{f.name}: {getattr(load_cluster(name), f.name)!r}")
+            print(f"{f.name}: {getattr(profile, f.name)!r}")
     return 0
 
 

@@ -7,6 +7,7 @@ environment exists.
 
     python3 -m pipeline.env.runtimes render -- "python -c 'import torch'"   # NUL-separated argv on stdout
     python3 -m pipeline.env.runtimes check                                  # problems + fixes, exit 1 if any
+    python3 -m pipeline.env.runtimes enter -- "COMMAND"     # check, prepare and render: one Python start
 """
 
 from __future__ import annotations
@@ -154,14 +155,28 @@ def check(cfg: RuntimeConfig) -> list[str]:
     return problems
 
 
+def prepare(cfg: RuntimeConfig) -> None:
+    """A Charliecloud directory image is read-only at run time: create the bind mount points first."""
+    if cfg.runtime == "charliecloud" and cfg.ch_image.is_dir():
+        for _, dst in binds(cfg):
+            (cfg.ch_image / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = RuntimeConfig.from_env()
-    if argv[:1] == ["render"]:
+    if argv[:1] in (["render"], ["enter"]):
         cmd = argv[2:] if argv[1:2] == ["--"] else argv[1:]
         if not cmd:
-            print("error: render needs a command", file=sys.stderr)
+            print(f"error: {argv[0]} needs a command", file=sys.stderr)
             return 2
+        if argv[0] == "enter":  # what a launcher does before it execs the argv: check, prepare, render
+            problems = check(cfg)
+            for p in problems:
+                print(f"error: {p}", file=sys.stderr)
+            if problems:
+                return 1
+            prepare(cfg)
         try:
             out = render(cfg, " ".join(cmd))
         except ValueError as exc:
@@ -175,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {p}", file=sys.stderr)
         return 1 if problems else 0
     if argv[:1] == ["prepare"]:
-        # A Charliecloud directory image is read-only at run time: create the bind mount points first.
-        if cfg.runtime == "charliecloud" and cfg.ch_image.is_dir():
-            for _, dst in binds(cfg):
-                (cfg.ch_image / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        prepare(cfg)
         return 0
     if argv[:1] == ["binds"]:
         for s, d in binds(cfg):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from pipeline.common.errors import UserError
 from pipeline.config.cluster import (
     ClusterProfile,
     effective_knobs,
-    load_cluster,
     profile_sbatch_options,
+    resolve_profile,
     user_set,
 )
 from pipeline.config.loader import load_config
@@ -100,7 +101,7 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
         raise UserError(f"--max-restarts {req.max_restarts} must be >= 0")
     nodes = req.nodes or alloc.nodes or 1
     cfg = load_config(req.config, list(req.overrides), spec.recipe_defaults(req.mode, req.peft))
-    cluster = resolve_cluster(req.cluster, cfg, spec)
+    cluster = resolve_profile(req.cluster, cfg.pipeline.cluster, default="local_cpu" if spec.is_local else None)
     if alloc.gpus_on_node is not None and cluster.has_gpus and alloc.gpus_on_node != cluster.gpus_per_node:
         raise UserError(f"the allocation has {alloc.gpus_on_node} GPUs per node but cluster profile "
                         f"'{cluster.name}' says {cluster.gpus_per_node}: use --cluster or --gpus-per-node")
@@ -115,14 +116,6 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft)
     view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None
     return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
-
-
-def resolve_cluster(requested: str | None, cfg: TrainingConfig, spec: ModelSpec) -> ClusterProfile:
-    name = requested or os.environ.get("PIPELINE_CLUSTER") or cfg.pipeline.cluster \
-        or ("local_cpu" if spec.is_local else None)
-    if name is None:
-        raise UserError("no cluster profile: the config names none (pipeline.cluster) and --cluster was not given")
-    return load_cluster(name)
 
 
 def default_run_dir(cfg: TrainingConfig, config_path: str) -> Path:
@@ -181,7 +174,7 @@ def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, 
     return cmd
 
 
-def needs_fan_out(alloc: Allocation, env: dict[str, str] | None = None) -> bool:
+def needs_fan_out(alloc: Allocation, env: Mapping[str, str] | None = None) -> bool:
     """A multi-node allocation seen from outside any job step (a shell in ``salloc``): one node only is running."""
     env = os.environ if env is None else env
     return alloc.in_slurm and alloc.nodes > 1 and not env.get("SLURM_STEP_ID")
