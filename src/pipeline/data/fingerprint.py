@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from pipeline.common.io import read_json
+from pipeline.common.mappings import flatten
 
 log = logging.getLogger("pipeline.data.prepare")  # the name these log lines have always had
 FINGERPRINT_VERSION = 1
@@ -19,14 +20,9 @@ FLAGS = {"limit": "--limit", "seed": "--seed", "val_fraction": "--val-fraction",
          "chunk_size": "--chunk-size", "text_field": "--text-field", "docs_per_part": "--docs-per-part"}
 
 
-def _flatten(d, prefix: str = "") -> dict:
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def _flatten(d) -> dict:
+    """Dotted keys of a fingerprint's leaves (an empty section is no key)."""
+    return {k: v for k, v in flatten(d or {}).items() if v != {}}
 
 
 def _iso_ns(ns) -> str:
