@@ -45,6 +45,7 @@ from pipeline.cli.parser import Parser, watch_seconds
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import exclusive_lock, write_output_text
+from pipeline.common.mappings import drop_unset
 from pipeline.experiment import locks, spec
 from pipeline.experiment import plan as planning
 from pipeline.experiment import status as board
@@ -110,7 +111,7 @@ def cmd_render(exp: spec.Experiment, only: list[str] | None, no_configs: bool) -
         for job in rp.jobs:
             if job.cfg is not None:
                 print(f"# resolved config of {job.phase} ({job.run_dir}/config.yaml, set values):")
-                text = yaml.safe_dump(planning.set_values(job.cfg), sort_keys=False).rstrip()
+                text = yaml.safe_dump(drop_unset(job.cfg), sort_keys=False).rstrip()
                 print("\n".join("#   " + x for x in text.splitlines()))
     problems = sum(len(rp.problems) for rp in plans)
     if problems:

@@ -26,7 +26,6 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
-from pipeline.common.mappings import drop_unset
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
 
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
@@ -300,4 +299,3 @@ def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
     return out
 
 
-set_values = drop_unset  # the config without unset values and empty sections, for display

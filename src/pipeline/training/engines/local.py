@@ -103,7 +103,7 @@ def collate(pad_id: int):
 
     def fn(batch):
         n = max(len(b["input_ids"]) for b in batch)
-        out = {"input_ids": [], "position_ids": [], "labels": []}
+        out: dict[str, list] = {"input_ids": [], "position_ids": [], "labels": []}
         for b in batch:
             k = n - len(b["input_ids"])
             last = int(b["position_ids"][-1]) + 1
