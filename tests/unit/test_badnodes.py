@@ -54,6 +54,17 @@ def test_training_submission_runs_preflight(monkeypatch, tmp_path):
                                      "--no-path-checks", "model.expert_model_parallel_size=8"])
 
 
+def test_launcher_and_sbatch_node_counts_must_agree(monkeypatch, tmp_path):
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    argv = ["pipeline_training_submit.sbatch", "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "nano", "sft",
+            "--no-path-checks"]
+    with pytest.raises(UserError, match=r"the launcher's --nodes 32 and sbatch's --nodes=16 disagree"):
+        sbatch_cli.build_submission(["--nodes=16", *argv, "--nodes", "32"])
+    cmd, _, _ = sbatch_cli.build_submission(["--nodes=16", *argv, "--nodes", "16"])  # the same count twice is fine
+    assert "--nodes=16" in cmd
+
+
 def test_a_planned_training_submission_takes_its_plan_s_cluster(monkeypatch, tmp_path):
     """The cluster profile's Slurm options come from the training plan (the launcher's own resolution of the
     config), not from reading the YAML with a pattern: a flow-style YAML the pattern cannot read still gets its

@@ -207,3 +207,37 @@ def test_bf16_autocast_choice(monkeypatch):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda a=avx: a)
         assert use_bf16_autocast(cfg("auto")) == (amx or avx)  # auto: only where the CPU computes bf16 natively
+
+
+TINY = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run", "--no-path-checks"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (TINY + ["optimizer.lr=" + "9" * 400], "is out of range"),  # no float holds it: once an OverflowError traceback
+    (TINY + ["train.train_iters=" + "9" * 5000], "malformed override"),  # past Python's int-conversion limit
+    (TINY + ["+pipeline.local.dtyp=bfloat16"], "'pipeline.local.dtyp' is not a config key: the pipeline section is "
+                                               "the suite's own (did you mean 'pipeline.local.dtype'?)"),
+    (TINY + ["env_vars={A:null}"], "env_vars.A=None must be a string or a number"),
+    (TINY + ["dataset.num_workers=-1"], "dataset.num_workers=-1 must be >= 0"),
+    (TINY + ["pipeline.local.autocast=false"], "is not one of off, bf16, auto (YAML reads off/on/yes/no unquoted as "
+                                               "booleans: quote the word)"),
+    (TINY + ["checkpoint.save=[a]"], "checkpoint.save=['a'] must be a string, not a list"),
+    (BASE + ["mixed_precision=5"], "'mixed_precision' is a section of Megatron Bridge's config"),
+    (BASE + ["+comm_overlap=5"], "'comm_overlap' is a section of Megatron Bridge's config"),
+    (BASE + ["peft.dim=8"], "(the LoRA settings apply with --peft lora)"),
+    (BASE + ["--peft", "lora", "peft.dropout=5.0"], "peft.dropout=5 must be in [0, 1)"),
+])
+def test_hostile_values_are_one_line_each(capsys, argv, needle):
+    """Found by a hostile review of the typed config (each was a traceback, a wrong message or a silent pass)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err[-2000:]
+
+
+def test_a_mistyped_count_is_one_problem_and_null_keeps_a_default(capsys):
+    assert main(TINY + ["train.train_iters=abc"]) == 2
+    assert errors(capsys) == ["error: train.train_iters='abc' must be an integer"]  # not also "(0) must be >= 1"
+    from pipeline.cli.train import plan_from_argv
+
+    plan = plan_from_argv(TINY + ["pipeline.local.dtype=null", "pipeline.local.autocast=null"])
+    assert plan.preflight.ok and plan.cfg.pipeline.local.dtype == "float32" and plan.cfg.pipeline.local.autocast == "off"

@@ -139,6 +139,10 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
             # a job that waits for another leaves its inputs (the previous phase's checkpoint) to the job, whose
             # launcher checks them when it starts, as submit_checks does for the other pipelines
             request = dataclasses.replace(request, path_checks=False)
+        if request.nodes is not None and option_value(opts, "--nodes", "-N") is not None \
+                and request.nodes != int(nodes):
+            raise UserError(f"the launcher's --nodes {request.nodes} and sbatch's --nodes={nodes} disagree: the job "
+                            "would plan one node count on an allocation of another; give the count once, to sbatch")
         request = dataclasses.replace(request, nodes=request.nodes or int(nodes),
                                       cluster=request.cluster or cluster or None)
         launch = plan_launch(request)

@@ -63,6 +63,8 @@ def read_yaml(path: str | Path) -> dict:
         raise UserError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text file (invalid UTF-8); expected a YAML config") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise UserError(f"{path}: a value cannot be read: {str(exc)[:120]}") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
     if not isinstance(data, dict):
@@ -81,7 +83,9 @@ def parse_overrides(overrides: list[str]):
             ovs = parser.parse_overrides([o])
         except HydraException as exc:
             msg = " ".join(str(exc).split())
-            raise UserError(f"malformed override '{o}': {msg[:200]}") from None
+            raise UserError(f"malformed override '{o[:80]}': {msg[:200]}") from None
+        except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+            raise UserError(f"malformed override '{o[:80]}': {str(exc)[:120]}") from None
         for ov in ovs:
             if ov.is_sweep_override():
                 raise UserError(f"override '{o}' is a sweep (a,b / choice() / range() / glob()): a launch is one run; "

@@ -222,7 +222,8 @@ class TrainingConfig:
     peft: PeftConfig = field(default_factory=PeftConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     mixed_precision: Any = _f("Bridge's mixed-precision recipe (a name such as bf16_mixed, or its fields)")
-    env_vars: dict[str, Any] = field(default_factory=dict, metadata={"doc": "environment variables for the ranks"})
+    env_vars: dict[str, str] = field(default_factory=dict, metadata={"doc": "environment variables for the ranks "
+                                                                            "(strings or numbers)"})
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"doc": "suite-only settings"})
     # Not config fields: what loading found beside the schema.
     extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
@@ -264,28 +265,73 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened (a 400-digit number is not worth a screen; a 5000-digit one has no decimal form)."""
+    try:
+        text = repr(value)
+    except ValueError:  # Python refuses int -> str past 4300 digits
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+    return text if len(text) <= 60 else text[:40] + f"...<{len(text)} characters>"
+
+
+def _is_optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _number_hint(value: Any) -> str:
+    """Why a value that looks like a number is a string: an ``${oc.env:...}`` interpolation, or quotes."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return (" (it is the string " + repr(value) + ": an ${oc.env:VAR} value is a string; wrap it as "
+                "${oc.decode:${oc.env:VAR}}, or drop the quotes)")
+    return ""
+
+
 def check_value(tp: Any, value: Any, key: str) -> str | None:
     """Why ``value`` does not fit a field of type ``tp`` (one line naming the key), or None."""
     tp = _strip_optional(tp)
     if value is None or tp is Any:
         return None
+    shown = _show(value)
     if typing.get_origin(tp) is Literal:
         choices = typing.get_args(tp)
-        return None if value in choices else f"{key}={value!r} is not one of {', '.join(map(str, choices))}"
+        if value in choices and not isinstance(value, bool):
+            return None
+        hint = " (YAML reads off/on/yes/no unquoted as booleans: quote the word)" if isinstance(value, bool) else ""
+        return f"{key}={shown} is not one of {', '.join(map(str, choices))}{hint}"
     if tp is bool:
-        return None if isinstance(value, bool) else f"{key}={value!r} must be a boolean (true/false)"
+        return None if isinstance(value, bool) else f"{key}={shown} must be a boolean (true/false)"
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"{key}={value!r} must be an integer"
-        return f"{key}={value} is out of range" if abs(value) > INT_MAX else None
+            return f"{key}={shown} must be an integer{_number_hint(value)}"
+        return f"{key}={shown} is out of range" if abs(value) > INT_MAX else None
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{key}={value!r} must be a number"
-        return None if math.isfinite(value) else f"{key}={value} must be a finite number"
+            return f"{key}={shown} must be a number{_number_hint(value)}"
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer too large for a float
+            return f"{key}={shown} is out of range"
+        return None if finite else f"{key}={shown} must be a finite number"
     if tp is str:
-        return None if isinstance(value, str) else f"{key}={value!r} must be a string (quote it: {key}='{value}')"
+        if isinstance(value, str):
+            return None
+        if isinstance(value, (dict, list)):
+            return f"{key}={shown} must be a string, not a {'mapping' if isinstance(value, dict) else 'list'}"
+        return f"{key}={shown} must be a string (quote it: {key}='{value}')"
     if typing.get_origin(tp) is dict:
-        return None if isinstance(value, dict) else f"{key}={value!r} must be a mapping"
+        if not isinstance(value, dict):
+            return f"{key}={shown} must be a mapping"
+        if typing.get_args(tp)[1:] == (str,):  # environment variables: names and scalar values
+            for k, v in value.items():
+                if not isinstance(k, str) or not k:
+                    return f"{key}: {_show(k)} is not a variable name (a non-empty string)"
+                if v is None or isinstance(v, (dict, list)):
+                    return f"{key}.{k}={_show(v)} must be a string or a number"
+        return None
     raise TypeError(f"config field {key} has a type the loader does not check: {tp!r}")
 
 
@@ -301,8 +347,8 @@ def _build(cls: type, data: dict[str, Any], where: str, problems: list[str], inv
             extra[name] = value  # a '+key' the schema does not know: Bridge's to judge (the preflight checks it)
             continue
         tp = hints[name]
-        if value is None and f.default_factory is not dataclasses.MISSING:
-            continue  # a cleared section or mapping: its default (every field unset, no entries)
+        if value is None and (f.default_factory is not dataclasses.MISSING or not _is_optional(tp)):
+            continue  # a cleared section, mapping or non-optional value: its default
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 problems.append(f"'{key}' is a section, not a value")

@@ -189,7 +189,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
                              f"(e.g. {max(unit, round(gbs / unit) * unit)})")
     elif plan.dp:
         plan.grad_accum = gbs // (mbs * plan.dp)
-    if iters < 1:
+    if iters < 1 and "train.train_iters" not in cfg.invalid:  # mistyped: already one line
         plan.problems.append(f"train.train_iters({iters}) must be >= 1")
 
     ds, specs = cfg.dataset, cfg.dataset.offline_packing_specs
@@ -229,6 +229,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
     plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
     _hazards(cfg, plan, local)
     _check_bridge_keys(cfg, spec, mode, peft, plan)
+    _check_suite_keys(cfg, plan)
     plan.memory_budget_gb = cluster.memory_budget_gb
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
         hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
@@ -261,14 +262,25 @@ def _check_values(cfg: TrainingConfig, plan: Plan) -> None:
     for key, v in (("optimizer.adam_beta1", o.adam_beta1), ("optimizer.adam_beta2", o.adam_beta2)):
         if v is not None and not 0 <= v < 1:
             plan.problems.append(f"{key}={v:g} must be in [0, 1)")
+    m, ds, local = cfg.model, cfg.dataset, cfg.pipeline.local
     for key, v, low in (("scheduler.lr_warmup_iters", sch.lr_warmup_iters, 0),
                         ("scheduler.lr_decay_iters", sch.lr_decay_iters, 1),
                         ("checkpoint.save_interval", cfg.checkpoint.save_interval, 1),
                         ("logger.log_interval", cfg.logger.log_interval, 1),
                         ("validation.eval_interval", cfg.validation.eval_interval, 0),
-                        ("validation.eval_iters", cfg.validation.eval_iters, 0)):
+                        ("validation.eval_iters", cfg.validation.eval_iters, 0),
+                        ("model.virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size, 1),
+                        ("model.recompute_num_layers", m.recompute_num_layers, 1),
+                        ("train.exit_duration_in_mins", cfg.train.exit_duration_in_mins, 1),
+                        ("dataset.num_workers", ds.num_workers, 0),
+                        ("dataset.offline_packing_specs.pad_seq_to_mult", ds.offline_packing_specs.pad_seq_to_mult, 1),
+                        ("dist.distributed_timeout_minutes", cfg.dist.distributed_timeout_minutes, 1),
+                        ("peft.dim", cfg.peft.dim, 1),
+                        ("pipeline.local.fault_inject_step_sleep", local.fault_inject_step_sleep, 0)):
         if v is not None and v < low:
             plan.problems.append(f"{key}={v} must be >= {low}")
+    if cfg.peft.dropout is not None and not 0 <= cfg.peft.dropout < 1:
+        plan.problems.append(f"peft.dropout={cfg.peft.dropout:g} must be in [0, 1)")
     warmup = sch.lr_warmup_iters
     if warmup is not None and plan.train_iters and warmup > plan.train_iters:
         plan.notes.append(f"scheduler.lr_warmup_iters({warmup}) > train.train_iters({plan.train_iters}): the run "
@@ -338,6 +350,8 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
             if k not in fields:
                 close = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.75)
                 hint = f" (did you mean '{(where + '.') if where else ''}{close[0]}'?)" if close else ""
+                if dotted.split(".")[0] == "peft" and not peft:
+                    hint = " (the LoRA settings apply with --peft lora)"
                 if dotted in ("dataset.dataset_root", "dataset.offline_packing_specs") and "data_path" in fields:
                     hint = (" (packed SFT data is for sft; pretraining on Megatron Bridge reads indexed .bin/.idx "
                             "data: set +dataset.data_path=[PREFIX] from pipeline_data_prepare.py tokenize)")
@@ -353,6 +367,9 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
                 cls = kind[len("class:"):]
                 if isinstance(v, dict):
                     walk(v, classes.get(cls, {}), dotted, cls)
+                elif v is not None and not (dotted == "mixed_precision" and isinstance(v, str)):  # a recipe name
+                    plan.problems.append(f"'{dotted}' is a section of Megatron Bridge's config ({cls}): set its "
+                                         f"fields ({dotted}.FIELD=...), not {dotted}={v!r}")
                 continue
             if isinstance(v, dict) or v is None or kind == "any" or in_schema(dotted):
                 continue  # a schema field's value was typed at load
@@ -365,6 +382,20 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
                                      "config)")
 
     walk(strip_suite_only(cfg), sections, "", "ConfigContainer")
+
+
+def _check_suite_keys(cfg: TrainingConfig, plan: Plan) -> None:
+    """A ``+pipeline...`` key that is not a field: the suite-only section never reaches an engine, so it is a typo."""
+    import difflib
+
+    from pipeline.common.mappings import flatten
+    from pipeline.config.schema import field_types
+
+    known = [k for k in field_types() if k.startswith("pipeline.")]
+    for key in flatten({"pipeline": cfg.extra["pipeline"]} if "pipeline" in cfg.extra else {}):
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        hint = f" (did you mean '{close[0]}'?)" if close else f" (its keys: {', '.join(known)})"
+        plan.problems.append(f"'{key}' is not a config key: the pipeline section is the suite's own{hint}")
 
 
 def _hazards(cfg: TrainingConfig, plan: Plan, local: bool) -> None:
