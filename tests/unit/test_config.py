@@ -127,3 +127,14 @@ def test_the_config_of_record_round_trips():
                       get_model("tiny-qwen3-moe").recipe_defaults("sft"))
     again = TrainingConfig.from_dict(cfg.to_dict())
     assert again == cfg and again.extra == {"model": {"new_knob": 3}, "newsection": {"x": 1}} and not again.problems
+
+
+def test_a_mapping_override_merges_into_its_section_as_hydra_does(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("optimizer:\n  lr: 0.01\n  min_lr: 0.001\n  clip_grad: 1.0\nenv_vars:\n  A: '1'\n")
+    cfg = load_config(y, ["optimizer={lr:0.002,weight_decay:0.1}", "env_vars={B:2}"])
+    o = cfg.optimizer
+    assert (o.lr, o.min_lr, o.clip_grad, o.weight_decay) == (0.002, 0.001, 1.0, 0.1)  # the others kept
+    assert cfg.env_vars == {"A": "1", "B": 2}
+    with pytest.raises(UserError, match=r"unknown key 'optimizer.lrr'.*did you mean 'optimizer.lr'"):
+        load_config(y, ["optimizer={lrr:0.002}"])

@@ -129,6 +129,14 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
                 raise UserError(f"override '{ov.input_line}': '{key}' is a section, not a value")
         elif ov.type == OverrideType.ADD and leaf in node and node[leaf] is not None:
             raise UserError(f"override '{ov.input_line}': '{key}' already exists; use {key}=... to change it")
+        if isinstance(node.get(leaf), dict) and isinstance(value, dict) and value:
+            # section={k: v, ...} merges into the section, as Hydra merges a dict into a config node (it does not
+            # clear the section's other values)
+            if leaf == "env_vars":
+                node[leaf] = {**node[leaf], **value}
+            else:
+                _merge_known(node[leaf], value, f"override '{ov.input_line}'", known, key + ".")
+            continue
         node[leaf] = value
     return cfg
 
