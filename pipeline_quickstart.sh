@@ -40,7 +40,7 @@ source pipeline_env_activate.sh
 step "data prepare" python pipeline_data_prepare.py prepare --dataset chatterbot-corpus --seq-length "$SEQ"
 step "training" bash pipeline_training_launch.sh "$CONFIG" --model "$MODEL" --mode sft --disable-ft
 
-EXP="$(python -c "import sys; from pipeline.config.loader import load_config, get; print(get(load_config(sys.argv[1]), 'logger.wandb_exp_name'))" "$CONFIG")"
+EXP="$(python -c "import sys; from pipeline.config.loader import load_config; print(load_config(sys.argv[1]).logger.wandb_exp_name)" "$CONFIG")"
 RUN_DIR="$PIPELINE_RUNS_DIR/$EXP"
 CKPT="$RUN_DIR/checkpoints"
 step "checkpoint export" bash pipeline_checkpoint_convert.sh export "$CKPT" --hf-model "$HF_MODEL" --no-reasoning
