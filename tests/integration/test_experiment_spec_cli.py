@@ -7,14 +7,7 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
-
-BASE = """
-base:
-  config: configs/local/tiny_moe_sft.yaml
-  model: tiny-qwen3-moe
-  mode: sft
-  overrides: {train.train_iters: 8}
-"""
+from tests.unit.test_experiment_spec import BASE
 
 
 def test_cli_help_and_user_errors(tmp_path):

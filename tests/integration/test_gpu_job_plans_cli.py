@@ -12,17 +12,8 @@ import pytest
 
 from pipeline.checkpoint.plan import plan_export
 from pipeline.cli.coherence import plan_from_argv as coherence_plan
-from pipeline.config.models import get_model
 from tests.helpers import ROOT, run
-
-NANO, SUPER = get_model("nano").hf_id, get_model("super").hf_id
-
-
-@pytest.fixture(autouse=True)
-def isambard(monkeypatch):
-    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
-    for k in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"):
-        monkeypatch.delenv(k, raising=False)
+from tests.unit.test_gpu_job_plans import NANO, SUPER, isambard  # noqa: F401  (isambard: the autouse fixture)
 
 
 def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():

@@ -412,32 +412,27 @@ def schema_dict(cls: type = TrainingConfig) -> dict[str, Any]:
     return out
 
 
-def field_types(cls: type = TrainingConfig, where: str = "") -> dict[str, Any]:
+def _walk(cls: type, where: str = ""):
+    """Every field of ``cls`` and of its sections, depth first: ``(dotted key, field, type, is a section)``."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if _is_internal(f):
+            continue
+        tp, key = hints[f.name], f"{where}{f.name}"
+        section = isinstance(tp, type) and dataclasses.is_dataclass(tp)
+        yield key, f, tp, section
+        if section:
+            yield from _walk(tp, key + ".")
+
+
+def field_types(cls: type = TrainingConfig) -> dict[str, Any]:
     """Every leaf field's dotted key and type (sections expanded)."""
-    out: dict[str, Any] = {}
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        if _is_internal(f):
-            continue
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.update(field_types(tp, f"{where}{f.name}."))  # type: ignore[arg-type]
-        else:
-            out[f"{where}{f.name}"] = tp
-    return out
+    return {key: tp for key, _, tp, section in _walk(cls) if not section}
 
 
-def field_docs(cls: type = TrainingConfig, where: str = "") -> dict[str, str]:
+def field_docs(cls: type = TrainingConfig) -> dict[str, str]:
     """Every field's dotted key and its one-line description."""
-    out: dict[str, str] = {}
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        if _is_internal(f):
-            continue
-        out[f"{where}{f.name}"] = str(f.metadata.get("doc", ""))
-        if dataclasses.is_dataclass(hints[f.name]):
-            out.update(field_docs(hints[f.name], f"{where}{f.name}."))
-    return out
+    return {key: str(f.metadata.get("doc", "")) for key, f, _, _ in _walk(cls)}
 
 
 def bridge_kind(tp: Any) -> str:
