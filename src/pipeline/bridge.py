@@ -233,20 +233,60 @@ def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4):
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------
-def _init_model_parallel(tp: int, pp: int, ep: int, etp: int = 1) -> None:
-    """Under torchrun (one rank per GPU): the process group and Megatron's model-parallel groups. ``etp`` 1: the
-    expert grid is folded onto the ranks of a pipeline stage (world = pp x lcm(tp, ep x etp), the plan's layout,
-    ``config/parallel.py``); Megatron's default etp = tp would need tp x ep ranks per stage."""
+def _device():
+    """This rank's device: its GPU under torchrun (``LOCAL_RANK``), else the CPU (the megatron_cpu test tier)."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _init_model_parallel(tp: int, pp: int, ep: int, etp: int = 1, seed: int = 0) -> bool:
+    """The process group (one rank per GPU under torchrun; a world of one otherwise) and Megatron's model-parallel
+    groups, then Megatron's model-parallel RNG (``model_parallel_cuda_manual_seed``), before any model is built.
+
+    The seeding is not optional: Bridge's provider seeds only when it initialises the groups itself, and with the
+    groups already there it skips that, so Nemotron-H's ``MambaMixer.__init__`` (and every attention forward, which
+    forks the tracker for dropout) fails with "cuda rng state model-parallel-rng is not added" (issue 32, item 1).
+    A world of one gets a live context too: Bridge's ``load_megatron_model`` would otherwise load inside a temporary
+    one and tear its groups down before the model runs. ``etp`` 1: the expert grid is folded onto the ranks of a
+    pipeline stage (world = pp x lcm(tp, ep x etp), the plan's layout, ``config/parallel.py``); Megatron's default
+    etp = tp would need tp x ep ranks per stage. NCCL on GPUs, gloo without CUDA. Returns True when it created the
+    process group (the caller may tear it down with :func:`_destroy_model_parallel`)."""
     import torch
     import torch.distributed as dist
 
+    created = False
     if not dist.is_initialized():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl")
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        kwargs: dict[str, Any] = {}
+        if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:  # by hand, not under torchrun
+            kwargs = {"init_method": f"tcp://127.0.0.1:{_free_port()}", "world_size": 1, "rank": 0}
+        dist.init_process_group(backend="nccl" if cuda else "gloo", **kwargs)
+        created = True
     ps = importlib.import_module("megatron.core.parallel_state")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+        _import("megatron.core.tensor_parallel", "model_parallel_cuda_manual_seed")(seed)
+    return created
+
+
+def _destroy_model_parallel() -> None:
+    import torch.distributed as dist
+
+    importlib.import_module("megatron.core.parallel_state").destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _mp_overrides(tp: int, pp: int, ep: int, etp: int = 1) -> dict[str, int]:
@@ -273,9 +313,17 @@ def export_to_hf(iter_path: Path, hf_path: Path, *, hf_model: str, strict: bool,
 
 
 def import_from_hf(hf_id: str, output: Path) -> Path:
-    """Hugging Face -> a Megatron checkpoint at ``output`` (one process; AutoBridge.import_ckpt)."""
+    """Hugging Face -> a Megatron ``torch_dist`` checkpoint at ``output`` (one process; AutoBridge.import_ckpt).
+
+    Our own world of one and seeded groups first (:func:`_init_model_parallel`): without a process group Bridge's
+    provider makes one with ``torch.cuda.set_device`` + NCCL, which a machine without CUDA cannot."""
     AutoBridge = _import(_AB, "AutoBridge")
-    AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(output))
+    own = _init_model_parallel(1, 1, 1)
+    try:
+        AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(output))
+    finally:
+        if own:
+            _destroy_model_parallel()
     return output
 
 
@@ -295,10 +343,10 @@ class MegatronCausalLM:
         self.tp, self.pp, self.ep = tp, pp, ep
         overrides: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                                      "expert_model_parallel_size": ep, "sequence_parallel": False}
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            _init_model_parallel(tp, pp, ep)  # a no-op where the export already initialised it
-            ps = importlib.import_module("megatron.core.parallel_state")  # the model matches the groups' expert TP
-            overrides["expert_tensor_parallel_size"] = ps.get_expert_tensor_parallel_world_size()
+        # a no-op where the export already initialised it; at a world of one, a live context of our own (item 9)
+        self._own_context = _init_model_parallel(tp, pp, ep)
+        ps = importlib.import_module("megatron.core.parallel_state")  # the model matches the groups' expert TP
+        overrides["expert_tensor_parallel_size"] = ps.get_expert_tensor_parallel_world_size()
         AutoBridge = _import(_AB, "AutoBridge")
         bridge = AutoBridge.from_hf_pretrained(hf_model)
         self.models = bridge.load_megatron_model(str(iter_path), mp_overrides=overrides, wrap_with_ddp=False)
@@ -329,7 +377,7 @@ class MegatronCausalLM:
 
         import torch
 
-        ids = input_ids.cuda()
+        ids = input_ids.to(_device())
         pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
         logits = self._forward(ids, pos)
         if logits is not None and self.tp > 1:  # vocab-parallel output layer: each TP rank holds a slice
@@ -366,6 +414,9 @@ class MegatronCausalLM:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        if self._own_context:
+            _destroy_model_parallel()
+            self._own_context = False
 
 
 def _next_token_fn(models, tp: int, pp: int):
@@ -396,9 +447,11 @@ def _next_token_fn(models, tp: int, pp: int):
             if tp > 1 and parallel_output:
                 logits = gather(logits)
             nxt[0] = int(logits[0].argmax())
-        if pp > 1:
-            dist.broadcast(nxt, src=ps.get_pipeline_model_parallel_last_rank(),
-                           group=ps.get_pipeline_model_parallel_group())
+        if dist.get_world_size() > 1:
+            # one token for the whole world, from the global last rank (on the last pipeline stage: pipeline stages
+            # are megatron-core's outermost rank dimension): expert- and data-parallel replicas must not pick their
+            # own (a replica that stopped early would leave the others waiting in the next all-to-all; item 9)
+            dist.broadcast(nxt, src=dist.get_world_size() - 1)
         return int(nxt.item())
 
     return next_token
@@ -413,25 +466,22 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
     from transformers import AutoTokenizer
 
     iter_path = _check_iteration_dir(iter_path)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        _init_model_parallel(tp, pp, ep)
+    own_context = _init_model_parallel(tp, pp, ep)  # at a world of one too: the model runs in a live context
     AutoBridge = _import(_AB, "AutoBridge")
     bridge = AutoBridge.from_hf_pretrained(hf_model)
     models = bridge.load_megatron_model(str(iter_path), mp_overrides=_mp_overrides(tp, pp, ep), wrap_with_ddp=False)
     for m in models:
         m.eval()
     tok = AutoTokenizer.from_pretrained(hf_model)
-    if world > 1:
-        next_token = _next_token_fn(models, tp, pp)
-    else:
-        def next_token(ids) -> int:
-            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-            return int(models[0](input_ids=ids, position_ids=pos, attention_mask=None)[0, -1].argmax())
+    next_token = _next_token_fn(models, tp, pp)
+    device = _device()
     out = []
     for prompt in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      return_tensors="pt", enable_thinking=reasoning).cuda()
+        # transformers 5 returns a BatchEncoding here (item 3): take its input_ids, on this rank's device
+        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=True, return_tensors="pt",
+                                      enable_thinking=reasoning)
+        ids = enc["input_ids"].to(device)
         new: list[int] = []
         finished = False
         with torch.no_grad():
@@ -443,4 +493,7 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
                 new.append(nxt)
                 ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], dim=1)
         out.append((tok.decode(new, skip_special_tokens=True).strip(), len(new), finished))
+    del models
+    if own_context and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        _destroy_model_parallel()
     return out

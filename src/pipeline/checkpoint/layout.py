@@ -76,7 +76,9 @@ def engine_of(d: Path) -> str | None:
         except (OSError, ValueError):
             raise UserError(f"{d / MARKER} is not valid JSON: the checkpoint's marker is corrupt") from None
         return marker.get("engine", "local") if isinstance(marker, dict) else None
-    if (d / "metadata.json").exists() and (d / "common.pt").exists():
+    # torch_dist: Megatron's metadata.json, and common.pt (a training save) or DCP's .metadata / Bridge's
+    # run_config.yaml (Bridge's import writes no common.pt: found by the megatron_cpu tier)
+    if (d / "metadata.json").exists() and any((d / f).exists() for f in ("common.pt", ".metadata", "run_config.yaml")):
         return "megatron"
     return None
 

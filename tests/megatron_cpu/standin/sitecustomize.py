@@ -1,0 +1,149 @@
+# CUDA STAND-IN (the megatron_cpu test tier only; nothing of the suite imports it). It maps the handful of
+# CUDA-only calls that stop megatron-core's and Megatron Bridge's model code on a CPU process onto the CPU, so the
+# suite's own pipeline.bridge functions run Megatron's real model, parallel-state, checkpoint and conversion code
+# on gloo. Every patched call, and why:
+#
+#   torch.cuda.current_device()                -> "cpu"   megatron-core asks it for the device of its global memory
+#                                                         buffer (dot_product_attention.py) and of RoPE's inv_freq
+#                                                         (rotary_pos_embedding.py: moved unconditionally)
+#   torch.cuda.get_rng_state / set_rng_state / manual_seed
+#                                              -> the CPU generator's state and seed: the model-parallel RNG tracker
+#                                                         (tensor_parallel/random.py) forks CUDA generator states
+#   megatron.core.tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state
+#                                              -> the same, for the tracker's own helpers (they index
+#                                                         torch.cuda.default_generators)
+#   megatron.core.transformer.utils.get_default_causal_mask
+#                                              -> the same mask built on the CPU (it hard-codes device="cuda")
+#   torch.zeros(..., device="cuda") in megatron.core.pipeline_parallel.schedules only
+#                                              -> device "cpu": the schedules make their token counter on "cuda"
+#                                                         by name
+#   torch.cuda.synchronize()                   -> a no-op (nothing is queued on a CPU)
+#   megatron.bridge.models.gpt_provider.transformer_engine_layer_spec
+#                                              -> Bridge's own local_layer_spec: Bridge's default layer spec is
+#                                                         always the Transformer Engine one, and TE needs CUDA;
+#                                                         megatron-core's local spec is the same math in torch
+#   GPTModelProvider.finalize: the CUDA-kernel fusions off (apply_rope_fusion, masked_softmax_fusion,
+#         bias_activation_fusion, bias_dropout_fusion, gradient_accumulation_fusion, persist_layer_norm,
+#         cross_entropy_loss_fusion): each is an apex/TE/Triton kernel with no CPU build
+#
+# torch.cuda.is_available() stays False: code that chooses a device by it (the suite's, Bridge's) takes its CPU
+# branch for real. The tier's sitecustomize chains the Bridge harness's import shim first (tests/bridge/shim).
+import os
+import runpy
+
+_BRIDGE_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bridge", "shim",
+                            "sitecustomize.py")
+runpy.run_path(_BRIDGE_SHIM)
+
+import builtins  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+PATCHED: list[str] = []
+
+
+def _patch(owner, name, value, label):
+    setattr(owner, name, value)
+    PATCHED.append(label)
+
+
+def _cpu(device):
+    if device is None:
+        return device
+    if isinstance(device, torch.device):
+        return torch.device("cpu") if device.type == "cuda" else device
+    if isinstance(device, int):
+        return torch.device("cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    return device
+
+
+_patch(torch.cuda, "current_device", lambda: "cpu", "torch.cuda.current_device")
+_patch(torch.cuda, "synchronize", lambda device=None: None, "torch.cuda.synchronize")
+_patch(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state(), "torch.cuda.get_rng_state")
+_patch(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state),
+       "torch.cuda.set_rng_state")
+_patch(torch.cuda, "manual_seed", lambda seed: torch.manual_seed(seed), "torch.cuda.manual_seed")
+_patch(torch.cuda.random, "get_rng_state", torch.cuda.get_rng_state, "torch.cuda.random.get_rng_state")
+_patch(torch.cuda.random, "set_rng_state", torch.cuda.set_rng_state, "torch.cuda.random.set_rng_state")
+_patch(torch.cuda.random, "manual_seed", torch.cuda.manual_seed, "torch.cuda.random.manual_seed")
+
+class _CpuTorch:
+    """``torch`` as megatron-core's pipeline schedules see it: ``torch.zeros(..., device="cuda")`` made on the CPU,
+    everything else torch itself (scoped to that one module: patching torch's own factories globally broke the
+    meta-device loading of transformers)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        return torch.zeros(*args, **kwargs)
+
+
+def _after_import(module_name, fn):
+    """Run ``fn(module)`` once ``module_name`` is imported (megatron is imported lazily by the suite)."""
+    pending[module_name] = fn
+
+
+pending: dict = {}
+
+
+def _patch_random(m):
+    _patch(m, "_get_cuda_rng_state", lambda device="cuda", clone=False, graph_safe=False:
+           torch.get_rng_state().clone() if clone else torch.get_rng_state(),
+           "megatron.core.tensor_parallel.random._get_cuda_rng_state")
+    _patch(m, "_set_cuda_rng_state", lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state),
+           "megatron.core.tensor_parallel.random._set_cuda_rng_state")
+
+
+def _patch_tutils(m):
+    _patch(m, "get_default_causal_mask", lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool(),
+           "megatron.core.transformer.utils.get_default_causal_mask")
+
+
+_FUSIONS = ("apply_rope_fusion", "masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+            "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
+
+
+def _patch_provider(m):
+    _patch(m, "transformer_engine_layer_spec", m.local_layer_spec,
+           "megatron.bridge.models.gpt_provider.transformer_engine_layer_spec")
+    finalize = m.GPTModelProvider.finalize
+
+    def _finalize(self):
+        for f in _FUSIONS:
+            if getattr(self, f, False):
+                setattr(self, f, False)
+        return finalize(self)
+
+    _patch(m.GPTModelProvider, "finalize", _finalize, "GPTModelProvider.finalize (CUDA fusions off)")
+
+
+def _patch_schedules(m):
+    _patch(m, "torch", _CpuTorch(), "megatron.core.pipeline_parallel.schedules: torch.zeros(device='cuda')")
+
+
+_after_import("megatron.core.tensor_parallel.random", _patch_random)
+_after_import("megatron.core.pipeline_parallel.schedules", _patch_schedules)
+_after_import("megatron.core.transformer.utils", _patch_tutils)
+_after_import("megatron.bridge.models.gpt_provider", _patch_provider)
+
+_prev_import = builtins.__import__
+
+
+def _standin_import(name, globals=None, locals=None, fromlist=(), level=0):
+    mod = _prev_import(name, globals, locals, fromlist, level)
+    if pending:
+        for key in [k for k in pending if k in sys.modules]:
+            spec = getattr(sys.modules[key], "__spec__", None)
+            if not getattr(spec, "_initializing", False):  # only once the module has finished loading
+                pending.pop(key)(sys.modules[key])
+    return mod
+
+
+builtins.__import__ = _standin_import

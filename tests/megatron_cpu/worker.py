@@ -1,0 +1,91 @@
+"""The megatron_cpu tier's worker: runs INSIDE the Bridge harness venv (tests/bridge/setup_env.sh) with
+PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the harness's import shim) + src.
+
+    python worker.py make-model OUT          a tiny Llama (Bridge's LlamaBridge maps megatron-core's local layer
+                                             names) + a byte-level BPE tokenizer with a ChatML template, and the
+                                             Hugging Face greedy tokens of PROMPTS (OUT/hf_greedy.json)
+    python worker.py import HF OUT           pipeline.bridge.import_from_hf (AutoBridge.import_ckpt)
+    python worker.py generate ITER HF N TP PP EP OUT.json
+                                             pipeline.bridge.generate (one rank, or every rank under torchrun)
+    python worker.py perturb ITER            one shard of a torch_dist checkpoint changed in place
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "What is 2 + 2?"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France. The sea is wide and deep. "
+          "Two plus two is four. Write a short poem about the morning light on the water. ") * 40
+
+
+def make_model(out: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=384, special_tokens=specials,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok.chat_template = CHATML
+    tok.save_pretrained(out)
+    torch.manual_seed(1234)
+    # peaky logits (a wide init) so greedy argmaxes are far from ties: the layouts' different summation orders
+    # must not flip a token
+    cfg = LlamaConfig(vocab_size=-(-len(tok) // 64) * 64,  # padded, as real vocabularies are (tp must divide it)
+                      hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.25, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, rms_norm_eps=1e-5)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out)
+    greedy = []
+    for p in PROMPTS:
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                      return_dict=True, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            g = model.generate(ids, max_new_tokens=int(os.environ.get("TIER_MAX_TOKENS", "12")), do_sample=False,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        new = g[0, ids.shape[1]:].tolist()
+        finished = bool(new) and new[-1] == tok.eos_token_id
+        if finished:
+            new = new[:-1]
+        greedy.append({"prompt": p, "tokens": new, "text": tok.decode(new, skip_special_tokens=True).strip(),
+                       "finished": finished})
+    (out / "hf_greedy.json").write_text(json.dumps(greedy, indent=1))
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0]
+    if cmd == "make-model":
+        make_model(Path(argv[1]))
+    elif cmd == "import":
+        from pipeline import bridge
+
+        bridge.import_from_hf(argv[1], Path(argv[2]))
+    elif cmd == "generate":
+        from pipeline import bridge
+
+        it, hf, n, tp, pp, ep, out = argv[1:8]
+        res = bridge.generate(Path(it), hf, PROMPTS, int(n), tp=int(tp), pp=int(pp), ep=int(ep), reasoning=False)
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(out).write_text(json.dumps([{"text": t, "n": k, "finished": f} for t, k, f in res]))
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
