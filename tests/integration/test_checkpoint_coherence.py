@@ -168,6 +168,21 @@ def test_unreachable_endpoint_is_one_line(pipeline_env):
     assert res.stderr.count("\n") == 1
 
 
+def test_a_coherence_run_gets_the_cluster_profiles_env(smollm2_dir, tmp_path, pipeline_env):
+    """The profile's env reaches a coherence run that runs in process (the hf backend; the megatron backend's
+    torchrun inherits the same environment): the W&B run lands in the profile's WANDB_DIR, not the inherited one
+    (issue 32, item 8: before, only training read the profile's env)."""
+    profile = tmp_path / "probe.yaml"
+    profile.write_text(f"name: probe\nenv:\n  PIPELINE_PROBE_VAR: marker\n  WANDB_DIR: {tmp_path / 'profile-wandb'}\n")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Say hello.\n")
+    res = run([PY, "pipeline_coherence_test.py", str(smollm2_dir), "--prompts", str(prompts), "--max-tokens", "4",
+               "--output-dir", str(tmp_path / "out"), "--quiet"], env={**pipeline_env, "PIPELINE_CLUSTER": str(profile)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    wandb_dir = json.loads((tmp_path / "out" / "coherence_hf.json").read_text())["wandb_dir"]
+    assert wandb_dir.startswith(str(tmp_path / "profile-wandb") + "/"), (wandb_dir, pipeline_env["WANDB_DIR"])
+
+
 def test_upload_all_with_coherence_reports_each_export(trained, tmp_path):
     env, ckpt = trained
     copy = tmp_path / "ckpts"

@@ -13,7 +13,13 @@ import pytest
 from pipeline.checkpoint.plan import plan_export
 from pipeline.cli.coherence import plan_from_argv as coherence_plan
 from tests.helpers import ROOT, run
-from tests.unit.test_gpu_job_plans import NANO, SUPER, isambard  # noqa: F401  (isambard: the autouse fixture)
+from tests.unit.test_gpu_job_plans import (  # noqa: F401  (isambard: the autouse fixture)
+    NANO,
+    PROBE_ENV,
+    SUPER,
+    isambard,
+    probe_profile,
+)
 
 
 def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
@@ -68,3 +74,19 @@ def test_dry_runs_need_no_torch_and_exit_2_on_an_impossible_layout(tmp_path):
     res = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", NANO,
                "--tp", "4", "--ep", "8", "--dry-run", "--nodes", "2"], env=env, timeout=120)
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: ep(8) * etp(1) = 8 > ")
+
+
+def test_the_dry_runs_of_export_upload_all_and_coherence_show_the_profiles_env(tmp_path):
+    """Through the real scripts, the profile selected with PIPELINE_CLUSTER=PATH: the launch line starts with the
+    environment the launch sets (NAME=value), and --json has it as "env" (issue 32, item 8)."""
+    env = {**os.environ, "PIPELINE_CLUSTER": str(probe_profile(tmp_path)), "PIPELINE_PLANNER_VENV": str(ROOT / ".venv")}
+    export = run(["bash", "pipeline_checkpoint_convert.sh", "upload-all", str(tmp_path / "c"), "--hf-model", NANO,
+                  "--no-reasoning", "--poll", "--dry-run"], env=env, timeout=120)
+    assert export.returncode == 0, export.stderr
+    assert "  launch (each node): PIPELINE_PROBE_VAR=marker NCCL_NET='AWS Libfabric' torchrun --standalone " \
+        in export.stdout, export.stdout
+    coherence = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", SUPER,
+                     "--tp", "4", "--pp", "6", "--ep", "4", "--dry-run", "--nodes", "6", "--json"], env=env,
+                    timeout=120)
+    d = json.loads(coherence.stdout)
+    assert coherence.returncode == 0 and d["env"] == PROBE_ENV and d["launch"][0] == "torchrun", coherence.stderr

@@ -4,6 +4,8 @@ impossible layouts, and isambard_sbatch refusing what cannot run."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipeline.checkpoint.plan import import_target, plan_export, plan_import
@@ -188,3 +190,68 @@ def test_a_malformed_slurm_environment_is_one_line(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "abc")
     with pytest.raises(UserError, match="the Slurm environment is malformed"):
         coherence_plan([SUPER])
+
+
+# ---- the cluster profile's env reaches every GPU job (issue 32, item 8) -------------------------------------
+PROBE_ENV = {"PIPELINE_PROBE_VAR": "marker", "NCCL_NET": "AWS Libfabric"}
+
+
+def probe_profile(where, gpus: int = 4):
+    """A cluster profile whose env holds a probe variable (and a value with a space, as NCCL_NET's)."""
+    path = where / f"probe_{gpus}gpu.yaml"
+    path.write_text(f"name: probe\ngpus_per_node: {gpus}\ngpu_memory_gb: {95 if gpus else 0}\nhost_memory_gb: 480\n"
+                    "env:\n  PIPELINE_PROBE_VAR: marker\n  NCCL_NET: \"AWS Libfabric\"\n")
+    return path
+
+
+@pytest.mark.parametrize("job", ["export", "upload-all", "import", "coherence-hf", "coherence-megatron-6-nodes",
+                                 "export-local"])
+def test_every_gpu_jobs_plan_sets_the_cluster_profiles_env(tmp_path, monkeypatch, job):
+    """The plan (and so its dry run: the launch line and --json's env) carries the profile's env for every GPU job,
+    not only training; before, only the training launcher read it."""
+    monkeypatch.setenv("PIPELINE_CLUSTER", str(probe_profile(tmp_path, 0 if job == "export-local" else 4)))
+    plan = {
+        "export": lambda: checkpoint_plan(["export", str(tmp_path), "--hf-model", NANO, "--no-reasoning"],
+                                          inputs_later=True),
+        "upload-all": lambda: checkpoint_plan(["upload-all", str(tmp_path), "--hf-model", NANO, "--no-reasoning"]),
+        "import": lambda: checkpoint_plan(["import", "nano"]),
+        "coherence-hf": lambda: coherence_plan([NANO]),
+        "coherence-megatron-6-nodes": lambda: coherence_plan(["/c", "--backend", "megatron", "--hf-model", SUPER,
+                                                              "--tp", "4", "--pp", "6", "--ep", "4"], 6),
+        "export-local": lambda: plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id,
+                                            inputs_later=True),
+    }[job]()
+    assert plan.ok, plan.problems
+    assert plan.env == PROBE_ENV and plan.as_dict()["env"] == PROBE_ENV
+    launch = next(ln for ln in plan.format().splitlines() if ln.startswith("  launch (each node): "))
+    assert launch.startswith(f"  launch (each node): PIPELINE_PROBE_VAR=marker NCCL_NET='AWS Libfabric' "
+                             f"{plan.launch[0]} "), launch
+    if job in ("export", "coherence-megatron-6-nodes"):
+        assert plan.launch[0] == "torchrun"
+
+
+def test_upload_alls_per_iteration_torchrun_gets_the_profiles_env(tmp_path, monkeypatch):
+    """upload-all of a Megatron checkpoint starts one torchrun per iteration (it needs GPUs and Megatron, so the
+    command and the environment it is started with are checked here): the profile's env over the inherited one."""
+    from pipeline.cli.checkpoint import build_parser, export_torchrun
+
+    monkeypatch.setenv("PIPELINE_CLUSTER", str(probe_profile(tmp_path)))
+    monkeypatch.setenv("PIPELINE_PROBE_VAR", "inherited")  # the profile's value wins, as training's always has
+    argv = ["upload-all", str(tmp_path), "--hf-model", NANO, "--no-reasoning"]
+    plan = checkpoint_plan(argv)
+    cmd, env = export_torchrun(tmp_path / "iter_0000010", build_parser().parse_args(argv), plan)
+    assert cmd[:4] == ["torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4"]
+    assert cmd[cmd.index("--iteration") + 1] == "10" and "--lock-held" in cmd
+    assert env["PIPELINE_PROBE_VAR"] == "marker" and env["NCCL_NET"] == "AWS Libfabric"
+    assert env["PATH"] == os.environ["PATH"]  # the rest of the environment is inherited
+
+
+def test_one_rule_for_the_ranks_environment():
+    """cluster.job_env / job_environ: the inherited environment < the profile's env < training's env_vars."""
+    from pipeline.config.cluster import job_env, job_environ
+
+    profile_env = {"A": "profile", "B": "profile"}
+    assert job_env(profile_env, {"B": 7}) == {"A": "profile", "B": "7"}
+    assert job_environ(profile_env, {"A": "inherited", "C": "inherited"}, {"B": "config"}) == \
+        {"A": "profile", "B": "config", "C": "inherited"}
+    assert job_environ({}, {"C": "inherited"}) == {"C": "inherited"}

@@ -59,3 +59,18 @@ def test_side_by_side_report():
         {"model": "b", "backend": "hf", "rows": rows(""), "summary": {"empty_pct": 100.0}}]}
     md = markdown(rep)
     assert "## Side by side" in md and "| p1 | one \\| two | *(empty)* |" in md
+
+
+def test_the_training_dry_run_shows_the_environment_the_launch_sets(tmp_path, capsys):
+    """The ranks get the cluster profile's env with the config's env_vars over it (cluster.job_env, the rule of
+    every GPU job); the dry run shows it as NAME=value before the launch command."""
+    from pipeline.cli.train import main, plan_from_argv
+    from tests.unit.test_gpu_job_plans import probe_profile
+
+    argv = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run",
+            "--no-path-checks", "--cluster", str(probe_profile(tmp_path, gpus=0)), "+env_vars.NCCL_NET=Socket"]
+    assert plan_from_argv(argv).env == {"PIPELINE_PROBE_VAR": "marker", "NCCL_NET": "Socket"}
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    launch = out[out.index("== launch command (per node) ==") + 1]
+    assert launch.startswith("PIPELINE_PROBE_VAR=marker NCCL_NET=Socket torchrun --standalone "), launch

@@ -28,7 +28,10 @@ def test_ft_launcher_unless_disabled(capsys):
     assert "ft_launcher" in capsys.readouterr().out
     assert main(BASE + ["--disable-ft"]) == 0
     out = capsys.readouterr().out
-    assert "\ntorchrun " in out and "ft_launcher --" not in out
+    launch = out.splitlines()[out.splitlines().index("== launch command (per node) ==") + 1]
+    # the environment the launch sets (the profile's NCCL over libfabric) comes first, as NAME=value words
+    assert launch.startswith("NCCL_NET='AWS Libfabric' FI_PROVIDER=cxi ") and " torchrun --" in launch
+    assert "ft_launcher --" not in out
 
 
 def test_path_checks_name_the_missing_dataset(capsys):

@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import ClusterProfile, resolve_profile
+from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems, weight_gb_per_gpu
 
@@ -50,6 +50,7 @@ class JobPlan:
     memory_gb: dict[str, float] = field(default_factory=dict)  # phase -> GB per GPU
     memory_budget_gb: float = 0.0
     launch: list[str] = field(default_factory=list)  # the command each node runs
+    env: dict[str, str] = field(default_factory=dict)  # what the launch sets for its ranks (cluster.job_env)
     host_memory_gb: float | None = None  # jobs that work in host memory (import)
     engine: str = "megatron"
     gpus_needed: int | None = None  # GPUs per node the job uses (default: one per process; 0: none)
@@ -82,7 +83,7 @@ class JobPlan:
                 "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": self.memory_gb,
                 "memory_budget_gb": self.memory_budget_gb, "host_memory_gb": self.host_memory_gb,
                 "gpus_per_node": self.gpus_per_node,
-                "launch": self.launch, "ok": self.ok, "problems": self.problems, "notes": self.notes}
+                "env": self.env, "launch": self.launch, "ok": self.ok, "problems": self.problems, "notes": self.notes}
 
     def format(self) -> str:
         lay = self.layout
@@ -96,7 +97,7 @@ class JobPlan:
         if self.host_memory_gb is not None:
             lines.append(f"  host memory: {self.host_memory_gb:.1f} GB")
         if self.launch:
-            lines.append("  launch (each node): " + shlex.join(self.launch))
+            lines.append("  launch (each node): " + " ".join([*env_words(self.env), shlex.join(self.launch)]))
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  problem: {p}" for p in self.problems]
         lines.append("verdict: " + ("OK" if self.ok else f"REFUSED ({len(self.problems)} problem(s))"))
@@ -263,6 +264,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
     module = ["-m", "pipeline.cli.checkpoint", *argv]
     if engine == "local":
         plan = JobPlan(job, hf_model, profile.name, 1, 1, Layout(1), engine="local", problems=found,
+                       env=job_env(profile.env),
                        launch=["python", *module], notes=notes + ["local-engine checkpoint: one process, CPU"])
         if any(v not in (None, 1) for v in (tp, pp, ep)):
             plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {ckpt_dir} is a local-engine "
@@ -278,7 +280,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                      "--tp/--pp/--ep change it")
     lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
     plan = JobPlan(job, hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
-                   memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found)
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found, env=job_env(profile.env))
     if not profile.has_gpus:
         plan.problems.append(f"a Megatron checkpoint exports on GPUs; cluster profile '{profile.name}' has none "
                              "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
@@ -345,6 +347,7 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     fetch, out, megatron = import_target(hf_id, output, profile)
     spec = spec_for(fetch)
     plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1), engine="megatron" if megatron else "local",
+                   env=job_env(profile.env),
                    launch=["python", "-m", "pipeline.cli.checkpoint", *(argv or [])])
     plan.notes.append(f"output: {out}")
     if fetch != hf_id:

@@ -41,7 +41,7 @@ from pipeline.common.argv import strip_options
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import read_json
 from pipeline.common.log import setup_logging
-from pipeline.config.cluster import resolve_profile
+from pipeline.config.cluster import apply_job_env, job_environ, resolve_profile
 
 
 def _add_common(p: Parser) -> None:
@@ -118,11 +118,9 @@ def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool
     return plan_from_args(build_parser().parse_args(argv), argv, nodes, inputs_later)
 
 
-def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
-    """upload-all of a Megatron checkpoint on several GPUs: the poller stays one process and each iteration is
-    exported by its own torchrun on the node's GPUs (the plan's layout), holding the poller's lock."""
-    import subprocess
-
+def export_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> tuple[list[str], dict[str, str]]:
+    """upload-all's export of one iteration on the node's GPUs: the torchrun line (the plan's layout, the poller's
+    lock held) and the environment its ranks get (the cluster profile's env over this process's)."""
     lay = plan.layout
     cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", "-m", "pipeline.cli.checkpoint",
            "export", str(args.ckpt_dir), "--iteration", str(int(iter_path.name.split("_")[-1])),
@@ -133,8 +131,17 @@ def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
            *(["--top1-min", repr(args.top1_min)] if args.top1_min is not None else []),
            *(["--not-strict"] if args.not_strict else []), *(["--require-quality"] if args.require_quality else []),
            *(["--force"] if args.force else [])]
+    return cmd, job_environ(plan.env)
+
+
+def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
+    """upload-all of a Megatron checkpoint on several GPUs: the poller stays one process and each iteration is
+    exported by its own torchrun on the node's GPUs (the plan's layout), holding the poller's lock."""
+    import subprocess
+
+    cmd, env = export_torchrun(iter_path, args, plan)
     print("launching: " + " ".join(cmd), flush=True)
-    rc = subprocess.run(cmd).returncode
+    rc = subprocess.run(cmd, env=env).returncode
     rec = ex.published_export(iter_path / "hf")
     if rc != 0 or rec is None:
         failed = iter_path / ex.FAILED
@@ -149,19 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
     plan = plan_from_args(args, argv)
+    if args.dry_run:
+        return jobs.print_plan(plan, args.json)
+    jobs.refuse(plan)
+    # The cluster profile's env for this process (a one-process export, import or upload-all runs here), the
+    # torchrun it execs and the ranks: before anything initialises torch.distributed / NCCL.
+    apply_job_env(plan.env)
     if args.action == "import":
-        if args.dry_run:
-            return jobs.print_plan(plan, args.json)
-        jobs.refuse(plan)
         fetch, out, megatron = jobs.import_target(args.hf_id, args.output, resolve_profile())
         target = ex.import_hf(fetch, out, megatron=megatron, force=args.force)
         print(f"imported {fetch} -> {target}")
         print(f"use it with: checkpoint.pretrained_checkpoint={out}")
         return 0
 
-    if args.dry_run:
-        return jobs.print_plan(plan, args.json)
-    jobs.refuse(plan)
     lay = plan.layout
     args.tp, args.pp, args.ep = lay.tp, lay.pp, lay.ep
 

@@ -25,6 +25,7 @@ from pipeline.coherence.run import BACKENDS, CoherenceRun, megatron_iteration, r
 from pipeline.common.argv import strip_options
 from pipeline.common.errors import cli_main
 from pipeline.common.log import setup_logging
+from pipeline.config.cluster import apply_job_env
 
 
 def build_parser() -> Parser:
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if dry_run:
         return print_plan(plan, as_json)
     refuse(plan)
+    # The cluster profile's env for this process (the hf and endpoint backends, a one-rank megatron run), the
+    # torchrun it execs on each node and the ranks: before anything initialises torch.distributed / NCCL.
+    apply_job_env(plan.env)
     lay = plan.layout
     cfg = dataclasses.replace(cfg, tp=lay.tp, pp=lay.pp, ep=lay.ep)
     if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:

@@ -31,6 +31,7 @@ from pipeline.cli.parser import Parser
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.common.mappings import drop_unset
+from pipeline.config.cluster import env_words, job_environ
 from pipeline.training import records
 from pipeline.training.launch import (
     MODES,
@@ -109,8 +110,8 @@ def print_dry_run(plan: LaunchPlan) -> None:
     print(profile_lines(plan.cluster))
     print("== resolved config (set values; the full one is written to <run_dir>/config.yaml) ==")
     print(yaml.safe_dump(drop_unset(plan.cfg.to_dict()), sort_keys=False).rstrip())
-    print("== launch command (per node) ==")
-    print(" ".join(shlex.quote(c) for c in plan.command()))
+    print("== launch command (per node) ==")  # NAME=value first: what it sets (cluster profile env < env_vars)
+    print(" ".join([*env_words(plan.env), *(shlex.quote(c) for c in plan.command())]))
     print("== sbatch line ==")
     print(plan.sbatch_line())
 
@@ -151,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                      view=plan.view)
     else:
         records.wait_for_records(run_dir)
-    env = dict(os.environ)
-    env.update(plan.cluster.env)
-    env.update({str(k): str(v) for k, v in plan.cfg.env_vars.items()})
+    env = job_environ(plan.cluster.env, extra=plan.cfg.env_vars)  # the same rule as plan.env and every GPU job
     env["PIPELINE_RUN_DIR"] = str(run_dir)
     env["PIPELINE_LAUNCHER"] = cmd[0]
     print(f"run directory: {run_dir}", flush=True)

@@ -25,6 +25,7 @@ from pipeline.checkpoint.plan import (
     placement,
 )
 from pipeline.coherence.backends import discovery_file_problem, model_bytes
+from pipeline.config.cluster import job_env
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
 
@@ -70,8 +71,9 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
     profile, n_nodes, given = cluster_and_nodes(nodes, cluster)
     argv = list(argv or [])
     gpn = profile.ranks_per_node
+    env = job_env(profile.env)  # what the launch sets for the job's ranks (the cluster profile's env)
     if cfg.backend == "endpoint":
-        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="endpoint",
+        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="endpoint", env=env,
                        launch=["python", *MODULE, *argv], notes=["endpoint backend: the server generates; no GPU"])
         if n_nodes > 1:
             plan.problems.append(f"the endpoint backend runs on one node (the server generates), and {n_nodes} were "
@@ -81,7 +83,7 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
             plan.problems.append(problem)
         return plan
     if cfg.backend == "hf":
-        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf",
+        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf", env=env,
                        memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv],
                        gpus_needed=1 if profile.has_gpus else 0)
         if any(v not in (None, 1) for v in (cfg.tp, cfg.pp, cfg.ep)):
@@ -131,7 +133,7 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> 
         lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
     nodes, procs, fill = placement(lay.world, gpn)
     plan = JobPlan("coherence", cfg.model, profile.name, nodes, procs, lay, engine="megatron",
-                   memory_budget_gb=profile.memory_budget_gb, notes=notes)
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes, env=job_env(profile.env))
     if not cfg.hf_model:
         plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     if not profile.has_gpus:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline.common import paths
 from pipeline.common.errors import cli_main
+from pipeline.config.cluster import apply_job_env, resolve_profile
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 SETUP = f"bash {ROOT}/pipeline_env_setup.sh"
@@ -425,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{i:2d} {c.name}")
         return 0
     checks = [c for c in every if not args.only or c.name in args.only]
+    # The GPU checks run as a GPU job does (gpu-allreduce's NCCL ranks, bridge-training's torchrun): with the
+    # selected cluster profile's env (NCCL over libfabric on the cluster), set before NCCL initialises.
+    apply_job_env(resolve_profile().env)
     _, failed, _ = run_checks(checks)
     return 1 if failed else 0
 

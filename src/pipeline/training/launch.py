@@ -17,6 +17,7 @@ from pipeline.common.errors import UserError
 from pipeline.config.cluster import (
     ClusterProfile,
     effective_knobs,
+    job_env,
     profile_sbatch_options,
     resolve_profile,
     user_set,
@@ -73,6 +74,12 @@ class LaunchPlan:
     def max_restarts(self) -> int:
         r = self.request.max_restarts
         return self.cluster.max_restarts if r is None else r
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the launch sets for the ranks on top of the node's environment: the cluster profile's env, then the
+        config's env_vars (which win) - the rule of every GPU job (:func:`pipeline.config.cluster.job_env`)."""
+        return job_env(self.cluster.env, self.cfg.env_vars)
 
     def command(self) -> list[str]:
         """The per-node torchrun / ft_launcher command line."""
