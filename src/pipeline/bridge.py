@@ -169,41 +169,55 @@ def _to_float(v: Any) -> float | None:
         return None
 
 
+class StepRecords:
+    """The suite's Bridge callback: Bridge's ``CallbackManager`` calls these on every rank (``make_callback`` gives
+    it Bridge's ``Callback`` base, imported only when Bridge is there). ``on_step(iteration, metrics)`` after every
+    training step with the reduced losses, the grad norm and the learning rate as plain floats;
+    ``on_step_start(iteration)`` before each step; ``on_save(iteration)`` after each checkpoint save."""
+
+    def __init__(self, on_step: StepHook | None = None, on_step_start: IterationHook | None = None,
+                 on_save: IterationHook | None = None):
+        self.on_step, self.on_step_start, self.on_save = on_step, on_step_start, on_save
+
+    def on_train_step_start(self, context) -> None:
+        if self.on_step_start is not None:
+            self.on_step_start(int(context.state.train_state.step))
+
+    def on_checkpoint_save(self, context) -> None:
+        if self.on_save is not None:
+            self.on_save(int(context.state.train_state.step))
+
+    def on_train_step_end(self, context) -> None:
+        if self.on_step is None:
+            return
+        metrics: dict[str, float] = {}
+        for k, v in (context.loss_dict or {}).items():
+            f = _to_float(v)
+            if f is not None:
+                metrics["loss" if k == "lm loss" else k.replace(" ", "_")] = f
+        if context.grad_norm is not None:
+            metrics["grad_norm"] = float(context.grad_norm)
+        if context.optimizer is not None and getattr(context.optimizer, "param_groups", None):
+            metrics["learning_rate"] = float(context.optimizer.param_groups[0]["lr"])
+        self.on_step(int(context.state.train_state.step), metrics)
+
+
+def make_callback(on_step: StepHook | None = None, on_step_start: IterationHook | None = None,
+                  on_save: IterationHook | None = None):
+    """A :class:`StepRecords` that is a Bridge ``Callback`` (what ``pretrain(callbacks=[...])`` takes)."""
+    Callback = _import("megatron.bridge.training.callbacks", "Callback")
+    cls = type("StepRecordsCallback", (StepRecords, Callback), {})
+    return cls(on_step=on_step, on_step_start=on_step_start, on_save=on_save)
+
+
 def run_training(container, *, pretrain: bool, on_step: StepHook | None = None,
                  on_step_start: IterationHook | None = None, on_save: IterationHook | None = None) -> None:
-    """``pretrain()`` (random init) or ``finetune()`` (from a checkpoint) with Bridge's GPT forward step.
-    ``on_step(iteration, metrics)`` is called after every training step with the reduced losses, the grad norm
-    and the learning rate as plain floats; ``on_step_start(iteration)`` before each step and ``on_save(iteration)``
-    after each checkpoint save (Bridge ``Callback`` events)."""
+    """``pretrain()`` (random init) or ``finetune()`` (from a checkpoint) with Bridge's GPT forward step and, when a
+    hook is given, the :class:`StepRecords` callback."""
     forward_step = _import("megatron.bridge.training.gpt_step", "forward_step")
     callbacks = []
     if on_step is not None or on_step_start is not None or on_save is not None:
-        Callback = _import("megatron.bridge.training.callbacks", "Callback")
-
-        class _StepRecords(Callback):
-            def on_train_step_start(self, context) -> None:
-                if on_step_start is not None:
-                    on_step_start(int(context.state.train_state.step))
-
-            def on_checkpoint_save(self, context) -> None:
-                if on_save is not None:
-                    on_save(int(context.state.train_state.step))
-
-            def on_train_step_end(self, context) -> None:
-                if on_step is None:
-                    return
-                metrics: dict[str, float] = {}
-                for k, v in (context.loss_dict or {}).items():
-                    f = _to_float(v)
-                    if f is not None:
-                        metrics["loss" if k == "lm loss" else k.replace(" ", "_")] = f
-                if context.grad_norm is not None:
-                    metrics["grad_norm"] = float(context.grad_norm)
-                if context.optimizer is not None and getattr(context.optimizer, "param_groups", None):
-                    metrics["learning_rate"] = float(context.optimizer.param_groups[0]["lr"])
-                on_step(int(context.state.train_state.step), metrics)
-
-        callbacks.append(_StepRecords())
+        callbacks.append(make_callback(on_step=on_step, on_step_start=on_step_start, on_save=on_save))
     run = _import("megatron.bridge.training.pretrain" if pretrain else "megatron.bridge.training.finetune",
                   "pretrain" if pretrain else "finetune")
     run(config=container, forward_step_func=forward_step, callbacks=callbacks or None)

@@ -64,6 +64,35 @@ class SaveRequestWatcher:
                 return
 
 
+class RankHooks:
+    """What the suite's Bridge callback (``bridge.StepRecords``) calls on this rank: the run's timeline and
+    progress lines, and the save-request watcher (when Megatron's exit-signal handler is on)."""
+
+    def __init__(self, run_dir: Path, container, progress: records.ProgressLog, writer: bool):
+        self.progress, self.writer = progress, writer
+        self.exit_signal = int(getattr(container.train, "exit_signal", signal.SIGTERM))
+        self.watcher: SaveRequestWatcher | None = None
+        if getattr(container.train, "exit_signal_handler", False):
+            self.watcher = SaveRequestWatcher(records.save_request_files(run_dir), self.exit_signal).start()
+
+    def step_start(self, iteration: int) -> None:
+        self.progress.clock.ready()
+
+    def step_end(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.progress.clock.step(iteration)
+        if self.writer and "loss" in metrics:
+            self.progress.log(iteration, metrics)
+
+    def save(self, iteration: int) -> None:
+        # Bridge has no hook before a save: its time is counted from the previous step's end (Megatron's logging
+        # and any evaluation in between count as the save's).
+        self.progress.clock.save_end(iteration)
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+
+
 def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     bridge.require_bridge(f"training {launch['model']}")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -76,39 +105,33 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     under_ft = "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("PIPELINE_LAUNCHER") == "ft_launcher"
     extra = ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"] if under_ft else []
     container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"), extra)
+    pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
+    return run_rank(run_dir, container, save=save, iters=iters, tokens_per_step=view.batch.tokens_per_iter,
+                    pretrain=pretrain, rank=rank, world=world)
 
-    exit_signal = int(getattr(container.train, "exit_signal", signal.SIGTERM))
-    watcher = None
-    if getattr(container.train, "exit_signal_handler", False):
-        watcher = SaveRequestWatcher(records.save_request_files(run_dir), exit_signal).start()
-    elif rank == 0:
-        log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
+def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, tokens_per_step: int, pretrain: bool,
+             rank: int, world: int) -> int:
+    """This rank's Bridge training with the suite's records: the callback's hooks, ``bridge.run_training``, and
+    the run's end (completed or stopped for a requeue), written by the last rank."""
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
-    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=writer)
+    progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer)
     progress.clock.attempt()
     if writer:
         latest = layout.latest_complete(Path(save)) if save else None
         progress.start(latest or 0)  # Megatron resumes from `load` (= save): steps after it are redone
-
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        progress.clock.step(step)
-        if writer and "loss" in metrics:
-            progress.log(step, metrics)
+    hooks = RankHooks(run_dir, container, progress, writer)
+    if hooks.watcher is None and rank == 0:
+        log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
     t0 = time.time()
-    pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
     try:
-        # Bridge has no hook before a save: its time is counted from the previous step's end (Megatron's logging
-        # and any evaluation in between count as the save's).
-        bridge.run_training(container, pretrain=pretrain, on_step=on_step,
-                            on_step_start=lambda step: progress.clock.ready(),
-                            on_save=lambda step: progress.clock.save_end(step))
+        bridge.run_training(container, pretrain=pretrain, on_step=hooks.step_end, on_step_start=hooks.step_start,
+                            on_save=hooks.save)
     finally:
-        if watcher is not None:
-            watcher.stop()
+        hooks.stop()
     step = layout.read_tracker(Path(save)) if save else None
-    stopped = watcher is not None and watcher.fired.is_set() and (step or 0) < iters
+    stopped = hooks.watcher is not None and hooks.watcher.fired.is_set() and (step or 0) < iters
     if not writer:
         return 0
     if stopped:
