@@ -51,6 +51,7 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.bridge.training.utils.omegaconf_utils", "apply_overrides",
      ("config_obj", "overrides_dict", "excluded_fields")),
     ("megatron.bridge.training.config", "ConfigContainer", ()),
+    ("megatron.bridge.training.config", "FaultToleranceConfig", ()),
     (_AB, "AutoBridge", ()),
     (_AB, "AutoBridge.from_hf_pretrained", ("path",)),
     (_AB, "AutoBridge.import_ckpt", ("hf_model_id", "megatron_path")),
@@ -138,6 +139,11 @@ def bridge_overrides_yaml(cfg: TrainingConfig) -> str:
     return yaml.safe_dump(bridge_overrides(cfg), sort_keys=False)
 
 
+def _touches(overrides: Sequence[str], section: str) -> bool:
+    """Whether a Hydra override (``[+~]section.key=value``) names a key of ``section``."""
+    return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == section for o in overrides)
+
+
 def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, extra_overrides: Sequence[str] = ()):
     """Bridge's recipe -> ``ConfigContainer`` with our resolved values, then ``extra_overrides`` (Hydra grammar),
     applied in memory by Bridge's own override functions: the steps of its ``process_config_with_overrides`` (the
@@ -148,8 +154,13 @@ def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, e
     spec = get_model(model)
     recipe = _import(spec.recipe_module, spec.recipe_name(mode, peft))
     container = recipe(peft_scheme=peft) if peft else recipe()
+    ours = bridge_overrides(cfg)
+    if getattr(container, "ft", None) is None and (ours.get("ft") or _touches(extra_overrides, "ft")):
+        # The recipes leave ``ft`` None: an override of ``ft.x`` fails ("Could not override"), and our ``ft:``
+        # values would land as a plain dict, which Bridge's setup cannot read. Bridge's own section first.
+        container.ft = _import("megatron.bridge.training.config", "FaultToleranceConfig")()
     conf, excluded = _import(_OC, "create_omegaconf_dict_config")(config_container=container)
-    conf = OmegaConf.merge(conf, OmegaConf.create(bridge_overrides(cfg)))
+    conf = OmegaConf.merge(conf, OmegaConf.create(ours))
     if extra_overrides:
         conf = _import(_OC, "parse_hydra_overrides")(cfg=conf, overrides=list(extra_overrides))
     _import(_OC, "apply_overrides")(config_obj=container, overrides_dict=OmegaConf.to_container(conf, resolve=True),

@@ -97,7 +97,7 @@ def op_build_config(req: dict) -> dict:
                                                      "_uses_packed_sequence_metadata")(container)),
         "checked": [c["key"] for c in checked],
         "mismatches": mismatches,
-        "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft")},
+        "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft", "ft")},
         "extra": {k: _norm(_getattr_path(container, k)) for k in req.get("read_back", [])},
     }
 

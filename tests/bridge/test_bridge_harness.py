@@ -287,3 +287,43 @@ def test_short_replies_are_trained_on_themselves_in_bridges_reader(harness, tmp_
     # Bridge's collate pads each pack and gives the padding its own cu_seqlens segment (no loss there)
     got = sorted(tokenizer.decode(ids) for ids in r["sequences"] if ids)
     assert got == sorted(f"{x}<|im_end|>" for x in replies), got
+
+
+# ---- g: ft_launcher's fault-tolerance settings reach Bridge's ConfigContainer (issue 32, item 2) ---------------
+FT_LAUNCHER_ENV = {"TORCHELASTIC_RUN_ID": "4242", "PIPELINE_LAUNCHER": "ft_launcher"}
+
+
+def test_ft_launcher_settings_reach_a_real_fault_tolerance_config(harness, tmp_path):
+    """Under ft_launcher the engine adds ft.enable_ft_package / ft.calc_ft_timeouts (launch_overrides, with
+    ft_launcher's environment), and a user YAML may carry an ``ft:`` section; Bridge's recipes leave
+    ``ConfigContainer.ft`` None. build_config on the real recipe and override code must give the container a real
+    FaultToleranceConfig holding those values (before the fix: OverridesError "Could not override
+    'ft.enable_ft_package'", and a YAML ``ft:`` section landed as a plain dict)."""
+    import yaml
+
+    from pipeline.training.engines.megatron_bridge import launch_overrides
+
+    extra = launch_overrides(FT_LAUNCHER_ENV)
+    assert launch_overrides({"TORCHELASTIC_RUN_ID": "1"}) == [] and launch_overrides({}) == []
+    user_yaml = tmp_path / "with_ft.yaml"
+    doc = yaml.safe_load((ROOT / QUICKSTART).read_text())
+    doc["ft"] = {"calc_ft_timeouts": True}
+    user_yaml.write_text(yaml.safe_dump(doc))
+    read_back = ["ft.enable_ft_package", "ft.calc_ft_timeouts", "ft.simulate_fault"]
+    ops = [{"op": "build_config", "id": "ft_launcher", "cfg": our_config("nano", "sft", None), "model": "nano",
+            "mode": "sft", "extra_overrides": extra, "read_back": read_back},
+           {"op": "build_config", "id": "yaml_ft", "cfg": our_config("nano", "sft", None, config=str(user_yaml)),
+            "model": "nano", "mode": "sft", "read_back": read_back},
+           {"op": "build_config", "id": "plain", "cfg": our_config("nano", "sft", None), "model": "nano",
+            "mode": "sft"}]
+    launcher, from_yaml, plain = drive(harness, ops)
+    for r in (from_yaml, launcher):
+        assert "error" not in r, f"{r['id']}: {r['error']} at {r['where']}\n{r.get('trace', '')}"
+        assert r["container_types"]["ft"] == "FaultToleranceConfig", r["container_types"]
+        assert not r["mismatches"], r["mismatches"]
+    assert launcher["extra"] == {"ft.enable_ft_package": True, "ft.calc_ft_timeouts": True, "ft.simulate_fault": False}
+    assert from_yaml["extra"] == {"ft.enable_ft_package": False, "ft.calc_ft_timeouts": True,
+                                  "ft.simulate_fault": False}
+    assert "ft.calc_ft_timeouts" in from_yaml["checked"]
+    # without ft_launcher or an ft: section the recipe's None is kept (Bridge's setup then skips NVRx)
+    assert "error" not in plain and plain["container_types"]["ft"] == "NoneType"

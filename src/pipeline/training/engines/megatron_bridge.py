@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import bridge
@@ -64,6 +65,16 @@ class SaveRequestWatcher:
                 return
 
 
+def launch_overrides(environ: Mapping[str, str]) -> list[str]:
+    """The Hydra overrides this launch environment adds to the run's config: under ft_launcher (it sets
+    ``TORCHELASTIC_RUN_ID``; the launch script sets ``PIPELINE_LAUNCHER``), NVRx fault tolerance inside Megatron,
+    with the section timeouts learnt. Bridge's recipes leave ``ConfigContainer.ft`` unset; ``bridge.build_config``
+    gives it a ``FaultToleranceConfig`` first."""
+    if "TORCHELASTIC_RUN_ID" in environ and environ.get("PIPELINE_LAUNCHER") == "ft_launcher":
+        return ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"]
+    return []
+
+
 class RankHooks:
     """What the suite's Bridge callback (``bridge.StepRecords``) calls on this rank: the run's timeline and
     progress lines, and the save-request watcher (when Megatron's exit-signal handler is on)."""
@@ -102,9 +113,8 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         if rank == 0:
             records.print_already_finished(iters, save)
         return 0
-    under_ft = "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("PIPELINE_LAUNCHER") == "ft_launcher"
-    extra = ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"] if under_ft else []
-    container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"), extra)
+    container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"),
+                                    launch_overrides(os.environ))
     pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
     return run_rank(run_dir, container, save=save, iters=iters, tokens_per_step=view.batch.tokens_per_iter,
                     pretrain=pretrain, rank=rank, world=world)
