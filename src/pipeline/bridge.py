@@ -182,9 +182,17 @@ def _to_float(v: Any) -> float | None:
 
 class StepRecords:
     """The suite's Bridge callback: Bridge's ``CallbackManager`` calls these on every rank (``make_callback`` gives
-    it Bridge's ``Callback`` base, imported only when Bridge is there). ``on_step(iteration, metrics)`` after every
-    training step with the reduced losses, the grad norm and the learning rate as plain floats;
-    ``on_step_start(iteration)`` before each step; ``on_save(iteration)`` after each checkpoint save."""
+    it Bridge's ``Callback`` base, imported only when Bridge is there). Iterations count 1..N, as Megatron's log,
+    ``iter_NNNNNNN`` and the local engine do: ``on_step_start(iteration)`` before the step that makes
+    ``iteration``; ``on_step(iteration, metrics)`` after it, with the reduced losses, the grad norm and the learning
+    rate as plain floats; ``on_save(iteration)`` once the checkpoint of ``iteration`` is saved.
+
+    Bridge's ``train_state.step`` counts the steps done: train.py fires on_train_step_start and on_train_step_end
+    before its ``train_state.step += 1``, so the step in hand is ``step + 1``. A save fires on_checkpoint_save with
+    the live state only: at once after a synchronous save (``step`` is the saved iteration), but with
+    ``checkpoint.async_save`` at the save's finalisation, steps later; checkpointing.save_checkpoint runs the
+    finalize function that writes the tracker (rank 0) and a barrier before it, so the tracker names the
+    iteration saved."""
 
     def __init__(self, on_step: StepHook | None = None, on_step_start: IterationHook | None = None,
                  on_save: IterationHook | None = None):
@@ -192,11 +200,11 @@ class StepRecords:
 
     def on_train_step_start(self, context) -> None:
         if self.on_step_start is not None:
-            self.on_step_start(int(context.state.train_state.step))
+            self.on_step_start(int(context.state.train_state.step) + 1)
 
     def on_checkpoint_save(self, context) -> None:
         if self.on_save is not None:
-            self.on_save(int(context.state.train_state.step))
+            self.on_save(_saved_iteration(context))
 
     def on_train_step_end(self, context) -> None:
         if self.on_step is None:
@@ -210,7 +218,23 @@ class StepRecords:
             metrics["grad_norm"] = float(context.grad_norm)
         if context.optimizer is not None and getattr(context.optimizer, "param_groups", None):
             metrics["learning_rate"] = float(context.optimizer.param_groups[0]["lr"])
-        self.on_step(int(context.state.train_state.step), metrics)
+        self.on_step(int(context.state.train_state.step) + 1, metrics)
+
+
+_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker (pipeline.checkpoint.layout.TRACKER)
+
+
+def _saved_iteration(context) -> int:
+    """The iteration an ``on_checkpoint_save`` is for (see :class:`StepRecords`)."""
+    step = int(context.state.train_state.step)
+    ckpt = getattr(context.state.cfg, "checkpoint", None)
+    if ckpt is None or not getattr(ckpt, "async_save", False) or not getattr(ckpt, "save", None):
+        return step
+    try:
+        text = (Path(ckpt.save) / _TRACKER).read_text().strip()
+    except OSError:
+        return step
+    return int(text) if text.isdigit() else step
 
 
 def make_callback(on_step: StepHook | None = None, on_step_start: IterationHook | None = None,

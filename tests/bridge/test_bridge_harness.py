@@ -327,3 +327,40 @@ def test_ft_launcher_settings_reach_a_real_fault_tolerance_config(harness, tmp_p
     assert "ft.calc_ft_timeouts" in from_yaml["checked"]
     # without ft_launcher or an ft: section the recipe's None is kept (Bridge's setup then skips NVRx)
     assert "error" not in plain and plain["container_types"]["ft"] == "NoneType"
+
+
+# ---- h: the suite's callback on Bridge's real callback machinery (issue 32, items 4 and 6) ---------------------
+def test_bridge_callback_records_iterations_one_to_n_and_the_saved_iteration(harness, tmp_path):
+    """The engine's hooks behind pipeline.bridge.make_callback, fired through Bridge's real CallbackManager with real
+    CallbackContext / GlobalState / TrainState in train.py's order (driver op step_records; its docstring quotes
+    train.py). Stand-ins for CUDA-only calls, named in the op: the train step, the optimizer, the checkpoint writer
+    (it writes the tracker with the suite's layout helper) and the async worker's completion.
+
+    Records and events count iterations 1..N as the local engine, Megatron's log and iter_* do (before the fix:
+    0..N-1, on_train_step_end fires before Bridge's step += 1). With checkpoint.async_save (the Super recipes) the
+    save callback runs at finalisation, steps later: the save event names the iteration saved (before: the current
+    step, 4 for the save of 2)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (r,) = drive(harness, [{"op": "step_records", "run_dir": str(run_dir), "iters": 5, "save_interval": 2,
+                            "async_save": True}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    assert r["progress_steps"] == [1, 2, 3, 4, 5]
+    assert r["events"] == [["step", 1], ["step", 2], ["step", 3], ["step", 4], ["save", 2], ["step", 5],
+                           ["save", 4], ["save", 5]]
+    assert r["tracker"] == 5 and not r["should_exit"]
+
+
+def test_an_early_save_request_waits_for_bridges_signal_handler(harness, tmp_path):
+    """A time-limit request already there when the rank starts: the watcher must not signal before pretrain()
+    has installed Bridge's DistributedSignalHandler (before the fix its SIGTERM, under the default handler, killed
+    the rank: here the driver process). Armed at the first step, it signals; Bridge's real handler catches it and
+    checkpoint_and_decide_exit's real signals_received() stops the loop after iteration 1, saved as 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (r,) = drive(harness, [{"op": "step_records", "run_dir": str(run_dir), "iters": 10, "save_interval": None,
+                            "request_early": True}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    assert r["fired_before_handler"] is False
+    assert r["should_exit"] is True and r["tracker"] == 1
+    assert r["progress_steps"] == [1] and r["events"] == [["step", 1], ["save", 1]]

@@ -52,6 +52,11 @@ class SaveRequestWatcher:
         self._thread.start()
         return self
 
+    def arm(self) -> None:
+        """Start polling, once (later calls do nothing)."""
+        if not self._thread.is_alive() and not self._stop.is_set() and self._thread.ident is None:
+            self._thread.start()
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -79,14 +84,19 @@ class RankHooks:
     """What the suite's Bridge callback (``bridge.StepRecords``) calls on this rank: the run's timeline and
     progress lines, and the save-request watcher (when Megatron's exit-signal handler is on)."""
 
-    def __init__(self, run_dir: Path, container, progress: records.ProgressLog, writer: bool):
+    def __init__(self, run_dir: Path, container, progress: records.ProgressLog, writer: bool, poll: float = 2.0):
         self.progress, self.writer = progress, writer
         self.exit_signal = int(getattr(container.train, "exit_signal", signal.SIGTERM))
         self.watcher: SaveRequestWatcher | None = None
         if getattr(container.train, "exit_signal_handler", False):
-            self.watcher = SaveRequestWatcher(records.save_request_files(run_dir), self.exit_signal).start()
+            self.watcher = SaveRequestWatcher(records.save_request_files(run_dir), self.exit_signal, poll)
 
     def step_start(self, iteration: int) -> None:
+        # The watcher is armed at the first step: by then pretrain() has installed Megatron's signal handler
+        # (GlobalState's cfg setter). Before it, the signal's default action would kill the rank; a request made
+        # earlier (already there at the start) waits until here.
+        if self.watcher is not None:
+            self.watcher.arm()
         self.progress.clock.ready()
 
     def step_end(self, iteration: int, metrics: dict[str, float]) -> None:
