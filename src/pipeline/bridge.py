@@ -258,6 +258,20 @@ def run_training(container, *, pretrain: bool, on_step: StepHook | None = None,
     run(config=container, forward_step_func=forward_step, callbacks=callbacks or None)
 
 
+# megatron-core's NaN/Inf checks (check_for_nan_in_loss, ddp.check_for_nan_in_grad) go through
+# RerunStateMachine.validate_result, which with reruns disabled (Bridge's default rerun_mode) raises
+# RuntimeError(f"Rank {r}, node {n}, device {d}, iteration {i}: Unexpected result {result} (message='{message}')")
+# with messages "found NaN in local forward loss calculation" / "found Inf in ..." (bridge/training/losses.py) and
+# "found NaN in local grad norm for bucket #..." / "found Inf in ..." (core/distributed/param_and_grad_buffer.py).
+_NONFINITE = ("(message='found NaN in ", "(message='found Inf in ")
+
+
+def is_nonfinite_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is megatron-core stopping on a NaN or Inf loss or gradient norm."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and "Unexpected result" in text and any(m in text for m in _NONFINITE)
+
+
 # ---- the cluster's own check: a few iterations of the Bridge engine (validate --run-training) ---------------
 def smoke_overrides(run_dir: Path, *, world: int, tp: int, iters: int) -> list[str]:
     """Bridge's minimal GPT recipe shrunk to 2 layers x 256 on mock data (random tokens: Megatron's

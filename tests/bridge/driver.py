@@ -527,8 +527,32 @@ def op_step_records(req: dict) -> dict:
             "tracker": layout.read_tracker(save)}
 
 
+# ---- h: megatron-core's own NaN/Inf error, as the engine sees it (issue 32, item 7) ----------------------------
+def op_nan_message(req: dict) -> dict:
+    """Bridge's real masked_next_token_loss (the GPT step's loss function) on a NaN and an Inf loss, through
+    megatron-core's real RerunStateMachine (reruns disabled, Bridge's default): the RuntimeError it raises, and
+    whether pipeline.bridge.is_nonfinite_failure recognises it. Stand-in for a CUDA-only call:
+    torch.cuda.current_device (validate_result puts the device in its message; CPU torch has none) returns 0."""
+    import torch
+    from megatron.bridge.training.losses import masked_next_token_loss
+
+    from pipeline import bridge as pb
+
+    torch.cuda.current_device = lambda: 0
+    out = {}
+    for name, bad in (("nan", float("nan")), ("inf", float("inf")), ("finite", 1.0)):
+        try:
+            masked_next_token_loss(torch.ones(4), torch.tensor([1.0, bad, 2.0, 3.0]))
+            out[name] = {"raised": False}
+        except Exception as exc:
+            out[name] = {"raised": True, "type": type(exc).__name__, "message": str(exc),
+                         "recognised": pb.is_nonfinite_failure(exc)}
+    return out
+
+
 OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
-       "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records}
+       "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records,
+       "nan_message": op_nan_message}
 
 
 def main() -> int:

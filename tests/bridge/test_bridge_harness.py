@@ -364,3 +364,23 @@ def test_an_early_save_request_waits_for_bridges_signal_handler(harness, tmp_pat
     assert r["fired_before_handler"] is False
     assert r["should_exit"] is True and r["tracker"] == 1
     assert r["progress_steps"] == [1] and r["events"] == [["step", 1], ["save", 1]]
+
+
+# ---- i: megatron-core's NaN error is the one the engine turns into FAILED_NAN (issue 32, item 7) ---------------
+def test_megatrons_real_nan_error_is_recognised(harness):
+    """Bridge's real loss function and megatron-core's real rerun state machine on a NaN and an Inf loss (driver op
+    nan_message; stand-in for the CUDA-only torch.cuda.current_device): the RuntimeError they raise is what
+    pipeline.bridge.is_nonfinite_failure recognises, so the engine writes FAILED_NAN on it (tests/unit/
+    test_bridge_engine_end.py runs the engine's side with this message)."""
+    from tests.unit.test_bridge_engine_end import NAN_ERROR
+
+    (r,) = drive(harness, [{"op": "nan_message"}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    for name in ("nan", "inf"):
+        assert r[name]["raised"] and r[name]["type"] == "RuntimeError", r[name]
+        assert r[name]["recognised"] is True, r[name]["message"]
+    assert "found NaN in local forward loss calculation" in r["nan"]["message"]
+    assert r["finite"] == {"raised": False}
+    # the unit test's copy has the real message's shape
+    shape = r["nan"]["message"].split(": Unexpected result ")[1]
+    assert NAN_ERROR.endswith(shape), (NAN_ERROR, r["nan"]["message"])

@@ -86,6 +86,7 @@ class RankHooks:
 
     def __init__(self, run_dir: Path, container, progress: records.ProgressLog, writer: bool, poll: float = 2.0):
         self.progress, self.writer = progress, writer
+        self.iteration = self.last_step = 0  # the iteration begun last, and the last one finished
         self.exit_signal = int(getattr(container.train, "exit_signal", signal.SIGTERM))
         self.watcher: SaveRequestWatcher | None = None
         if getattr(container.train, "exit_signal_handler", False):
@@ -97,9 +98,11 @@ class RankHooks:
         # earlier (already there at the start) waits until here.
         if self.watcher is not None:
             self.watcher.arm()
+        self.iteration = iteration
         self.progress.clock.ready()
 
     def step_end(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.last_step = iteration
         self.progress.clock.step(iteration)
         if self.writer and "loss" in metrics:
             self.progress.log(iteration, metrics)
@@ -145,16 +148,30 @@ def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, t
         log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
     t0 = time.time()
+    exited = False
     try:
         bridge.run_training(container, pretrain=pretrain, on_step=hooks.step_end, on_step_start=hooks.step_start,
                             on_save=hooks.save)
+    except SystemExit as exc:
+        # train.py's should_exit branch (the exit signal, exit_duration_in_mins, exit_interval): Bridge has saved
+        # and calls sys.exit(exit_code). 0 is a stop to record here; any other code (the rerun state machine's)
+        # goes on as it came.
+        if exc.code not in (None, 0):
+            raise
+        exited = True
+    except RuntimeError as exc:
+        if bridge.is_nonfinite_failure(exc):
+            it = hooks.iteration
+            records.mark_nan(run_dir, progress, it, f"Megatron stopped on a non-finite value at iteration {it}: {exc}")
+            log.error("NaN/Inf at iteration %d: the run will not restart (%s); lower optimizer.lr or check the data",
+                      it, run_dir / records.NAN_MARKER)
+        raise
     finally:
         hooks.stop()
-    step = layout.read_tracker(Path(save)) if save else None
-    stopped = hooks.watcher is not None and hooks.watcher.fired.is_set() and (step or 0) < iters
+    step = layout.read_tracker(Path(save)) if save else hooks.last_step
     if not writer:
         return 0
-    if stopped:
+    if exited and (step or 0) < iters:  # stopped before train_iters: checkpointed for the requeue
         records.finish_preempted(run_dir, progress, step or 0, iters, time.time() - t0)
         return 0
     records.finish_completed(run_dir, save, progress, iters, time.time() - t0)
