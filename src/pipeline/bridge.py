@@ -148,7 +148,9 @@ def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, e
     """Bridge's recipe -> ``ConfigContainer`` with our resolved values, then ``extra_overrides`` (Hydra grammar),
     applied in memory by Bridge's own override functions: the steps of its ``process_config_with_overrides`` (the
     recipe as OmegaConf, merged with our values, Hydra overrides, applied back onto the dataclasses with the
-    callables it set aside restored), without writing our values to a YAML file for it to read back."""
+    callables it set aside restored), without writing our values to a YAML file for it to read back. A section
+    the recipe leaves None that our values or the overrides name (``ft``: under ft_launcher, or a YAML ``ft:``)
+    gets Bridge's own dataclass first."""
     from omegaconf import OmegaConf
 
     spec = get_model(model)

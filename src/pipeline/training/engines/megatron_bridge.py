@@ -8,13 +8,19 @@ module adds what both engines share, so a Bridge run behaves like a local one fo
                  ``metrics_summary.json`` and the completion marker ``TRAINING_DONE`` in the run directory and
                  beside ``checkpoint.save`` (where ``upload-all --poll`` looks)
   time limits    the pre-limit request (the batch script touches ``$PIPELINE_SAVE_REQUEST_FILE`` on USR1, or
-                 ``<run_dir>/SAVE_AND_EXIT``) is turned into Megatron's own exit signal on every rank, so
-                 Megatron's ``train.exit_signal_handler`` (set by the launcher) checkpoints at the next step,
-                 all ranks agreeing, and exits; the batch script then requeues the job
-  NaN            Megatron's own ``check_for_nan_in_loss_and_grad`` raises; the marker stops restarts
+                 ``<run_dir>/SAVE_AND_EXIT``) is turned into Megatron's own exit signal on every rank, from the
+                 first step on (before it, pretrain() has not installed Megatron's handler and the signal would
+                 kill the rank), so Megatron's ``train.exit_signal_handler`` checkpoints at the next step, all
+                 ranks agreeing, and calls ``sys.exit(0)``; that exit is caught and, the tracker short of
+                 ``train_iters``, recorded as a stop for the requeue (``records.finish_preempted``)
+  NaN            megatron-core's own NaN/Inf check raises RuntimeError; this engine writes ``FAILED_NAN`` (which
+                 stops restarts) and re-raises
+  ft_launcher    NVRx fault tolerance inside Megatron (``launch_overrides``), on a real ``FaultToleranceConfig``
 
-Verified only on a GPU cluster (see docs/decisions.md): nothing here can run without CUDA. The watcher and the
-decisions after training are plain Python, shared with the local engine through ``records``.
+Bridge's ``pretrain()`` needs CUDA. The hooks run on Bridge's real callback machinery and ``build_config`` on its
+real recipes in the Bridge harness (tests/bridge); the end of a run with stand-ins for ``pretrain()`` in
+tests/unit/test_bridge_engine_end.py (docs/decisions.md #51). The watcher and the decisions after training are
+plain Python, shared with the local engine through ``records``.
 """
 
 from __future__ import annotations
