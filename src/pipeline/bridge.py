@@ -51,6 +51,7 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.bridge.training.utils.omegaconf_utils", "apply_overrides",
      ("config_obj", "overrides_dict", "excluded_fields")),
     ("megatron.bridge.training.config", "ConfigContainer", ()),
+    ("megatron.bridge.training.config", "FaultToleranceConfig", ()),
     (_AB, "AutoBridge", ()),
     (_AB, "AutoBridge.from_hf_pretrained", ("path",)),
     (_AB, "AutoBridge.import_ckpt", ("hf_model_id", "megatron_path")),
@@ -138,18 +139,30 @@ def bridge_overrides_yaml(cfg: TrainingConfig) -> str:
     return yaml.safe_dump(bridge_overrides(cfg), sort_keys=False)
 
 
+def _touches(overrides: Sequence[str], section: str) -> bool:
+    """Whether a Hydra override (``[+~]section.key=value``) names a key of ``section``."""
+    return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == section for o in overrides)
+
+
 def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, extra_overrides: Sequence[str] = ()):
     """Bridge's recipe -> ``ConfigContainer`` with our resolved values, then ``extra_overrides`` (Hydra grammar),
     applied in memory by Bridge's own override functions: the steps of its ``process_config_with_overrides`` (the
     recipe as OmegaConf, merged with our values, Hydra overrides, applied back onto the dataclasses with the
-    callables it set aside restored), without writing our values to a YAML file for it to read back."""
+    callables it set aside restored), without writing our values to a YAML file for it to read back. A section
+    the recipe leaves None that our values or the overrides name (``ft``: under ft_launcher, or a YAML ``ft:``)
+    gets Bridge's own dataclass first."""
     from omegaconf import OmegaConf
 
     spec = get_model(model)
     recipe = _import(spec.recipe_module, spec.recipe_name(mode, peft))
     container = recipe(peft_scheme=peft) if peft else recipe()
+    ours = bridge_overrides(cfg)
+    if getattr(container, "ft", None) is None and (ours.get("ft") or _touches(extra_overrides, "ft")):
+        # The recipes leave ``ft`` None: an override of ``ft.x`` fails ("Could not override"), and our ``ft:``
+        # values would land as a plain dict, which Bridge's setup cannot read. Bridge's own section first.
+        container.ft = _import("megatron.bridge.training.config", "FaultToleranceConfig")()
     conf, excluded = _import(_OC, "create_omegaconf_dict_config")(config_container=container)
-    conf = OmegaConf.merge(conf, OmegaConf.create(bridge_overrides(cfg)))
+    conf = OmegaConf.merge(conf, OmegaConf.create(ours))
     if extra_overrides:
         conf = _import(_OC, "parse_hydra_overrides")(cfg=conf, overrides=list(extra_overrides))
     _import(_OC, "apply_overrides")(config_obj=container, overrides_dict=OmegaConf.to_container(conf, resolve=True),
@@ -169,44 +182,96 @@ def _to_float(v: Any) -> float | None:
         return None
 
 
+class StepRecords:
+    """The suite's Bridge callback: Bridge's ``CallbackManager`` calls these on every rank (``make_callback`` gives
+    it Bridge's ``Callback`` base, imported only when Bridge is there). Iterations count 1..N, as Megatron's log,
+    ``iter_NNNNNNN`` and the local engine do: ``on_step_start(iteration)`` before the step that makes
+    ``iteration``; ``on_step(iteration, metrics)`` after it, with the reduced losses, the grad norm and the learning
+    rate as plain floats; ``on_save(iteration)`` once the checkpoint of ``iteration`` is saved.
+
+    Bridge's ``train_state.step`` counts the steps done: train.py fires on_train_step_start and on_train_step_end
+    before its ``train_state.step += 1``, so the step in hand is ``step + 1``. A save fires on_checkpoint_save with
+    the live state only: at once after a synchronous save (``step`` is the saved iteration), but with
+    ``checkpoint.async_save`` at the save's finalisation, steps later; checkpointing.save_checkpoint runs the
+    finalize function that writes the tracker (rank 0) and a barrier before it, so the tracker names the
+    iteration saved."""
+
+    def __init__(self, on_step: StepHook | None = None, on_step_start: IterationHook | None = None,
+                 on_save: IterationHook | None = None):
+        self.on_step, self.on_step_start, self.on_save = on_step, on_step_start, on_save
+
+    def on_train_step_start(self, context) -> None:
+        if self.on_step_start is not None:
+            self.on_step_start(int(context.state.train_state.step) + 1)
+
+    def on_checkpoint_save(self, context) -> None:
+        if self.on_save is not None:
+            self.on_save(_saved_iteration(context))
+
+    def on_train_step_end(self, context) -> None:
+        if self.on_step is None:
+            return
+        metrics: dict[str, float] = {}
+        for k, v in (context.loss_dict or {}).items():
+            f = _to_float(v)
+            if f is not None:
+                metrics["loss" if k == "lm loss" else k.replace(" ", "_")] = f
+        if context.grad_norm is not None:
+            metrics["grad_norm"] = float(context.grad_norm)
+        if context.optimizer is not None and getattr(context.optimizer, "param_groups", None):
+            metrics["learning_rate"] = float(context.optimizer.param_groups[0]["lr"])
+        self.on_step(int(context.state.train_state.step) + 1, metrics)
+
+
+_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker (pipeline.checkpoint.layout.TRACKER)
+
+
+def _saved_iteration(context) -> int:
+    """The iteration an ``on_checkpoint_save`` is for (see :class:`StepRecords`)."""
+    step = int(context.state.train_state.step)
+    ckpt = getattr(context.state.cfg, "checkpoint", None)
+    if ckpt is None or not getattr(ckpt, "async_save", False) or not getattr(ckpt, "save", None):
+        return step
+    try:
+        text = (Path(ckpt.save) / _TRACKER).read_text().strip()
+    except OSError:
+        return step
+    return int(text) if text.isdigit() else step
+
+
+def make_callback(on_step: StepHook | None = None, on_step_start: IterationHook | None = None,
+                  on_save: IterationHook | None = None):
+    """A :class:`StepRecords` that is a Bridge ``Callback`` (what ``pretrain(callbacks=[...])`` takes)."""
+    Callback = _import("megatron.bridge.training.callbacks", "Callback")
+    cls = type("StepRecordsCallback", (StepRecords, Callback), {})
+    return cls(on_step=on_step, on_step_start=on_step_start, on_save=on_save)
+
+
 def run_training(container, *, pretrain: bool, on_step: StepHook | None = None,
                  on_step_start: IterationHook | None = None, on_save: IterationHook | None = None) -> None:
-    """``pretrain()`` (random init) or ``finetune()`` (from a checkpoint) with Bridge's GPT forward step.
-    ``on_step(iteration, metrics)`` is called after every training step with the reduced losses, the grad norm
-    and the learning rate as plain floats; ``on_step_start(iteration)`` before each step and ``on_save(iteration)``
-    after each checkpoint save (Bridge ``Callback`` events)."""
+    """``pretrain()`` (random init) or ``finetune()`` (from a checkpoint) with Bridge's GPT forward step and, when a
+    hook is given, the :class:`StepRecords` callback."""
     forward_step = _import("megatron.bridge.training.gpt_step", "forward_step")
     callbacks = []
     if on_step is not None or on_step_start is not None or on_save is not None:
-        Callback = _import("megatron.bridge.training.callbacks", "Callback")
-
-        class _StepRecords(Callback):
-            def on_train_step_start(self, context) -> None:
-                if on_step_start is not None:
-                    on_step_start(int(context.state.train_state.step))
-
-            def on_checkpoint_save(self, context) -> None:
-                if on_save is not None:
-                    on_save(int(context.state.train_state.step))
-
-            def on_train_step_end(self, context) -> None:
-                if on_step is None:
-                    return
-                metrics: dict[str, float] = {}
-                for k, v in (context.loss_dict or {}).items():
-                    f = _to_float(v)
-                    if f is not None:
-                        metrics["loss" if k == "lm loss" else k.replace(" ", "_")] = f
-                if context.grad_norm is not None:
-                    metrics["grad_norm"] = float(context.grad_norm)
-                if context.optimizer is not None and getattr(context.optimizer, "param_groups", None):
-                    metrics["learning_rate"] = float(context.optimizer.param_groups[0]["lr"])
-                on_step(int(context.state.train_state.step), metrics)
-
-        callbacks.append(_StepRecords())
+        callbacks.append(make_callback(on_step=on_step, on_step_start=on_step_start, on_save=on_save))
     run = _import("megatron.bridge.training.pretrain" if pretrain else "megatron.bridge.training.finetune",
                   "pretrain" if pretrain else "finetune")
     run(config=container, forward_step_func=forward_step, callbacks=callbacks or None)
+
+
+# megatron-core's NaN/Inf checks (check_for_nan_in_loss, ddp.check_for_nan_in_grad) go through
+# RerunStateMachine.validate_result, which with reruns disabled (Bridge's default rerun_mode) raises
+# RuntimeError(f"Rank {r}, node {n}, device {d}, iteration {i}: Unexpected result {result} (message='{message}')")
+# with messages "found NaN in local forward loss calculation" / "found Inf in ..." (bridge/training/losses.py) and
+# "found NaN in local grad norm for bucket #..." / "found Inf in ..." (core/distributed/param_and_grad_buffer.py).
+_NONFINITE = ("(message='found NaN in ", "(message='found Inf in ")
+
+
+def is_nonfinite_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is megatron-core stopping on a NaN or Inf loss or gradient norm."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and "Unexpected result" in text and any(m in text for m in _NONFINITE)
 
 
 # ---- the cluster's own check: a few iterations of the Bridge engine (validate --run-training) ---------------

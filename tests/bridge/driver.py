@@ -97,7 +97,7 @@ def op_build_config(req: dict) -> dict:
                                                      "_uses_packed_sequence_metadata")(container)),
         "checked": [c["key"] for c in checked],
         "mismatches": mismatches,
-        "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft")},
+        "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft", "ft")},
         "extra": {k: _norm(_getattr_path(container, k)) for k in req.get("read_back", [])},
     }
 
@@ -395,8 +395,164 @@ def op_packed_read(req: dict) -> dict:
     return {"rows": len(ds), "sequences": seqs}
 
 
+# ---- g: the suite's Bridge callback through Bridge's real callback machinery (issue 32, items 4 and 6) ----------
+def op_step_records(req: dict) -> dict:
+    """The engine's RankHooks (built before pretrain(), as run_rank does) behind pipeline.bridge.make_callback, fired
+    through Bridge's real CallbackManager (normalize_callbacks, as pretrain() builds it) with real CallbackContext,
+    GlobalState and TrainState, in the order bridge/training/train.py fires them:
+
+        while global_state.train_state.step < train_config.train_iters:
+            checkpoint_manager.finalize_async_saves(state=global_state, blocking=False)
+            ...
+            if should_fire(callback_manager, "on_train_step_start"):
+                callback_manager.fire("on_train_step_start", CallbackContext(state=global_state, ...))
+            ... = wrapped_train_step(...)
+            if should_fire(callback_manager, "on_train_step_end"):
+                callback_manager.fire("on_train_step_end", CallbackContext(..., loss_dict=loss_dict, grad_norm=...))
+            ...
+            global_state.train_state.step += 1
+            ...
+            should_exit = checkpoint_and_decide_exit(...)   # signal -> save, exit; step % save_interval -> save
+            if should_exit:
+                break
+        if not should_exit: ... save_checkpoint_and_time(...)   # the final save (step % save_interval != 0)
+        checkpoint_manager.finalize_async_saves(state=global_state, blocking=True, terminate=True)
+
+    ``global_state.cfg = config`` is Bridge's own setup step that installs its DistributedSignalHandler
+    (state.py, the cfg setter), and checkpoint_and_decide_exit's test is the real
+    ``state.signal_handler.signals_received()``. checkpointing.save_checkpoint adds, in this order,
+    train_state_finalize_fn (rank 0 writes the tracker) and fire_callback ("on_checkpoint_save") to the save's
+    AsyncRequest when checkpoint.async_save (run at finalisation), else calls them at once; the real AsyncRequest
+    holds them here.
+
+    Stand-ins for CUDA-only calls: the train step (a loss of 3.0 - 0.1 * step, grad norm 1.0), the optimizer (its
+    param_groups), the checkpoint writer (an empty iter_* folder; the tracker through the suite's layout helper) and
+    the async worker's completion (a save is finalised two steps after it was scheduled)."""
+    import time
+    import types
+
+    import torch
+    from megatron.bridge.recipes.gpt.vanilla_gpt import vanilla_gpt_pretrain_config
+    from megatron.bridge.training.callbacks import CallbackContext, normalize_callbacks, should_fire
+    from megatron.bridge.training.state import GlobalState, TrainState
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+
+    from pipeline import bridge as pb
+    from pipeline.checkpoint import layout
+    from pipeline.training import goodput, records
+    from pipeline.training.engines.megatron_bridge import RankHooks
+
+    run_dir = Path(req["run_dir"])
+    save = run_dir / "checkpoints"
+    iters, interval = req["iters"], req.get("save_interval")
+    config = vanilla_gpt_pretrain_config()
+    config.train.train_iters = iters
+    config.train.exit_signal_handler = True
+    config.checkpoint.save, config.checkpoint.save_interval = str(save), interval
+    config.checkpoint.async_save = bool(req.get("async_save"))
+    if req.get("request_early"):  # the time-limit request is already there when the rank starts
+        (run_dir / records.SAVE_AND_EXIT).write_text("")
+    progress = records.ProgressLog(run_dir, tokens_per_step=8, writer=True)
+    hooks = RankHooks(run_dir, config, progress, writer=True, poll=0.05)
+    time.sleep(0.5)  # pretrain()'s setup before the state gets its config (model, optimizer, data)
+    fired_before_handler = hooks.watcher.fired.is_set()
+
+    gs = GlobalState()
+    gs.cfg = config  # installs Bridge's DistributedSignalHandler for train.exit_signal
+    gs.train_state = TrainState()
+    manager = normalize_callbacks([pb.make_callback(on_step=hooks.step_end, on_step_start=hooks.step_start,
+                                                    on_save=hooks.save)])
+    optimizer = types.SimpleNamespace(param_groups=[{"lr": 1e-4, "is_decoupled_lr": False}])
+
+    def ctx(**kw):
+        return CallbackContext(state=gs, model=[], user_state=manager.user_state, optimizer=optimizer, **kw)
+
+    pending: list = []
+
+    def save_checkpoint():
+        step = gs.train_state.step
+        layout.iter_dir(save, step).mkdir(parents=True, exist_ok=True)
+
+        def train_state_finalize_fn():
+            layout.write_tracker(save, step)
+
+        def fire_callback():
+            manager.fire("on_checkpoint_save", CallbackContext(state=gs, model=[], user_state=manager.user_state,
+                                                               optimizer=optimizer))
+
+        if config.checkpoint.async_save:
+            request = AsyncRequest(async_fn=None, async_fn_args=(), finalize_fns=[])
+            request.add_finalize_fn(train_state_finalize_fn)
+            if should_fire(manager, "on_checkpoint_save"):
+                request.add_finalize_fn(fire_callback)
+            pending.append((step, request))
+        else:
+            train_state_finalize_fn()
+            if should_fire(manager, "on_checkpoint_save"):
+                fire_callback()
+
+    def finalize_async_saves(blocking: bool):
+        while pending and (blocking or gs.train_state.step - pending[0][0] >= 2):
+            for fn in pending.pop(0)[1].finalize_fns:
+                fn()
+
+    should_exit = False
+    while gs.train_state.step < iters:
+        finalize_async_saves(blocking=False)
+        if should_fire(manager, "on_train_step_start"):
+            manager.fire("on_train_step_start", ctx())
+        t0 = time.monotonic()  # the step's compute: long enough for the watcher's poll
+        while req.get("request_early") and not hooks.watcher.fired.is_set() and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        loss = torch.tensor(3.0 - 0.1 * gs.train_state.step)
+        if should_fire(manager, "on_train_step_end"):
+            manager.fire("on_train_step_end", ctx(loss_dict={"lm loss": loss}, grad_norm=1.0, skipped_iter=False))
+        gs.train_state.step += 1
+        if any(gs.signal_handler.signals_received()):  # checkpoint_and_decide_exit
+            save_checkpoint()
+            should_exit = True
+            break
+        if interval and gs.train_state.step % interval == 0:
+            save_checkpoint()
+    if not should_exit and gs.train_state.step != 0 and interval != 0 and (
+            interval is None or gs.train_state.step % interval != 0):
+        save_checkpoint()
+    finalize_async_saves(blocking=True)
+    hooks.stop()
+    return {"fired_before_handler": fired_before_handler, "should_exit": should_exit,
+            "progress_steps": [r["step"] for r in progress.records()],
+            "events": [[e["event"], e.get("step")] for e in goodput.read_events(run_dir)
+                       if e["event"] in ("step", "save")],
+            "tracker": layout.read_tracker(save)}
+
+
+# ---- h: megatron-core's own NaN/Inf error, as the engine sees it (issue 32, item 7) ----------------------------
+def op_nan_message(req: dict) -> dict:
+    """Bridge's real masked_next_token_loss (the GPT step's loss function) on a NaN and an Inf loss, through
+    megatron-core's real RerunStateMachine (reruns disabled, Bridge's default): the RuntimeError it raises, and
+    whether pipeline.bridge.is_nonfinite_failure recognises it. Stand-in for a CUDA-only call:
+    torch.cuda.current_device (validate_result puts the device in its message; CPU torch has none) returns 0."""
+    import torch
+    from megatron.bridge.training.losses import masked_next_token_loss
+
+    from pipeline import bridge as pb
+
+    torch.cuda.current_device = lambda: 0
+    out = {}
+    for name, bad in (("nan", float("nan")), ("inf", float("inf")), ("finite", 1.0)):
+        try:
+            masked_next_token_loss(torch.ones(4), torch.tensor([1.0, bad, 2.0, 3.0]))
+            out[name] = {"raised": False}
+        except Exception as exc:
+            out[name] = {"raised": True, "type": type(exc).__name__, "message": str(exc),
+                         "recognised": pb.is_nonfinite_failure(exc)}
+    return out
+
+
 OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
-       "roundtrip": op_roundtrip, "packed_read": op_packed_read}
+       "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records,
+       "nan_message": op_nan_message}
 
 
 def main() -> int:

@@ -287,3 +287,100 @@ def test_short_replies_are_trained_on_themselves_in_bridges_reader(harness, tmp_
     # Bridge's collate pads each pack and gives the padding its own cu_seqlens segment (no loss there)
     got = sorted(tokenizer.decode(ids) for ids in r["sequences"] if ids)
     assert got == sorted(f"{x}<|im_end|>" for x in replies), got
+
+
+# ---- g: ft_launcher's fault-tolerance settings reach Bridge's ConfigContainer (issue 32, item 2) ---------------
+FT_LAUNCHER_ENV = {"TORCHELASTIC_RUN_ID": "4242", "PIPELINE_LAUNCHER": "ft_launcher"}
+
+
+def test_ft_launcher_settings_reach_a_real_fault_tolerance_config(harness, tmp_path):
+    """Under ft_launcher the engine adds ft.enable_ft_package / ft.calc_ft_timeouts (launch_overrides, with
+    ft_launcher's environment), and a user YAML may carry an ``ft:`` section; Bridge's recipes leave
+    ``ConfigContainer.ft`` None. build_config on the real recipe and override code must give the container a real
+    FaultToleranceConfig holding those values (before the fix: OverridesError "Could not override
+    'ft.enable_ft_package'", and a YAML ``ft:`` section landed as a plain dict)."""
+    import yaml
+
+    from pipeline.training.engines.megatron_bridge import launch_overrides
+
+    extra = launch_overrides(FT_LAUNCHER_ENV)
+    assert launch_overrides({"TORCHELASTIC_RUN_ID": "1"}) == [] and launch_overrides({}) == []
+    user_yaml = tmp_path / "with_ft.yaml"
+    doc = yaml.safe_load((ROOT / QUICKSTART).read_text())
+    doc["ft"] = {"calc_ft_timeouts": True}
+    user_yaml.write_text(yaml.safe_dump(doc))
+    read_back = ["ft.enable_ft_package", "ft.calc_ft_timeouts", "ft.simulate_fault"]
+    ops = [{"op": "build_config", "id": "ft_launcher", "cfg": our_config("nano", "sft", None), "model": "nano",
+            "mode": "sft", "extra_overrides": extra, "read_back": read_back},
+           {"op": "build_config", "id": "yaml_ft", "cfg": our_config("nano", "sft", None, config=str(user_yaml)),
+            "model": "nano", "mode": "sft", "read_back": read_back},
+           {"op": "build_config", "id": "plain", "cfg": our_config("nano", "sft", None), "model": "nano",
+            "mode": "sft"}]
+    launcher, from_yaml, plain = drive(harness, ops)
+    for r in (from_yaml, launcher):
+        assert "error" not in r, f"{r['id']}: {r['error']} at {r['where']}\n{r.get('trace', '')}"
+        assert r["container_types"]["ft"] == "FaultToleranceConfig", r["container_types"]
+        assert not r["mismatches"], r["mismatches"]
+    assert launcher["extra"] == {"ft.enable_ft_package": True, "ft.calc_ft_timeouts": True, "ft.simulate_fault": False}
+    assert from_yaml["extra"] == {"ft.enable_ft_package": False, "ft.calc_ft_timeouts": True,
+                                  "ft.simulate_fault": False}
+    assert "ft.calc_ft_timeouts" in from_yaml["checked"]
+    # without ft_launcher or an ft: section the recipe's None is kept (Bridge's setup then skips NVRx)
+    assert "error" not in plain and plain["container_types"]["ft"] == "NoneType"
+
+
+# ---- h: the suite's callback on Bridge's real callback machinery (issue 32, items 4 and 6) ---------------------
+def test_bridge_callback_records_iterations_one_to_n_and_the_saved_iteration(harness, tmp_path):
+    """The engine's hooks behind pipeline.bridge.make_callback, fired through Bridge's real CallbackManager with real
+    CallbackContext / GlobalState / TrainState in train.py's order (driver op step_records; its docstring quotes
+    train.py). Stand-ins for CUDA-only calls, named in the op: the train step, the optimizer, the checkpoint writer
+    (it writes the tracker with the suite's layout helper) and the async worker's completion.
+
+    Records and events count iterations 1..N as the local engine, Megatron's log and iter_* do (before the fix:
+    0..N-1, on_train_step_end fires before Bridge's step += 1). With checkpoint.async_save (the Super recipes) the
+    save callback runs at finalisation, steps later: the save event names the iteration saved (before: the current
+    step, 4 for the save of 2)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (r,) = drive(harness, [{"op": "step_records", "run_dir": str(run_dir), "iters": 5, "save_interval": 2,
+                            "async_save": True}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    assert r["progress_steps"] == [1, 2, 3, 4, 5]
+    assert r["events"] == [["step", 1], ["step", 2], ["step", 3], ["step", 4], ["save", 2], ["step", 5],
+                           ["save", 4], ["save", 5]]
+    assert r["tracker"] == 5 and not r["should_exit"]
+
+
+def test_an_early_save_request_waits_for_bridges_signal_handler(harness, tmp_path):
+    """A time-limit request already there when the rank starts: the watcher must not signal before pretrain()
+    has installed Bridge's DistributedSignalHandler (before the fix its SIGTERM, under the default handler, killed
+    the rank: here the driver process). Armed at the first step, it signals; Bridge's real handler catches it and
+    checkpoint_and_decide_exit's real signals_received() stops the loop after iteration 1, saved as 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (r,) = drive(harness, [{"op": "step_records", "run_dir": str(run_dir), "iters": 10, "save_interval": None,
+                            "request_early": True}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    assert r["fired_before_handler"] is False
+    assert r["should_exit"] is True and r["tracker"] == 1
+    assert r["progress_steps"] == [1] and r["events"] == [["step", 1], ["save", 1]]
+
+
+# ---- i: megatron-core's NaN error is the one the engine turns into FAILED_NAN (issue 32, item 7) ---------------
+def test_megatrons_real_nan_error_is_recognised(harness):
+    """Bridge's real loss function and megatron-core's real rerun state machine on a NaN and an Inf loss (driver op
+    nan_message; stand-in for the CUDA-only torch.cuda.current_device): the RuntimeError they raise is what
+    pipeline.bridge.is_nonfinite_failure recognises, so the engine writes FAILED_NAN on it (tests/unit/
+    test_bridge_engine_end.py runs the engine's side with this message)."""
+    from tests.unit.test_bridge_engine_end import NAN_ERROR
+
+    (r,) = drive(harness, [{"op": "nan_message"}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    for name in ("nan", "inf"):
+        assert r[name]["raised"] and r[name]["type"] == "RuntimeError", r[name]
+        assert r[name]["recognised"] is True, r[name]["message"]
+    assert "found NaN in local forward loss calculation" in r["nan"]["message"]
+    assert r["finite"] == {"raised": False}
+    # the unit test's copy has the real message's shape
+    shape = r["nan"]["message"].split(": Unexpected result ")[1]
+    assert NAN_ERROR.endswith(shape), (NAN_ERROR, r["nan"]["message"])

@@ -319,10 +319,12 @@ def mark_done(run_dir: Path, save: str | Path | None, step: int) -> None:
 
 
 def mark_nan(run_dir: Path, progress: ProgressLog, step: int, message: str) -> Path:
-    """``FAILED_NAN``: the run stopped on a non-finite loss or gradient norm; restarts refuse to run."""
+    """``FAILED_NAN``: the run stopped on a non-finite loss or gradient norm; restarts refuse to run. Any rank may
+    write the marker (the rank that saw the NaN); the timeline and the summary are the writing rank's."""
     write_text(run_dir / NAN_MARKER, message + "\n")
     progress.clock.end("failed_nan", step)
-    progress.summarize("failed_nan", step)
+    if progress.clock.writer:
+        progress.summarize("failed_nan", step)
     return run_dir / NAN_MARKER
 
 

@@ -8,13 +8,19 @@ module adds what both engines share, so a Bridge run behaves like a local one fo
                  ``metrics_summary.json`` and the completion marker ``TRAINING_DONE`` in the run directory and
                  beside ``checkpoint.save`` (where ``upload-all --poll`` looks)
   time limits    the pre-limit request (the batch script touches ``$PIPELINE_SAVE_REQUEST_FILE`` on USR1, or
-                 ``<run_dir>/SAVE_AND_EXIT``) is turned into Megatron's own exit signal on every rank, so
-                 Megatron's ``train.exit_signal_handler`` (set by the launcher) checkpoints at the next step,
-                 all ranks agreeing, and exits; the batch script then requeues the job
-  NaN            Megatron's own ``check_for_nan_in_loss_and_grad`` raises; the marker stops restarts
+                 ``<run_dir>/SAVE_AND_EXIT``) is turned into Megatron's own exit signal on every rank, from the
+                 first step on (before it, pretrain() has not installed Megatron's handler and the signal would
+                 kill the rank), so Megatron's ``train.exit_signal_handler`` checkpoints at the next step, all
+                 ranks agreeing, and calls ``sys.exit(0)``; that exit is caught and, the tracker short of
+                 ``train_iters``, recorded as a stop for the requeue (``records.finish_preempted``)
+  NaN            megatron-core's own NaN/Inf check raises RuntimeError; this engine writes ``FAILED_NAN`` (which
+                 stops restarts) and re-raises
+  ft_launcher    NVRx fault tolerance inside Megatron (``launch_overrides``), on a real ``FaultToleranceConfig``
 
-Verified only on a GPU cluster (see docs/decisions.md): nothing here can run without CUDA. The watcher and the
-decisions after training are plain Python, shared with the local engine through ``records``.
+Bridge's ``pretrain()`` needs CUDA. The hooks run on Bridge's real callback machinery and ``build_config`` on its
+real recipes in the Bridge harness (tests/bridge); the end of a run with stand-ins for ``pretrain()`` in
+tests/unit/test_bridge_engine_end.py (docs/decisions.md #51). The watcher and the decisions after training are
+plain Python, shared with the local engine through ``records``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import bridge
@@ -51,6 +58,11 @@ class SaveRequestWatcher:
         self._thread.start()
         return self
 
+    def arm(self) -> None:
+        """Start polling, once (later calls do nothing)."""
+        if not self._thread.is_alive() and not self._stop.is_set() and self._thread.ident is None:
+            self._thread.start()
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -64,6 +76,53 @@ class SaveRequestWatcher:
                 return
 
 
+def launch_overrides(environ: Mapping[str, str]) -> list[str]:
+    """The Hydra overrides this launch environment adds to the run's config: under ft_launcher (it sets
+    ``TORCHELASTIC_RUN_ID``; the launch script sets ``PIPELINE_LAUNCHER``), NVRx fault tolerance inside Megatron,
+    with the section timeouts learnt. Bridge's recipes leave ``ConfigContainer.ft`` unset; ``bridge.build_config``
+    gives it a ``FaultToleranceConfig`` first."""
+    if "TORCHELASTIC_RUN_ID" in environ and environ.get("PIPELINE_LAUNCHER") == "ft_launcher":
+        return ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"]
+    return []
+
+
+class RankHooks:
+    """What the suite's Bridge callback (``bridge.StepRecords``) calls on this rank: the run's timeline and
+    progress lines, and the save-request watcher (when Megatron's exit-signal handler is on)."""
+
+    def __init__(self, run_dir: Path, container, progress: records.ProgressLog, writer: bool, poll: float = 2.0):
+        self.progress, self.writer = progress, writer
+        self.iteration = self.last_step = 0  # the iteration begun last, and the last one finished
+        self.exit_signal = int(getattr(container.train, "exit_signal", signal.SIGTERM))
+        self.watcher: SaveRequestWatcher | None = None
+        if getattr(container.train, "exit_signal_handler", False):
+            self.watcher = SaveRequestWatcher(records.save_request_files(run_dir), self.exit_signal, poll)
+
+    def step_start(self, iteration: int) -> None:
+        # The watcher is armed at the first step: by then pretrain() has installed Megatron's signal handler
+        # (GlobalState's cfg setter). Before it, the signal's default action would kill the rank; a request made
+        # earlier (already there at the start) waits until here.
+        if self.watcher is not None:
+            self.watcher.arm()
+        self.iteration = iteration
+        self.progress.clock.ready()
+
+    def step_end(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.last_step = iteration
+        self.progress.clock.step(iteration)
+        if self.writer and "loss" in metrics:
+            self.progress.log(iteration, metrics)
+
+    def save(self, iteration: int) -> None:
+        # Bridge has no hook before a save: its time is counted from the previous step's end (Megatron's logging
+        # and any evaluation in between count as the save's).
+        self.progress.clock.save_end(iteration)
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+
+
 def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     bridge.require_bridge(f"training {launch['model']}")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -73,45 +132,52 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         if rank == 0:
             records.print_already_finished(iters, save)
         return 0
-    under_ft = "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("PIPELINE_LAUNCHER") == "ft_launcher"
-    extra = ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"] if under_ft else []
-    container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"), extra)
+    container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"),
+                                    launch_overrides(os.environ))
+    pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
+    return run_rank(run_dir, container, save=save, iters=iters, tokens_per_step=view.batch.tokens_per_iter,
+                    pretrain=pretrain, rank=rank, world=world)
 
-    exit_signal = int(getattr(container.train, "exit_signal", signal.SIGTERM))
-    watcher = None
-    if getattr(container.train, "exit_signal_handler", False):
-        watcher = SaveRequestWatcher(records.save_request_files(run_dir), exit_signal).start()
-    elif rank == 0:
-        log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
+def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, tokens_per_step: int, pretrain: bool,
+             rank: int, world: int) -> int:
+    """This rank's Bridge training with the suite's records: the callback's hooks, ``bridge.run_training``, and
+    the run's end (completed or stopped for a requeue), written by the last rank."""
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
-    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=writer)
+    progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer)
     progress.clock.attempt()
     if writer:
         latest = layout.latest_complete(Path(save)) if save else None
         progress.start(latest or 0)  # Megatron resumes from `load` (= save): steps after it are redone
-
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        progress.clock.step(step)
-        if writer and "loss" in metrics:
-            progress.log(step, metrics)
+    hooks = RankHooks(run_dir, container, progress, writer)
+    if hooks.watcher is None and rank == 0:
+        log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
 
     t0 = time.time()
-    pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
+    exited = False
     try:
-        # Bridge has no hook before a save: its time is counted from the previous step's end (Megatron's logging
-        # and any evaluation in between count as the save's).
-        bridge.run_training(container, pretrain=pretrain, on_step=on_step,
-                            on_step_start=lambda step: progress.clock.ready(),
-                            on_save=lambda step: progress.clock.save_end(step))
+        bridge.run_training(container, pretrain=pretrain, on_step=hooks.step_end, on_step_start=hooks.step_start,
+                            on_save=hooks.save)
+    except SystemExit as exc:
+        # train.py's should_exit branch (the exit signal, exit_duration_in_mins, exit_interval): Bridge has saved
+        # and calls sys.exit(exit_code). 0 is a stop to record here; any other code (the rerun state machine's)
+        # goes on as it came.
+        if exc.code not in (None, 0):
+            raise
+        exited = True
+    except RuntimeError as exc:
+        if bridge.is_nonfinite_failure(exc):
+            it = hooks.iteration
+            records.mark_nan(run_dir, progress, it, f"Megatron stopped on a non-finite value at iteration {it}: {exc}")
+            log.error("NaN/Inf at iteration %d: the run will not restart (%s); lower optimizer.lr or check the data",
+                      it, run_dir / records.NAN_MARKER)
+        raise
     finally:
-        if watcher is not None:
-            watcher.stop()
-    step = layout.read_tracker(Path(save)) if save else None
-    stopped = watcher is not None and watcher.fired.is_set() and (step or 0) < iters
+        hooks.stop()
+    step = layout.read_tracker(Path(save)) if save else hooks.last_step
     if not writer:
         return 0
-    if stopped:
+    if exited and (step or 0) < iters:  # stopped before train_iters: checkpointed for the requeue
         records.finish_preempted(run_dir, progress, step or 0, iters, time.time() - t0)
         return 0
     records.finish_completed(run_dir, save, progress, iters, time.time() - t0)
