@@ -1,7 +1,8 @@
 """Test tiers: which must run, and what a tier that cannot start does.
 
 A tier is a group of tests that needs something started first: the local Slurm cluster (`slurm`), the Bridge
-harness venv and the pinned wheels (`bridge`), a Charliecloud image built with debootstrap (`charliecloud`), the
+harness venv and the pinned wheels (`bridge`), Megatron's own model code on CPU processes over gloo in that venv
+(`megatron_cpu`: tests/megatron_cpu, its CUDA stand-in named there), a Charliecloud image built with debootstrap (`charliecloud`), the
 container twin (`twin`: the overlay over a Python 3.12 stand-in of the NGC image), a CUDA GPU (`gpu`). Each is a pytest marker. A tier that cannot start is skipped with one line saying why and
 which log to read; under CI=true (and for every tier named in PIPELINE_REQUIRE_TIERS, comma-separated, or
 `all`) that line fails the run instead, so a green CI never hides a tier that did not run. The gpu tier is
@@ -19,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-TIERS = ("slurm", "bridge", "charliecloud", "twin", "gpu")
-RUNNABLE_HERE = ("slurm", "bridge", "charliecloud", "twin")  # every tier that can run on a CPU-only CI machine
+TIERS = ("slurm", "bridge", "megatron_cpu", "charliecloud", "twin", "gpu")
+RUNNABLE_HERE = ("slurm", "bridge", "megatron_cpu", "charliecloud", "twin")  # every tier that can run on a CPU-only CI machine
 FIXTURES_OF = {"slurm": ("slurm", "senv")}  # a test that uses one of these fixtures is in that tier
 
 

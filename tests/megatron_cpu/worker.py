@@ -66,6 +66,17 @@ def make_model(out: Path) -> None:
     (out / "hf_greedy.json").write_text(json.dumps(greedy, indent=1))
 
 
+def perturb(iter_dir: Path) -> None:
+    """One shard changed in place: a bit of the exponent flipped in 4 KiB of the middle of the largest ``*.distcp``
+    (tensor bytes there: DCP writes tensors raw), so the checkpoint still loads, with wrong weights."""
+    shard = max(iter_dir.glob("*.distcp"), key=lambda f: f.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    mid = len(data) // 2
+    for i in range(mid, mid + 4096):
+        data[i] ^= 0x40
+    shard.write_bytes(bytes(data))
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "make-model":
@@ -81,6 +92,8 @@ def main(argv: list[str]) -> int:
         res = bridge.generate(Path(it), hf, PROMPTS, int(n), tp=int(tp), pp=int(pp), ep=int(ep), reasoning=False)
         if int(os.environ.get("RANK", "0")) == 0:
             Path(out).write_text(json.dumps([{"text": t, "n": k, "finished": f} for t, k, f in res]))
+    elif cmd == "perturb":
+        perturb(Path(argv[1]))
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -1,0 +1,186 @@
+"""The megatron_cpu tier: megatron-core's and Megatron Bridge's OWN model code, run on CPU processes over gloo,
+through the suite's own ``pipeline.bridge`` functions and CLIs, the way a cluster job calls them.
+
+Where it runs: the Bridge harness venv (tests/bridge/setup_env.sh: Python 3.11, CPU torch, megatron-bridge 0.6.2,
+megatron-core 0.19.2, transformers 5.12.1) with PYTHONPATH = tests/megatron_cpu/standin + src. The stand-in
+(tests/megatron_cpu/standin/sitecustomize.py) maps the few CUDA-only calls onto the CPU and lists each one with its
+reason; it chains the harness's import shim. Nothing of the suite imports either.
+
+The model: a tiny Llama (4 layers, hidden 64, GQA 4/2 heads, untied output layer, a byte-level BPE tokenizer with a
+ChatML template; tests/megatron_cpu/worker.py), because Bridge 0.6.2's LlamaBridge maps megatron-core's local (non-
+Transformer-Engine) layer names to Hugging Face's. No Bridge 0.6.2 MoE bridge does (Qwen3-MoE maps only TE's fused
+``linear_qkv.layer_norm_weight``; OLMoE and GLM only TE's grouped ``experts.linear_fc1.weight*``), so an expert-
+parallel layout of a converted checkpoint cannot run on CPU: ep 2 stops at Bridge's conversion (decisions #53), and
+Nemotron-H's Mamba layers need CUDA kernels (mamba-ssm, causal-conv1d).
+
+What runs, for real: HF -> Megatron import (``pipeline.bridge.import_from_hf``: AutoBridge.import_ckpt, a torch_dist
+checkpoint); greedy generation through ``pipeline.cli.coherence --backend megatron`` (the plan's own torchrun launch
+line) at tp 1, tp 2, pp 2 and pp 2 across 2 nodes of the local Slurm, each token for token equal to Hugging Face
+greedy generation of the same weights; export at tp 2 through ``pipeline.cli.checkpoint export`` under torchrun
+(Bridge's save_hf_pretrained gathering the shards, then the Megatron source's logits against the export): PASS and
+published; the same export from a checkpoint with one shard perturbed: FAIL, nothing published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tiers import tier_unavailable
+
+pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("PIPELINE_ROOT", ROOT)) / ".cache" / "bridge-venv"
+MAX_TOKENS = 12
+PROFILE = HERE / "cluster_cpu_ranks.yaml"
+
+
+def tier_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PYTHONPATH=f"{HERE / 'standin'}{os.pathsep}{ROOT / 'src'}", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled", PYTHONDONTWRITEBYTECODE="1",
+               PIPELINE_CLUSTER=str(PROFILE), PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+               PIPELINE_ROOT=str(ROOT))
+    env.update(extra or {})
+    return env
+
+
+def tier_run(args: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    r = subprocess.run(args, capture_output=True, text=True, env=env or tier_env(), timeout=timeout, cwd=ROOT)
+    print(f"$ {' '.join(args)}  -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The harness venv (built or reused), a tiny Llama + its Hugging Face greedy tokens, imported to Megatron."""
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(ROOT / "tests" / "bridge" / "setup_env.sh")], capture_output=True, text=True,
+                       env={**os.environ, "PIPELINE_ROOT": str(VENV.parents[1])})
+    if r.returncode != 0:
+        tier_unavailable("megatron_cpu", f"the harness venv cannot be built: {(r.stderr or r.stdout).strip()[-300:]}")
+    work = tmp_path_factory.mktemp("megatron_cpu")
+    hf, meg = work / "hf", work / "megatron"
+    assert tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "make-model", str(hf)],
+                    env=tier_env({"TIER_MAX_TOKENS": str(MAX_TOKENS)})).returncode == 0
+    r = tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "import", str(hf), str(meg)])
+    assert r.returncode == 0, "pipeline.bridge.import_from_hf failed"
+    print(f"tiny model made and imported in {time.monotonic() - t0:.0f} s")
+    greedy = json.loads((hf / "hf_greedy.json").read_text())
+    prompts = work / "prompts.json"
+    prompts.write_text(json.dumps([g["prompt"] for g in greedy]))
+    return {"hf": hf, "meg": meg, "greedy": greedy, "prompts": prompts, "work": work}
+
+
+def coherence_args(tiny, out: Path, *layout: str) -> list[str]:
+    return ["-m", "pipeline.cli.coherence", str(tiny["meg"]), "--backend", "megatron", "--hf-model",
+            str(tiny["hf"]), *layout, "--max-tokens", str(MAX_TOKENS), "--prompts", str(tiny["prompts"]),
+            "--output-dir", str(out), "--no-wandb", "--allow-empty", "--quiet"]
+
+
+def responses(out: Path) -> list[str]:
+    report = json.loads((out / "coherence_megatron.json").read_text())
+    return [row["response"] for row in report["results"][0]["rows"]]
+
+
+def test_import_writes_a_torch_dist_checkpoint(tiny):
+    """AutoBridge.import_ckpt through pipeline.bridge.import_from_hf on a CPU process: a torch_dist iteration the
+    suite's layout recognises as Megatron's (Bridge's import writes no common.pt: the layout used to miss it)."""
+    from pipeline.checkpoint import layout
+
+    it = tiny["meg"] / "iter_0000000"
+    assert json.loads((it / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    assert layout.engine_of(it) == "megatron" and layout.is_complete_dir(it)
+    assert layout.latest_complete(tiny["meg"]) == 0
+
+
+@pytest.mark.parametrize("layout", [("--tp", "1"), ("--tp", "2"), ("--pp", "2")], ids=["tp1", "tp2", "pp2"])
+def test_greedy_generation_matches_hugging_face(tiny, layout):
+    """The coherence CLI's megatron backend (it plans, then execs the plan's torchrun line for 2 ranks): every
+    response equals Hugging Face greedy generation of the same weights, token for token (compared as the decoded
+    text and its length)."""
+    out = tiny["work"] / f"gen_{'_'.join(layout)}"
+    r = tier_run([str(VENV / "bin" / "python"), *coherence_args(tiny, out, *layout)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert responses(out) == [g["text"] for g in tiny["greedy"]]
+
+
+NODE_JOB = """#!/usr/bin/env bash
+# One task per node, as pipeline_coherence_submit.sbatch runs: each node plans the job and execs its torchrun line.
+set -euo pipefail
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 {python} {args}
+"""
+
+
+def test_greedy_generation_across_two_nodes_of_slurm(tiny, slurm):
+    """pp 2 on a profile of one "GPU" per node: the plan spans 2 nodes of the local Slurm, and each node's
+    pipeline.cli.coherence execs the plan's c10d torchrun line (a rank per node). Same tokens as Hugging Face."""
+    from tests.integration.test_slurm import job_state, wait_job
+
+    one_per_node = tiny["work"] / "one_per_node.yaml"
+    one_per_node.write_text(PROFILE.read_text().replace("gpus_per_node: 2", "gpus_per_node: 1")
+                            .replace("name: megatron_cpu_ranks", "name: megatron_cpu_one_rank"))
+    out = tiny["work"] / "gen_2nodes"
+    env = tier_env({"PIPELINE_CLUSTER": str(one_per_node), "SLURM_CONF": slurm["SLURM_CONF"]})
+    plan = tier_run([str(VENV / "bin" / "python"), *coherence_args(tiny, out, "--pp", "2"), "--dry-run", "--json"],
+                    env=env)
+    assert plan.returncode == 0 and json.loads(plan.stdout)["nodes"] == 2, plan.stdout[-1000:]
+    job = tiny["work"] / "job.sh"
+    job.write_text(textwrap.dedent(NODE_JOB.format(python=VENV / "bin" / "python",
+                                                   args=" ".join(coherence_args(tiny, out, "--pp", "2")))))
+    sub = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", f"--chdir={ROOT}",
+                          f"--output={tiny['work'] / 'job-%j.out'}", str(job)], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    wait_job(env, job_id, timeout=300)
+    log = next(tiny["work"].glob(f"job-{job_id}.out")).read_text()
+    assert job_state(env, job_id) == "COMPLETED", log[-4000:]
+    assert responses(out) == [g["text"] for g in tiny["greedy"]], log[-2000:]
+
+
+def export(tiny, ckpt: Path, *layout: str) -> subprocess.CompletedProcess:
+    return tier_run([str(VENV / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node=2", "-m", "pipeline.cli.checkpoint", "export", str(ckpt), "--iteration", "0",
+                     "--hf-model", str(tiny["hf"]), "--no-reasoning", *layout])
+
+
+def test_model_parallel_export_verifies_and_a_perturbed_shard_fails(tiny):
+    """Export at tp 2 (every rank loads its shard; Bridge's save_hf_pretrained gathers) and its verification (the
+    Megatron source's logits on the export's own layout against the export): PASS, published in hf/ with the
+    weights equal to the original Hugging Face model's. Then one shard of a copy perturbed: FAIL, no hf/."""
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = tiny["work"] / "export_src"
+    shutil.copytree(tiny["meg"], ckpt)
+    r = export(tiny, ckpt, "--tp", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf_out = ckpt / "iter_0000000" / "hf"
+    rec = json.loads((hf_out / "verification.json").read_text())
+    assert rec["verdict"] == "PASS", rec  # the export is loaded in bf16 for the check (export.py), as on GPUs
+    want = load_file(tiny["hf"] / "model.safetensors")
+    got = {}
+    for f in hf_out.glob("*.safetensors"):
+        got.update(load_file(f))
+    assert set(got) == set(want) and all(torch.equal(want[k], got[k].to(want[k].dtype)) for k in want)
+
+    bad = tiny["work"] / "export_bad"
+    shutil.copytree(tiny["meg"], bad)
+    r = tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "perturb", str(bad / "iter_0000000")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = export(tiny, bad, "--tp", "2")
+    assert r.returncode != 0
+    assert "FAILED verification" in r.stderr
+    assert not (bad / "iter_0000000" / "hf").exists()
+    assert json.loads((bad / "iter_0000000" / "hf_verification_FAILED.json").read_text())["verdict"] == "FAIL"
