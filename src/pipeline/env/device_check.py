@@ -6,7 +6,7 @@
 Checks (each prints one line ``device_check: NAME PASS|FAIL|SKIP (detail)``, then ``device_check: N passed, M
 failed``; exit 1 on any FAIL, 2 when no CUDA GPU is visible):
 
-  bridge-train-resume   the Bridge engine (``pipeline.env.bridge_smoke --engine``: Bridge's GPT recipe shrunk, mock
+  bridge-train-resume   the Bridge engine (``pipeline.training.engines.smoke``: Bridge's GPT recipe shrunk, mock
                         data) for TRAIN_ITERS steps: a save-and-exit request at step STOP_AT (the engine's
                         SAVE_AND_EXIT file -> its watcher -> Megatron's exit signal) must checkpoint at STOP_AT and
                         record the stop; a second launch on the same run must resume at STOP_AT + 1 and finish
@@ -78,18 +78,24 @@ def _torchrun(gpus: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
 
 
-def _tracker(ckpt: Path) -> int | None:
-    from pipeline.checkpoint import layout
+# Megatron's checkpoint layout, read as files (pipeline.checkpoint is a layer above this one; the checks' own CLIs
+# resolve iterations through it)
+TRACKER, ITER_DIR = "latest_checkpointed_iteration.txt", "iter_{:07d}"
 
-    return layout.read_tracker(ckpt)
+
+def _tracker(ckpt: Path) -> int | None:
+    try:
+        return int((ckpt / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def check_train_resume(work: Path, gpus: int, timeout: float) -> str:
     run_dir = work / "train"
     run_dir.mkdir(parents=True, exist_ok=True)
     tp = 2 if gpus % 2 == 0 else 1
-    base = [*_torchrun(gpus), "-m", "pipeline.env.bridge_smoke", "--run-dir", str(run_dir), "--tp", str(tp),
-            "--iters", str(TRAIN_ITERS), "--engine", "--save-interval", str(SAVE_INTERVAL)]
+    base = [*_torchrun(gpus), "-m", "pipeline.training.engines.smoke", "--run-dir", str(run_dir), "--tp", str(tp),
+            "--iters", str(TRAIN_ITERS), "--save-interval", str(SAVE_INTERVAL)]
     t0 = time.time()
     _run([*base, "--request-at", str(STOP_AT)], work / "train-1.log", timeout / 2)
     first = json.loads((run_dir / "smoke.json").read_text())
@@ -149,14 +155,12 @@ def check_export(work: Path, gpus: int, timeout: float) -> str:
 
 
 def check_generate(work: Path, gpus: int, timeout: float) -> str:
-    from pipeline.checkpoint import layout
-
     t0 = time.time()
     hf, mcore, it = _tiny_model(work, timeout / 2)
     want = json.loads((hf / "hf_greedy.json").read_text())
     n = max(len(w["tokens"]) + (1 if w["finished"] else 0) for w in want)
     out = work / "megatron_greedy.json"
-    _run([sys.executable, str(worker_script()), "generate", str(layout.iter_dir(mcore, it)), str(hf), str(n),
+    _run([sys.executable, str(worker_script()), "generate", str(mcore / ITER_DIR.format(it)), str(hf), str(n),
           "1", "1", "1", str(out)], work / "generate.log", max(60.0, timeout - (time.time() - t0)))
     got = json.loads(out.read_text())
     same = [g["text"] == w["text"] for g, w in zip(got, want, strict=True)]

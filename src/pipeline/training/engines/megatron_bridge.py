@@ -143,7 +143,7 @@ def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, t
              rank: int, world: int, on_step: bridge.StepHook | None = None) -> int:
     """This rank's Bridge training with the suite's records: the callback's hooks, ``bridge.run_training``, and
     the run's end (completed or stopped for a requeue), written by the last rank. ``on_step``: called after the
-    records' own step hook (the GPU ready check's save-and-exit request, ``pipeline.env.bridge_smoke --engine``)."""
+    records' own step hook (the GPU ready check's save-and-exit request, ``pipeline.training.engines.smoke``)."""
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
     progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer)
     progress.clock.attempt()
