@@ -288,13 +288,17 @@ def smoke_overrides(run_dir: Path, *, world: int, tp: int, iters: int) -> list[s
             f"checkpoint.save_interval={iters}"]
 
 
-def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4):
-    """The ``ConfigContainer`` of the smoke run: Bridge's own recipe and override code (buildable on CPU)."""
+def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4, extra_overrides: Sequence[str] = ()):
+    """The ``ConfigContainer`` of the smoke run: Bridge's own recipe and override code (buildable on CPU);
+    ``extra_overrides`` after the smoke's own (``pipeline.training.engines.smoke``: save-and-exit and resume)."""
     if world % tp:
         raise UserError(f"{world} GPUs do not divide into tensor-parallel groups of {tp}")
     recipe = _import("megatron.bridge.recipes.gpt.vanilla_gpt", "vanilla_gpt_pretrain_config")
     process = _import("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides")
-    return process(config=recipe(), cli_overrides=smoke_overrides(Path(run_dir), world=world, tp=tp, iters=iters))
+    extra = {o.split("=", 1)[0] for o in extra_overrides}  # one value per key: an extra one replaces the smoke's
+    base = [o for o in smoke_overrides(Path(run_dir), world=world, tp=tp, iters=iters)
+            if o.split("=", 1)[0] not in extra]
+    return process(config=recipe(), cli_overrides=[*base, *extra_overrides])
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------

@@ -88,3 +88,31 @@ def test_validate_run_training_adds_the_bridge_check_and_skips_it_off_the_cluste
     res = run([py, "-m", "pipeline.env.validate", "--run-training", "--only", "bridge-training"], env=env)
     assert res.returncode == 0 and "[ 1/1] SKIP bridge-training: venv runtime" in res.stdout, res.stdout
     assert "validate: 0 passed, 0 failed, 1 skipped" in res.stdout
+
+
+def test_the_gpu_ready_check_refuses_in_one_line_without_a_gpu(tmp_path):
+    """tests/gpu/device_check.sh on a machine without CUDA: one line, exit 2, nothing installed or written; its
+    --help is the usage. (The checks themselves need a GPU: docs/benchmarks.md says where they ran.)"""
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(ROOT / ".venv/bin/python"), "CUDA_VISIBLE_DEVICES": "",
+           "TMPDIR": str(tmp_path)}
+    res = run(["bash", "tests/gpu/device_check.sh", "--work", str(tmp_path / "work")], env=env)
+    out = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode == 2 and len(out) == 1, res.stdout + res.stderr
+    assert out[0].startswith("device_check: refused: no CUDA GPU visible (torch "), out
+    assert list(tmp_path.iterdir()) == []
+    res = run(["bash", "tests/gpu/device_check.sh", "--bogus"], env=env)
+    assert res.returncode == 2 and res.stdout.strip().splitlines() == [
+        "device_check: refused: unknown argument --bogus (--help)"]
+    res = run(["bash", "tests/gpu/device_check.sh", "--help"], env=env)
+    assert res.returncode == 0 and res.stdout.startswith("usage: bash tests/gpu/device_check.sh"), res.stdout
+    assert all(name in res.stdout for name in ("bridge-train-resume", "export-verify", "megatron-generate"))
+
+
+def test_the_device_check_module_refuses_without_a_gpu_and_names_its_checks():
+    """validate --run-training and the script share pipeline.env.device_check: its own refusal, its check list."""
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    py = str(ROOT / ".venv/bin/python")
+    res = run([py, "-m", "pipeline.env.device_check"], env=env)
+    assert res.returncode == 2 and res.stdout.startswith("device_check: refused: no CUDA GPU visible"), res.stdout
+    res = run([py, "-m", "pipeline.env.device_check", "--help"], env=env)
+    assert res.returncode == 0 and "bridge-train-resume" in res.stdout and "megatron-generate" in res.stdout

@@ -266,26 +266,22 @@ def check_overlay_closure() -> str:
 
 
 def check_bridge_training() -> str:
-    """validate --run-training: a few real iterations of the Megatron Bridge engine on every GPU of the node."""
-    import shutil
-    import subprocess
-
+    """validate --run-training: the GPU ready check (``pipeline.env.device_check``, the checks that
+    tests/gpu/device_check.sh runs): the Bridge engine with a save-and-exit and a resume on every GPU of the node,
+    a tiny model's export and verification, and megatron-backend generation against Hugging Face's."""
     _container_only("the Megatron Bridge training run")
     import torch
 
     if not torch.cuda.is_available():
         raise Skip("no GPU on this machine: the Megatron Bridge engine needs CUDA (the quickstart runs the local "
                    "engine on CPU)")
-    gpus = torch.cuda.device_count()
-    run_dir = Path(tempfile.mkdtemp(prefix="bridge-smoke-", dir=os.environ.get("PIPELINE_RUNS_DIR") or None))
-    launcher = shutil.which("torchrun") or "torchrun"
-    cmd = [launcher, "--standalone", f"--nproc-per-node={gpus}", "-m", "pipeline.env.bridge_smoke",
-           "--run-dir", str(run_dir), "--tp", str(2 if gpus % 2 == 0 else 1), "--iters", "4"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    out = (res.stdout + res.stderr).strip().splitlines()
-    _require(res.returncode == 0, f"{' '.join(cmd)} exited {res.returncode}: {out[-1] if out else '?'}")
-    summary = next((ln for ln in reversed(out) if ln.startswith("bridge smoke:")), "bridge smoke: ?")
-    return f"{summary} (Bridge's GPT recipe, 2 layers, mock data; records in {run_dir})"
+    from pipeline.env import device_check
+
+    work = Path(tempfile.mkdtemp(prefix="device-check-", dir=os.environ.get("PIPELINE_RUNS_DIR") or None))
+    passed, failed, lines = device_check.run_checks(work, gpus=torch.cuda.device_count(), say=lambda _: None)
+    results = "; ".join(ln.removeprefix(device_check.PREFIX).strip() for ln in lines)
+    _require(not failed, f"{failed} of {len(lines)} GPU checks failed: {results} (work {work})")
+    return f"{passed} GPU checks passed: {results} (work {work})"
 
 
 def check_ft_launcher() -> str:
@@ -388,7 +384,8 @@ CHECKS: list[Check] = [
 
 TRAINING_CHECKS = [
     Check("bridge-training", check_bridge_training,
-          "read the torchrun output above; check the node (nvidia-smi), the overlay and the image"),
+          "read the failing check's log (named in the message, under its work folder); check the node "
+          "(nvidia-smi), the overlay and the image; bash tests/gpu/device_check.sh runs the same checks alone"),
 ]
 
 
@@ -418,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the check names and exit")
     parser.add_argument("--only", action="append", default=[], help="run only this check (repeatable)")
     parser.add_argument("--run-training", action="store_true",
-                        help="add bridge-training: 4 iterations of the Megatron Bridge engine on the node's GPUs")
+                        help="add bridge-training: the GPU ready check (pipeline.env.device_check: Bridge engine "
+                        "save-and-exit and resume, export + verification, megatron generation)")
     args = parser.parse_args(argv)
     every = CHECKS + (TRAINING_CHECKS if args.run_training else [])
     if args.list:

@@ -140,9 +140,10 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
 
 
 def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, tokens_per_step: int, pretrain: bool,
-             rank: int, world: int) -> int:
+             rank: int, world: int, on_step: bridge.StepHook | None = None) -> int:
     """This rank's Bridge training with the suite's records: the callback's hooks, ``bridge.run_training``, and
-    the run's end (completed or stopped for a requeue), written by the last rank."""
+    the run's end (completed or stopped for a requeue), written by the last rank. ``on_step``: called after the
+    records' own step hook (the GPU ready check's save-and-exit request, ``pipeline.training.engines.smoke``)."""
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
     progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer)
     progress.clock.attempt()
@@ -156,7 +157,12 @@ def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, t
     t0 = time.time()
     exited = False
     try:
-        bridge.run_training(container, pretrain=pretrain, on_step=hooks.step_end, on_step_start=hooks.step_start,
+        def step_end(iteration: int, metrics: dict[str, float]) -> None:
+            hooks.step_end(iteration, metrics)
+            if on_step is not None:
+                on_step(iteration, metrics)
+
+        bridge.run_training(container, pretrain=pretrain, on_step=step_end, on_step_start=hooks.step_start,
                             on_save=hooks.save)
     except SystemExit as exc:
         # train.py's should_exit branch (the exit signal, exit_duration_in_mins, exit_interval): Bridge has saved
