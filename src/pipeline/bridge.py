@@ -652,13 +652,13 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
     """Greedy generation straight from a Megatron iteration: one rank per GPU under torchrun when the layout has
     more than one rank (world = pp x lcm(tp, ep), across nodes when it needs them), every rank feeding the same
     prompt. Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same."""
-    import torch
-    from transformers import AutoTokenizer
-
     iter_path = _check_iteration_dir(iter_path)
     peft = peft_iteration(iter_path)
     if peft is not None:  # Bridge saved only the adapters: load_megatron_model would ask for the whole model
         raise UserError(generation_refusal(peft, hf_model))
+    import torch
+    from transformers import AutoTokenizer
+
     own_context = _init_model_parallel(tp, pp, ep)  # at a world of one too: the model runs in a live context
     AutoBridge = _import(_AB, "AutoBridge")
     bridge = AutoBridge.from_hf_pretrained(hf_model)

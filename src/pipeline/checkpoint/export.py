@@ -3,7 +3,9 @@
 Local-engine iterations are Hugging Face checkpoints already: the export copies the model, config and
 tokenizer files (not the optimizer state) and records the reasoning choice. Megatron iterations go
 through Megatron Bridge's AutoBridge (``pipeline/bridge.py``, GPU only), given exactly the iteration
-directory that ``layout.resolve_iteration`` resolved (never the checkpoint root).
+directory that ``layout.resolve_iteration`` resolved (never the checkpoint root). A LoRA iteration (Bridge saved
+only its adapters) is merged into ``--hf-model`` when that is exactly the run's base (``lora_base``; else one line
+naming the base and what to run), and verified against the Megatron base + adapters (docs/decisions.md #53).
 
 Every export is verified (``verify.py``) before it is published: it is written to a temporary sibling,
 verified there, and renamed to ``hf/`` only on PASS, with ``hf/verification.json`` inside. The file set is checked
