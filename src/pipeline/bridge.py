@@ -24,12 +24,13 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, exc_line
 from pipeline.config.loader import strip_suite_only
 from pipeline.config.models import get_model
 from pipeline.config.schema import TrainingConfig
@@ -58,6 +59,10 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     (_AB, "AutoBridge.export_ckpt", ("megatron_path", "hf_path", "strict")),
     (_AB, "AutoBridge.load_megatron_model", ("path", "mp_overrides")),
     (_AB, "AutoBridge.save_hf_pretrained", ("model", "path", "strict")),
+    (_AB, "AutoBridge.export_adapter_ckpt", ("peft_checkpoint", "output_path", "show_progress")),
+    ("megatron.bridge.peft.lora", "LoRA", ()),
+    ("megatron.bridge.training.checkpointing", "_generate_model_state_dict", ()),
+    ("megatron.bridge.training.checkpointing", "apply_peft_adapter_filter_to_state_dict", ()),
     ("megatron.bridge.models.model_provider", "ModelParallelKwargs", ()),
     ("megatron.bridge.recipes.nemotronh.nemotron_3_nano", "nemotron_3_nano_pretrain_config", ()),
     ("megatron.bridge.recipes.nemotronh.nemotron_3_nano", "nemotron_3_nano_sft_config", ()),
@@ -87,6 +92,7 @@ CORE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.core.parallel_state", "get_pipeline_model_parallel_last_rank", ()),
     ("megatron.core.parallel_state", "get_pipeline_model_parallel_group", ()),
     ("megatron.core.tensor_parallel", "gather_from_tensor_model_parallel_region", ()),
+    ("megatron.core.dist_checkpointing", "load", ()),
 ]
 
 
@@ -301,6 +307,114 @@ def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4, extr
     return process(config=recipe(), cli_overrides=[*base, *extra_overrides])
 
 
+# ---- PEFT (LoRA) iterations -------------------------------------------------------------------------------
+RUN_CONFIG = "run_config.yaml"  # Bridge's record of the run, in every iteration directory it writes
+LORA_TARGET = "megatron.bridge.peft.lora.LoRA"
+# The LoRA settings Bridge's export_adapter_ckpt reads back from run_config.yaml (auto_bridge.py): the source side
+# of the verification builds its adapters from the same ones.
+_LORA_KEYS = ("target_modules", "exclude_modules", "dim", "alpha", "dropout", "dropout_position",
+              "normalize_moe_lora", "share_expert_adapters")
+
+
+@dataclass(frozen=True)
+class PeftIteration:
+    """A Bridge PEFT iteration: its ``run_config.yaml`` has a ``peft:`` section, and Bridge saved only the adapter
+    weights (``apply_peft_adapter_filter_to_state_dict``): the base model is the run's
+    ``checkpoint.pretrained_checkpoint``."""
+
+    iter_path: Path
+    target: str  # the peft section's ``_target_`` (Bridge's class: LORA_TARGET, DoRA, ...)
+    pretrained_checkpoint: str | None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_lora(self) -> bool:
+        return self.target == LORA_TARGET
+
+    @property
+    def what(self) -> str:
+        kind = "LoRA" if self.is_lora else f"PEFT ({self.target or 'no _target_'})"
+        return f"{self.iter_path} is a {kind} iteration (Bridge saved only its adapter weights)"
+
+
+def read_run_config(iter_path: Path) -> dict[str, Any] | None:
+    """An iteration's ``run_config.yaml`` as a mapping (None where there is none; one line where it is unreadable)."""
+    f = Path(iter_path) / RUN_CONFIG
+    if not f.is_file():
+        return None
+    try:
+        cfg = yaml.safe_load(f.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise UserError(f"{f} is unreadable ({exc_line(exc)}): it is Bridge's record of the run") from None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def peft_iteration(iter_path: Path) -> PeftIteration | None:
+    """The PEFT facts of an iteration directory, or None for a whole-model checkpoint (no ``peft:`` section: an
+    import, a pretraining or SFT save, a local-engine iteration)."""
+    cfg = read_run_config(iter_path)
+    peft = cfg.get("peft") if cfg else None
+    if not isinstance(peft, dict):
+        return None
+    ckpt = cfg.get("checkpoint")
+    pre = ckpt.get("pretrained_checkpoint") if isinstance(ckpt, dict) else None
+    return PeftIteration(Path(iter_path), str(peft.get("_target_") or ""), str(pre) if pre else None,
+                         {k: peft[k] for k in _LORA_KEYS if k in peft})
+
+
+def hf_import_source(iter_path: Path) -> str | None:
+    """The Hugging Face model an iteration was imported from by Bridge (``import_ckpt`` writes a run_config.yaml with
+    ``model.hf_model_id`` and no ``train:`` or ``peft:`` section), or None: not an import (a trained save, whose
+    weights are not the HF model's any more, a PEFT save, no run_config)."""
+    cfg = read_run_config(iter_path)
+    if not cfg or cfg.get("train") is not None or cfg.get("peft") is not None:
+        return None
+    model = cfg.get("model")
+    hf_id = model.get("hf_model_id") if isinstance(model, dict) else None
+    return str(hf_id) if hf_id else None
+
+
+def generation_refusal(peft: PeftIteration, hf_model: str | None) -> str:
+    """The one line refusing Megatron generation from a PEFT iteration, naming the export to run instead."""
+    it = peft.iter_path
+    n = int(it.name.split("_")[-1]) if it.name.startswith("iter_") else "N"
+    return (f"{peft.what}; the megatron backend generates from whole checkpoints only: export it "
+            f"(python -m pipeline.cli.checkpoint export {it.parent} --iteration {n} --hf-model "
+            f"{hf_model or 'HF_MODEL'} --reasoning|--no-reasoning, which merges the adapters into the base) and run "
+            f"coherence on {it / 'hf'} with --backend hf")
+
+
+def export_lora_adapter(iter_path: Path, adapter_path: Path, *, hf_model: str) -> None:
+    """A LoRA iteration -> a Hugging Face PEFT adapter directory (``adapter_config.json`` +
+    ``adapter_model.safetensors``) with Bridge's ``export_adapter_ckpt``: one process, the base from ``hf_model`` on
+    CPU in float32, the LoRA structure from the iteration's run_config.yaml, the adapter weights from exactly
+    ``iter_path``."""
+    iter_path = _check_iteration_dir(iter_path)
+    bridge = _import(_AB, "AutoBridge").from_hf_pretrained(hf_model)
+    bridge.export_adapter_ckpt(peft_checkpoint=str(iter_path), output_path=str(adapter_path), show_progress=False)
+
+
+def _load_lora_adapters(models: list, iter_path: Path, settings: dict[str, Any]) -> list:
+    """Bridge's LoRA transform on a loaded base model, then the adapter weights of ``iter_path`` loaded into it the
+    way Bridge's ``export_adapter_ckpt`` does (the model's sharded state dict filtered to the adapters, read with
+    megatron-core's dist_checkpointing): base + adapters, as the PEFT run trained them."""
+    lora = _import("megatron.bridge.peft.lora", "LoRA")(**settings)
+    models = lora(models, training=False)
+    ck = "megatron.bridge.training.checkpointing"
+    sharded = _import(ck, "apply_peft_adapter_filter_to_state_dict")(
+        _import(ck, "_generate_model_state_dict")(models, {}), lora)
+    loaded = _import("megatron.core.dist_checkpointing", "load")(sharded, str(iter_path))
+    keys = ["model"] if len(models) == 1 else [f"model{i}" for i in range(len(models))]
+    for key, model in zip(keys, models):
+        want = set(sharded.get(key, {}))
+        if not want:
+            raise UserError(f"{iter_path}: Bridge's LoRA ({settings}) matched no module of the base model")
+        res = model.load_state_dict(loaded[key], strict=False)
+        if res.unexpected_keys:
+            raise UserError(f"{iter_path}: adapter weights the base model has no place for: {res.unexpected_keys[:3]}")
+    return models
+
+
 # ---- checkpoints ------------------------------------------------------------------------------------------
 def _device():
     """This rank's device: its GPU under torchrun (``LOCAL_RANK``), else the CPU (the megatron_cpu test tier)."""
@@ -407,7 +521,10 @@ class MegatronCausalLM:
     vocabulary (Megatron pads it): gathered over TP, and with PP run through Megatron's forward-only pipeline schedule
     and broadcast from the last stage. ``release()`` frees the model's GPU memory before the export is loaded."""
 
-    def __init__(self, iter_path: Path, hf_model: str, hf_config, *, tp: int = 1, pp: int = 1, ep: int = 1):
+    def __init__(self, iter_path: Path, hf_model: str, hf_config, *, tp: int = 1, pp: int = 1, ep: int = 1,
+                 lora_base: Path | None = None):
+        """``lora_base``: ``iter_path`` is a LoRA iteration and this is its base iteration: the model is the base
+        with Bridge's LoRA transform and the iteration's adapter weights (:func:`_load_lora_adapters`)."""
         iter_path = _check_iteration_dir(iter_path)
         self.tp, self.pp, self.ep = tp, pp, ep
         overrides: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
@@ -418,7 +535,15 @@ class MegatronCausalLM:
         overrides["expert_tensor_parallel_size"] = ps.get_expert_tensor_parallel_world_size()
         AutoBridge = _import(_AB, "AutoBridge")
         bridge = AutoBridge.from_hf_pretrained(hf_model)
-        self.models = bridge.load_megatron_model(str(iter_path), mp_overrides=overrides, wrap_with_ddp=False)
+        if lora_base is None:
+            self.models = bridge.load_megatron_model(str(iter_path), mp_overrides=overrides, wrap_with_ddp=False)
+        else:
+            peft = peft_iteration(iter_path)
+            if peft is None or not peft.is_lora:
+                raise UserError(f"{iter_path} is not a LoRA iteration")
+            base = bridge.load_megatron_model(str(_check_iteration_dir(lora_base)), mp_overrides=overrides,
+                                              wrap_with_ddp=False)
+            self.models = _load_lora_adapters(base, iter_path, peft.settings)
         self.config = hf_config
 
     def _forward(self, ids, pos):
@@ -531,10 +656,13 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
     """Greedy generation straight from a Megatron iteration: one rank per GPU under torchrun when the layout has
     more than one rank (world = pp x lcm(tp, ep), across nodes when it needs them), every rank feeding the same
     prompt. Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same."""
+    iter_path = _check_iteration_dir(iter_path)
+    peft = peft_iteration(iter_path)
+    if peft is not None:  # Bridge saved only the adapters: load_megatron_model would ask for the whole model
+        raise UserError(generation_refusal(peft, hf_model))
     import torch
     from transformers import AutoTokenizer
 
-    iter_path = _check_iteration_dir(iter_path)
     own_context = _init_model_parallel(tp, pp, ep)  # at a world of one too: the model runs in a live context
     AutoBridge = _import(_AB, "AutoBridge")
     bridge = AutoBridge.from_hf_pretrained(hf_model)

@@ -8,6 +8,13 @@ PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the 
     python worker.py generate ITER HF N TP PP EP OUT.json
                                              pipeline.bridge.generate (one rank, or every rank under torchrun)
     python worker.py perturb ITER            one shard of a torch_dist checkpoint changed in place
+    python worker.py make-lora BASE_ITER HF OUT
+                                             a Bridge LoRA checkpoint OUT/iter_0000002 on the imported base: the
+                                             base loaded with Bridge, Bridge's LoRA transform, nonzero adapter
+                                             weights, saved as Bridge's PEFT save does (the adapter-only state dict
+                                             through dist_checkpointing; run_config.yaml with peft: and
+                                             checkpoint.pretrained_checkpoint); the Megatron base + adapters' logits
+                                             on PROMPTS[0] in OUT/lora_logits.pt
 """
 
 from __future__ import annotations
@@ -77,6 +84,55 @@ def perturb(iter_dir: Path) -> None:
     shard.write_bytes(bytes(data))
 
 
+LORA_ITERATION = 2
+
+
+def make_lora(base_iter: Path, hf: str, out: Path) -> None:
+    import torch
+    import yaml
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+    from megatron.bridge.peft.lora import LoRA
+    from megatron.bridge.training.checkpointing import (
+        _generate_model_state_dict,
+        apply_peft_adapter_filter_to_state_dict,
+    )
+    from megatron.bridge.training.config import ConfigContainer, TrainingConfig
+    from megatron.bridge.utils.yaml_utils import safe_yaml_representers
+    from megatron.core import dist_checkpointing
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pipeline import bridge as pb
+
+    pb._init_model_parallel(1, 1, 1)
+    models = AutoBridge.from_hf_pretrained(hf).load_megatron_model(str(base_iter), wrap_with_ddp=False)
+    lora = LoRA(dim=8, alpha=16)
+    models = lora(models, training=False)
+    torch.manual_seed(7)
+    adapters = [(n, p) for n, p in models[0].named_parameters() if ".adapter." in n]
+    assert adapters, "Bridge's LoRA matched no module"
+    with torch.no_grad():
+        for _, p in adapters:  # lora_B starts at zero: both nonzero, so base + adapters differs from the base
+            p.normal_(0.0, 0.2)
+    target = out / f"iter_{LORA_ITERATION:07d}"
+    target.mkdir(parents=True, exist_ok=True)
+    sharded = apply_peft_adapter_filter_to_state_dict(_generate_model_state_dict(models, {}), lora)
+    dist_checkpointing.save(sharded, str(target))
+    cfg = yaml.safe_load((base_iter / "run_config.yaml").read_text())  # the base's, as Bridge wrote it
+    cfg["peft"] = ConfigContainer._convert_value_to_dict(lora)
+    cfg["train"] = ConfigContainer._convert_value_to_dict(TrainingConfig(train_iters=LORA_ITERATION))
+    cfg["checkpoint"].update(pretrained_checkpoint=str(base_iter.parent), save=str(out), finetune=True)
+    with safe_yaml_representers():
+        (target / "run_config.yaml").write_text(yaml.safe_dump(cfg, default_flow_style=False))
+    (out / "latest_checkpointed_iteration.txt").write_text(f"{LORA_ITERATION}\n")
+    tok = AutoTokenizer.from_pretrained(hf)
+    ids = tok(PROMPTS[0], return_tensors="pt")["input_ids"]
+    models[0].eval()
+    with torch.no_grad():
+        logits = models[0](input_ids=ids, position_ids=torch.arange(ids.shape[1]).unsqueeze(0), attention_mask=None)
+    vocab = AutoConfig.from_pretrained(hf).vocab_size  # Megatron pads the vocabulary further
+    torch.save({"input_ids": ids, "logits": logits[..., :vocab].float()}, out / "lora_logits.pt")
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "make-model":
@@ -85,6 +141,8 @@ def main(argv: list[str]) -> int:
         from pipeline import bridge
 
         bridge.import_from_hf(argv[1], Path(argv[2]))
+    elif cmd == "make-lora":
+        make_lora(Path(argv[1]), argv[2], Path(argv[3]))
     elif cmd == "generate":
         from pipeline import bridge
 

@@ -3,7 +3,9 @@
 Local-engine iterations are Hugging Face checkpoints already: the export copies the model, config and
 tokenizer files (not the optimizer state) and records the reasoning choice. Megatron iterations go
 through Megatron Bridge's AutoBridge (``pipeline/bridge.py``, GPU only), given exactly the iteration
-directory that ``layout.resolve_iteration`` resolved (never the checkpoint root).
+directory that ``layout.resolve_iteration`` resolved (never the checkpoint root). A LoRA iteration (Bridge saved
+only its adapters) is merged into ``--hf-model`` when that is exactly the run's base (``lora_base``; else one line
+naming the base and what to run), and verified against the Megatron base + adapters (docs/decisions.md #53).
 
 Every export is verified (``verify.py``) before it is published: it is written to a temporary sibling,
 verified there, and renamed to ``hf/`` only on PASS, with ``hf/verification.json`` inside. The file set is checked
@@ -170,9 +172,16 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
     if engine not in ("local", "megatron"):
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
     rank, world = _rank()
+    base = None
     if engine == "megatron":
         from pipeline import bridge
 
+        peft = bridge.peft_iteration(iter_path)
+        if peft is not None:
+            base = lora_base(peft, hf_model)  # refuses in one line where the adapters cannot be merged
+            if world > 1:
+                raise UserError(f"{peft.what}: its export (Bridge's export_adapter_ckpt, merged into {hf_model}) runs "
+                                "in one process: rerun the export with --tp 1 --pp 1 --ep 1")
         bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")
         if world > 1:  # every rank writes into the same temporary (named by the run), rank 0 publishes
             tmp_root = iter_path / f".hf.{os.environ.get('TORCHELASTIC_RUN_ID', 'export')}.tmp"
@@ -198,15 +207,95 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
         if engine == "megatron":
             from pipeline import bridge
 
-            bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict)
+            if base is not None:
+                _export_lora(iter_path, tmp, hf_model=hf_model)
+            else:
+                bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict)
         else:
             _copy_local(iter_path, tmp)
         record = _verify(iter_path, tmp, engine, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                         require_quality=require_quality, kl_tol=kl_tol, top1_min=top1_min)
+                         require_quality=require_quality, kl_tol=kl_tol, top1_min=top1_min, lora_base=base)
     log.info("export: %s -> %s (max |logit diff| %.2e, KL %.2e, top-1 agreement %.3f, reference loss %.3f)",
              iter_path.name, out, record["max_abs_logit_diff"], record["kl"], record["top1_agreement"],
              record["reference_loss"])
     return record
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two Hugging Face model names for the same model: the same hub id, or the same local directory."""
+    if a == b:
+        return True
+    pa, pb = Path(a), Path(b)
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def lora_base(peft, hf_model: str) -> Path:
+    """The base iteration of a LoRA iteration, where ``hf_model`` is exactly that base as a Hugging Face model;
+    else one line naming the base checkpoint and what to run.
+
+    The adapters are merged into ``hf_model`` (Bridge's export_adapter_ckpt maps them onto it, peft merges them), so
+    ``hf_model`` must hold the very weights the run started from (``checkpoint.pretrained_checkpoint``): either that
+    checkpoint is Bridge's import of ``hf_model`` (its run_config.yaml: ``model.hf_model_id``, no ``train:``), or
+    ``hf_model`` is that checkpoint's own verified export (``<base iteration>/hf``)."""
+    from pipeline import bridge
+
+    if not peft.is_lora:
+        raise UserError(f"{peft.what}; only LoRA adapters can be merged (Bridge's export_adapter_ckpt writes LoRA "
+                        "only): merge it into its base with Bridge's own tools, then export the merged checkpoint")
+    pre = peft.pretrained_checkpoint
+    if not pre:
+        raise UserError(f"{peft.what}, and its run_config.yaml names no base (checkpoint.pretrained_checkpoint): the "
+                        "export cannot know which model the adapters belong to")
+    pre_path = Path(pre)
+    try:
+        base = pre_path if pre_path.name.startswith("iter_") else layout.resolve_iteration(pre_path, None)
+    except UserError as exc:
+        raise UserError(f"{peft.what}; its base checkpoint {pre} cannot be read ({exc}): restore it, then rerun the "
+                        "export") from None
+    if not base.is_dir():
+        raise UserError(f"{peft.what}; its base checkpoint {base} does not exist: restore it, then rerun the export")
+    exported = base / "hf"
+    if published_export(exported) is not None and _same_model(hf_model, str(exported)):
+        return base
+    source = bridge.hf_import_source(base)
+    if source is not None and _same_model(source, hf_model):
+        return base
+    if source is not None:
+        raise UserError(f"{peft.what}; its base checkpoint {base} was imported from {source}, not from --hf-model "
+                        f"{hf_model}: rerun the export with --hf-model {source}")
+    n = int(base.name.split("_")[-1])
+    raise UserError(f"{peft.what}; its base checkpoint {base} is not a Hugging Face import, so --hf-model {hf_model} "
+                    f"is not known to be its base: export the base first (python -m pipeline.cli.checkpoint export "
+                    f"{base.parent} --iteration {n} --hf-model ID --reasoning|--no-reasoning), then rerun this export "
+                    f"with --hf-model {exported}")
+
+
+def _export_lora(iter_path: Path, out: Path, *, hf_model: str) -> None:
+    """A LoRA iteration -> the merged Hugging Face model in ``out``: Bridge's export_adapter_ckpt writes the
+    HF-PEFT adapter (a temporary sibling of ``out``, not kept: an ``adapter_config.json`` in ``hf/`` would make
+    transformers load it as an adapter), peft merges it into ``hf_model`` in float32
+    (``PeftModel.from_pretrained(base, adapter).merge_and_unload()``), saved in the base's dtype with its tokenizer."""
+    import tempfile
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline import bridge
+
+    with tempfile.TemporaryDirectory(prefix=".adapter.", dir=out.parent) as adapter:
+        bridge.export_lora_adapter(iter_path, Path(adapter), hf_model=hf_model)
+        dtype = getattr(AutoConfig.from_pretrained(hf_model), "dtype", None) or torch.float32
+        base = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), torch.float32))
+    merged.save_pretrained(out)
+    AutoTokenizer.from_pretrained(hf_model).save_pretrained(out)
+    src = Path(hf_model)
+    if src.is_dir():  # files the tokenizer's save does not write (a chat_template.jinja, generation_config.json)
+        for name in HF_FILES:
+            if (src / name).is_file() and not (out / name).exists():
+                shutil.copy2(src / name, out / name)
 
 
 def _free_gpu_memory() -> None:
@@ -221,7 +310,7 @@ def _free_gpu_memory() -> None:
 
 
 def _megatron_source_logits(iter_path: Path, hf_dir: Path, *, hf_model: str, tp: int = 1, pp: int = 1,
-                            ep: int = 1) -> list:
+                            ep: int = 1, lora_base: Path | None = None) -> list:
     """The Megatron source's logits on ``VERIFY_PROMPTS``, on CPU, with the model loaded on the export's layout
     (collective: every rank calls it) and freed before returning, so the export can then use the same GPUs."""
     from transformers import AutoConfig, AutoTokenizer
@@ -229,7 +318,8 @@ def _megatron_source_logits(iter_path: Path, hf_dir: Path, *, hf_model: str, tp:
     from pipeline import bridge
     from pipeline.checkpoint.verify import VERIFY_PROMPTS, logits_for
 
-    source = bridge.MegatronCausalLM(iter_path, hf_model, AutoConfig.from_pretrained(hf_dir), tp=tp, pp=pp, ep=ep)
+    source = bridge.MegatronCausalLM(iter_path, hf_model, AutoConfig.from_pretrained(hf_dir), tp=tp, pp=pp, ep=ep,
+                                     lora_base=lora_base)
     try:
         return logits_for(source.eval(), AutoTokenizer.from_pretrained(hf_dir), VERIFY_PROMPTS)
     finally:
@@ -264,7 +354,8 @@ def _fail(iter_path: Path, record: dict) -> None:
 
 def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning: bool, strict: bool,
             atol: float | None, require_quality: bool = False, kl_tol: float | None = None,
-            top1_min: float | None = None, source_logits: list | None = None) -> dict[str, Any]:
+            top1_min: float | None = None, source_logits: list | None = None,
+            lora_base: Path | None = None) -> dict[str, Any]:
     """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise.
 
     The file set first (headers only): a missing, unexpected or misshapen tensor fails here, before any model is
@@ -278,6 +369,9 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
     _apply_reasoning(tmp, reasoning)
     context = {"source": str(iter_path), "engine": engine, "hf_model": hf_model, "reasoning": reasoning,
                "strict": strict, "prompts": VERIFY_PROMPTS}
+    if lora_base is not None:  # the export is hf_model + the adapters; the source, the Megatron base + adapters
+        context["lora"] = {"base": str(lora_base), "merged_into": hf_model,
+                           "source": "Megatron base + Bridge's LoRA transform + the iteration's adapter weights"}
     problems = file_set_problems(tmp)
     if problems:
         _fail(iter_path, {"verdict": "FAIL", "failures": file_set_failures(problems), "decided_on": "file set",
@@ -286,7 +380,7 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
     source = None
     if engine == "megatron":
         if source_logits is None:
-            source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model)
+            source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, lora_base=lora_base)
         exported = _load_bf16_export(tmp)
         iteration = int(iter_path.name.split("_")[-1])
         model_name = hf_model

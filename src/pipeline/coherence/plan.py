@@ -117,6 +117,21 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
     return _plan_megatron(cfg, profile, n_nodes, given, argv)
 
 
+def _peft_refusal(cfg) -> str | None:
+    """A PEFT (LoRA) iteration holds only adapter weights: the megatron backend cannot generate from it (the line
+    names the export that merges them, and coherence on its hf/). None where the iteration is whole or cannot be
+    resolved yet (a job waiting for another; the run resolves it again and ``bridge.generate`` refuses too)."""
+    from pipeline import bridge
+    from pipeline.coherence.run import megatron_iteration
+    from pipeline.common.errors import UserError
+
+    try:
+        peft = bridge.peft_iteration(megatron_iteration(cfg.model, cfg.iteration))
+    except (UserError, OSError, ValueError):
+        return None
+    return bridge.generation_refusal(peft, cfg.hf_model) if peft is not None else None
+
+
 def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> JobPlan:
     gpn = profile.ranks_per_node
     spec: ModelSpec | None = spec_for(cfg.hf_model) if cfg.hf_model else None
@@ -136,6 +151,9 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> 
                    memory_budget_gb=profile.memory_budget_gb, notes=notes, env=job_env(profile.env))
     if not cfg.hf_model:
         plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
+    refusal = _peft_refusal(cfg)
+    if refusal:
+        plan.problems.append(refusal)
     if not profile.has_gpus:
         plan.problems.append(f"the megatron backend runs on GPUs; cluster profile '{profile.name}' has none "
                              "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")

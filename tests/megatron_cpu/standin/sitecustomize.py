@@ -22,6 +22,12 @@
 #                                              -> Bridge's own local_layer_spec: Bridge's default layer spec is
 #                                                         always the Transformer Engine one, and TE needs CUDA;
 #                                                         megatron-core's local spec is the same math in torch
+#   megatron.bridge.peft.utils.HAVE_TE, megatron.bridge.peft.module_matcher.HAVE_TE_*
+#                                              -> False: without Transformer Engine megatron-core still defines its
+#                                                         TE classes over a MagicMock (extensions/transformer_engine.py),
+#                                                         so Bridge's safe_import_from finds them and its LoRA transform
+#                                                         calls isinstance(m, <MagicMock>) ("arg 2 must be a type");
+#                                                         the layers here are the local spec's, never TE's
 #   GPTModelProvider.finalize: the CUDA-kernel fusions off (apply_rope_fusion, masked_softmax_fusion,
 #         bias_activation_fusion, bias_dropout_fusion, gradient_accumulation_fusion, persist_layer_norm,
 #         cross_entropy_loss_fusion): each is an apex/TE/Triton kernel with no CPU build
@@ -124,6 +130,15 @@ def _patch_provider(m):
     _patch(m.GPTModelProvider, "finalize", _finalize, "GPTModelProvider.finalize (CUDA fusions off)")
 
 
+def _patch_peft_utils(m):
+    _patch(m, "HAVE_TE", False, "megatron.bridge.peft.utils.HAVE_TE")
+
+
+def _patch_module_matcher(m):
+    for name in ("HAVE_TE", "HAVE_TE_COL_LINEAR", "HAVE_TE_LN_COL_LINEAR", "HAVE_TE_ROW_LINEAR"):
+        _patch(m, name, False, f"megatron.bridge.peft.module_matcher.{name}")
+
+
 def _patch_schedules(m):
     _patch(m, "torch", _CpuTorch(), "megatron.core.pipeline_parallel.schedules: torch.zeros(device='cuda')")
 
@@ -132,6 +147,8 @@ _after_import("megatron.core.tensor_parallel.random", _patch_random)
 _after_import("megatron.core.pipeline_parallel.schedules", _patch_schedules)
 _after_import("megatron.core.transformer.utils", _patch_tutils)
 _after_import("megatron.bridge.models.gpt_provider", _patch_provider)
+_after_import("megatron.bridge.peft.utils", _patch_peft_utils)
+_after_import("megatron.bridge.peft.module_matcher", _patch_module_matcher)
 
 _prev_import = builtins.__import__
 
