@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.helpers import ROOT
 
 from pipeline import bridge
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.megatron_cpu
 

@@ -18,7 +18,7 @@ def test_required_tiers(env, want):
 
 
 def test_an_unknown_tier_is_refused_with_the_names():
-    with pytest.raises(TierError, match=r"unknown tier\(s\) slrum; tiers: slurm, bridge, charliecloud, twin, gpu, all"):
+    with pytest.raises(TierError, match=r"unknown tier\(s\) slrum; tiers: slurm, bridge, megatron_cpu, charliecloud, twin, gpu, all"):
         required_tiers({"PIPELINE_REQUIRE_TIERS": "slrum"})
 
 
