@@ -7,22 +7,13 @@ the base's. Runs in the Bridge harness venv with the tier's CUDA stand-in (tests
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from pipeline import bridge
-from tests.helpers import ROOT
+from tests.megatron_cpu.conftest import HERE, VENV, tier_run
 
-pytestmark = pytest.mark.megatron_cpu
-
-HERE = Path(__file__).resolve().parent
-PY = ROOT / ".cache" / "bridge-venv" / "bin" / "python"
-ENV = {"PYTHONPATH": f"{HERE / 'standin'}:{ROOT / 'src'}", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-       "PIPELINE_CLUSTER": str(HERE / "cluster_cpu_ranks.yaml")}
+pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
 
 CHECK = """
 import json, sys, torch
@@ -38,27 +29,14 @@ print(json.dumps(out))
 
 
 def _run(*args: str, timeout: int = 600) -> str:
-    env = {**os.environ, **ENV}
-    p = subprocess.run([str(PY), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, f"{args[:3]} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    return p.stdout
+    r = tier_run([str(VENV / "bin" / "python"), *args], timeout=timeout)
+    assert r.returncode == 0, f"{args[:3]} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
 
 
-@pytest.fixture(scope="module")
-def harness():
-    if not PY.exists():
-        pytest.skip(f"the Bridge harness venv {PY} is missing (tests/bridge/setup_env.sh)")
-    probe = subprocess.run([str(PY), "-c", "import peft, accelerate"], capture_output=True)
-    if probe.returncode:
-        pytest.skip("the Bridge harness venv lacks peft/accelerate (tests/bridge/requirements.txt pins them)")
-    return PY
-
-
-def test_a_lora_iteration_exports_merged_and_verified(harness, tmp_path):
-    hf, meg, lora = tmp_path / "hf", tmp_path / "meg", tmp_path / "lora"
+def test_a_lora_iteration_exports_merged_and_verified(tiny, tmp_path):
+    hf, meg, lora = tiny["hf"], tiny["meg"], tmp_path / "lora"
     worker = str(HERE / "worker.py")
-    _run(worker, "make-model", str(hf))
-    _run(worker, "import", str(hf), str(meg))
     _run(worker, "make-lora", str(meg / "iter_0000000"), str(hf), str(lora))
     it = lora / "iter_0000002"
     peft = bridge.peft_iteration(it)  # the run_config.yaml written with Bridge's own serialiser

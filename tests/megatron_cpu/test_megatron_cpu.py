@@ -24,62 +24,16 @@ published; the same export from a checkpoint with one shard perturbed: FAIL, not
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.tiers import tier_unavailable
+from tests.megatron_cpu.conftest import HERE, MAX_TOKENS, PROFILE, ROOT, VENV, tier_env, tier_run
 
 pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-VENV = Path(os.environ.get("PIPELINE_ROOT", ROOT)) / ".cache" / "bridge-venv"
-MAX_TOKENS = 12
-PROFILE = HERE / "cluster_cpu_ranks.yaml"
-
-
-def tier_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(PYTHONPATH=f"{HERE / 'standin'}{os.pathsep}{ROOT / 'src'}", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled", PYTHONDONTWRITEBYTECODE="1",
-               PIPELINE_CLUSTER=str(PROFILE), PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-               PIPELINE_ROOT=str(ROOT))
-    env.update(extra or {})
-    return env
-
-
-def tier_run(args: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    r = subprocess.run(args, capture_output=True, text=True, env=env or tier_env(), timeout=timeout, cwd=ROOT)
-    print(f"$ {' '.join(args)}  -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return r
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The harness venv (built or reused), a tiny Llama + its Hugging Face greedy tokens, imported to Megatron."""
-    t0 = time.monotonic()
-    r = subprocess.run(["bash", str(ROOT / "tests" / "bridge" / "setup_env.sh")], capture_output=True, text=True,
-                       env={**os.environ, "PIPELINE_ROOT": str(VENV.parents[1])})
-    if r.returncode != 0:
-        tier_unavailable("megatron_cpu", f"the harness venv cannot be built: {(r.stderr or r.stdout).strip()[-300:]}")
-    work = tmp_path_factory.mktemp("megatron_cpu")
-    hf, meg = work / "hf", work / "megatron"
-    assert tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "make-model", str(hf)],
-                    env=tier_env({"TIER_MAX_TOKENS": str(MAX_TOKENS)})).returncode == 0
-    r = tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "import", str(hf), str(meg)])
-    assert r.returncode == 0, "pipeline.bridge.import_from_hf failed"
-    print(f"tiny model made and imported in {time.monotonic() - t0:.0f} s")
-    greedy = json.loads((hf / "hf_greedy.json").read_text())
-    prompts = work / "prompts.json"
-    prompts.write_text(json.dumps([g["prompt"] for g in greedy]))
-    return {"hf": hf, "meg": meg, "greedy": greedy, "prompts": prompts, "work": work}
 
 
 def coherence_args(tiny, out: Path, *layout: str) -> list[str]:
@@ -104,7 +58,7 @@ def test_import_writes_a_torch_dist_checkpoint(tiny):
     assert layout.latest_complete(tiny["meg"]) == 0
 
 
-@pytest.mark.parametrize("layout", [("--tp", "1"), ("--tp", "2"), ("--pp", "2")], ids=["tp1", "tp2", "pp2"])
+@pytest.mark.parametrize("layout", [("--tp", "1"), ("--tp", "2")], ids=["tp1", "tp2"])  # pp 2: 2 nodes, below
 def test_greedy_generation_matches_hugging_face(tiny, layout):
     """The coherence CLI's megatron backend (it plans, then execs the plan's torchrun line for 2 ranks): every
     response equals Hugging Face greedy generation of the same weights, token for token (compared as the decoded
@@ -184,3 +138,22 @@ def test_model_parallel_export_verifies_and_a_perturbed_shard_fails(tiny):
     assert "FAILED verification" in r.stderr
     assert not (bad / "iter_0000000" / "hf").exists()
     assert json.loads((bad / "iter_0000000" / "hf_verification_FAILED.json").read_text())["verdict"] == "FAIL"
+
+
+def test_every_stand_in_is_named_in_its_header_and_the_suite_imports_none(tiny):
+    """The stand-in's PATCHED list (what it really replaced, once megatron is imported) against the calls its header
+    names; and no module of the suite refers to the stand-in."""
+    probe = ("import sitecustomize, megatron.core.tensor_parallel.random, megatron.core.transformer.utils, "
+             "megatron.core.pipeline_parallel.schedules, megatron.bridge.models.gpt_provider, "
+             "megatron.bridge.peft.utils, megatron.bridge.peft.module_matcher; print(repr(sitecustomize.PATCHED))")
+    r = tier_run([str(VENV / "bin" / "python"), "-c", probe])
+    assert r.returncode == 0, r.stderr[-2000:]
+    patched = eval(r.stdout.strip().splitlines()[-1])  # a list of strings the probe printed with repr
+    header = "".join(line for line in (HERE / "standin" / "sitecustomize.py").read_text().splitlines(True)
+                     if line.startswith("#"))
+    assert len(patched) >= 12
+    for label in patched:
+        name = label.split(" ")[0].split(":")[0].split("(")[0]
+        assert name.split(".")[-1] in header, f"{label} is patched but its header does not name it"
+    for f in (ROOT / "src").rglob("*.py"):
+        assert "megatron_cpu/standin" not in f.read_text(), f  # the tier's worker may be reused; its stand-in never
