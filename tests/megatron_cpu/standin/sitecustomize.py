@@ -22,7 +22,8 @@
 #                                              -> Bridge's own local_layer_spec: Bridge's default layer spec is
 #                                                         always the Transformer Engine one, and TE needs CUDA;
 #                                                         megatron-core's local spec is the same math in torch
-#   megatron.bridge.peft.utils.HAVE_TE, megatron.bridge.peft.module_matcher.HAVE_TE_*
+#   megatron.bridge.peft.utils.HAVE_TE, megatron.bridge.peft.module_matcher.HAVE_TE, HAVE_TE_COL_LINEAR,
+#         HAVE_TE_LN_COL_LINEAR, HAVE_TE_ROW_LINEAR
 #                                              -> False: without Transformer Engine megatron-core still defines its
 #                                                         TE classes over a MagicMock (extensions/transformer_engine.py),
 #                                                         so Bridge's safe_import_from finds them and its LoRA transform
