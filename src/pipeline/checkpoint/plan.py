@@ -29,9 +29,9 @@ from typing import Any
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
-from pipeline.env.runtimes import invisible_paths
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems, weight_gb_per_gpu
+from pipeline.env.runtimes import invisible_paths
 
 OVERHEAD_GB = 5.0
 GATHER_GB = 2.0  # export: the largest tensor gathered to one rank before it is written

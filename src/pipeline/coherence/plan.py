@@ -27,9 +27,9 @@ from pipeline.checkpoint.plan import (
 )
 from pipeline.coherence.backends import discovery_file_problem, model_bytes
 from pipeline.config.cluster import job_env, resolve_profile
-from pipeline.env.runtimes import invisible_paths
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
+from pipeline.env.runtimes import invisible_paths
 
 MODULE = ["-m", "pipeline.cli.coherence"]
 
