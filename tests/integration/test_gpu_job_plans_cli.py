@@ -21,9 +21,11 @@ from tests.unit.test_gpu_job_plans import (  # noqa: F401  (isambard: the autous
     probe_profile,
 )
 
+RUN = "/projects/a5k/public/checkpoints/run"  # a megatron checkpoint inside the Isambard profile's binds
+
 
 def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
-    plan = coherence_plan(["/ckpts/run", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+    plan = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
                            "--ep", "4", "--max-tokens", "256"], 6)
     d = plan.as_dict()
     assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"], d["etp"], d["dp"]) == \
@@ -33,7 +35,7 @@ def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
     assert launch[:3] == ["torchrun", "--nnodes=6", "--nproc-per-node=4"] and "--rdzv-backend=c10d" in launch
     assert launch[launch.index("-m") + 1] == "pipeline.cli.coherence"
     # the old layout arithmetic (ranks = tp * pp * ep = 96, one node) is gone; a 1-node allocation is told the count
-    short = coherence_plan(["/ckpts/run", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+    short = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
                             "--ep", "4"], 1)
     assert not short.ok and "needs 6 node(s) of 4 GPUs (24 ranks), and the allocation has 1: submit it with " \
         "--nodes=6" in short.problems[0]

@@ -31,6 +31,7 @@ from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems, weight_gb_per_gpu
+from pipeline.env.runtimes import invisible_paths
 
 OVERHEAD_GB = 5.0
 GATHER_GB = 2.0  # export: the largest tensor gathered to one rank before it is written
@@ -122,6 +123,11 @@ def refuse(plan: JobPlan) -> None:
         for p in plan.problems[:-1]:
             print(f"error: {p}", file=sys.stderr)
         raise UserError(plan.problems[-1])
+
+
+def local_path(name: str) -> bool:
+    """A model argument that names a folder rather than a hub id (ORG/NAME): absolute, relative or existing."""
+    return name.startswith(("/", ".")) or Path(name).exists()
 
 
 def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[ClusterProfile, int, bool]:
@@ -260,6 +266,8 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
     found: list[str] = []
     engine = _engine(Path(ckpt_dir), iteration, spec, profile, notes, found,
                      strict=job == "export" and not inputs_later)
+    found += invisible_paths(profile, [("checkpoint directory", ckpt_dir),
+                                       *([("--hf-model", hf_model)] if local_path(hf_model) else [])])
     argv = list(argv or [])
     module = ["-m", "pipeline.cli.checkpoint", *argv]
     if engine == "local":

@@ -21,13 +21,15 @@ from pipeline.checkpoint.plan import (
     hf_gb,
     job_world,
     layout_flags,
+    local_path,
     megatron_gb,
     placement,
 )
 from pipeline.coherence.backends import discovery_file_problem, model_bytes
-from pipeline.config.cluster import job_env
+from pipeline.config.cluster import job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
+from pipeline.env.runtimes import invisible_paths
 
 MODULE = ["-m", "pipeline.cli.coherence"]
 
@@ -67,7 +69,19 @@ def torchrun_line(world: int, nodes: int, procs: int, argv: list[str], port: int
 def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
                    argv: list[str] | None = None, inputs_later: bool = False) -> JobPlan:
     """``cfg``: the CoherenceRun (its tp/pp/ep None when not given). ``inputs_later``: the job waits for another
-    (an export), so a model path that does not exist yet is not a problem."""
+    (an export), so a model path that does not exist yet is not a problem. Every path the job reads, as the
+    container sees it: one outside the checkout and every bind is a problem naming the bind to add."""
+    plan = _plan_coherence(cfg, nodes=nodes, cluster=cluster, argv=argv, inputs_later=inputs_later)
+    models = [] if cfg.backend == "endpoint" else [cfg.model, *(cfg.compare if cfg.backend == "hf" else [])]
+    checked = [("model", m) for m in models if m and local_path(str(m))]
+    if cfg.backend == "endpoint" and cfg.discovery_file is not None:
+        checked.append(("discovery file", cfg.discovery_file))
+    plan.problems += invisible_paths(resolve_profile(cluster), checked)
+    return plan
+
+
+def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[str] | None,
+                    inputs_later: bool) -> JobPlan:
     profile, n_nodes, given = cluster_and_nodes(nodes, cluster)
     argv = list(argv or [])
     gpn = profile.ranks_per_node

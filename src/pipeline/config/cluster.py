@@ -9,7 +9,8 @@ Standard library only: the host's ``python3`` runs it before any environment exi
     python3 -m pipeline.config.cluster env NAME     # KEY=VALUE lines for pipeline_env_config.env
     python3 -m pipeline.config.cluster show NAME    # the profile's fields
 
-The profiles are written in a flat YAML subset (``key: value`` lines, one nested mapping for ``env``) parsed
+The profiles are written in a flat YAML subset (``key: value`` lines, one nested mapping for ``env``, block lists
+of ``- item`` lines for ``binds``) parsed
 here by hand, so the same parser serves the shell (no PyYAML on a login node) and the training launcher.
 """
 
@@ -44,6 +45,8 @@ KNOBS = {
     "HF_HUB_OFFLINE": "hub_offline",
     "WANDB_MODE": "wandb_mode",
     "WANDB_ENTITY": "wandb_entity",
+    "PIPELINE_PROFILE_BINDS": "binds",
+    "PIPELINE_FABRIC_LIBS": "ld_library_path",
 }
 PATH_FIELDS = ("sif", "bad_nodes_log", "log_dir", "cache_dir")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -83,6 +86,13 @@ class ClusterProfile:
     # Where `pipeline_checkpoint_convert.sh import` writes Megatron checkpoints by default (<dir>/<HF name>), the
     # folder the shipped configs' checkpoint.pretrained_checkpoint reads; empty: <models dir>/megatron_bridges/models.
     megatron_models_dir: str = ""
+    # What a container job must see besides the checkout (always bound) and the runtime's own folders: host paths
+    # or HOST:CONTAINER pairs (the data, checkpoint, model, log and cache roots the configs read, the fabric
+    # libraries of the NCCL plugin), bound by every launcher (PIPELINE_PROFILE_BINDS); a path a plan checks outside
+    # them is a problem naming the bind to add. ``ld_library_path``: the container folders of those libraries
+    # (libfabric for aws-ofi-nccl), put on the container's LD_LIBRARY_PATH after the plugin (PIPELINE_FABRIC_LIBS).
+    binds: tuple[str, ...] = ()
+    ld_library_path: str = ""
     # Hardware.
     gpus_per_node: int = 0
     procs_per_node: int = 1
@@ -157,6 +167,18 @@ class ClusterProfile:
         if self.wandb_entity is not None and (not isinstance(self.wandb_entity, str)
                                               or not re.match(r"^[A-Za-z0-9_.-]+$", self.wandb_entity)):
             raise bad("wandb_entity", "is not a W&B entity name (letters, digits, '_', '.', '-'), or null")
+        if not isinstance(self.binds, tuple) or not all(isinstance(b, str) for b in self.binds):
+            raise UserError(f"{where}: binds must be a list of host paths or HOST:CONTAINER pairs")
+        for b in self.binds:
+            parts = b.split(":")
+            if (len(parts) > 2 or "," in b or any(ord(c) < 33 or ord(c) == 127 for c in b)
+                    or not all(x.startswith("/") for x in parts)):
+                raise UserError(f"{where}: binds {b!r} is not an absolute host path or HOST:CONTAINER pair of "
+                                "absolute paths (no commas or spaces)")
+        if not isinstance(self.ld_library_path, str) or any(
+                ord(c) < 33 or ord(c) == 127 for c in self.ld_library_path) or not all(
+                x.startswith("/") for x in self.ld_library_path.split(":") if self.ld_library_path):
+            raise bad("ld_library_path", "must be absolute container folders separated by ':'")
         if not isinstance(self.env, dict):
             raise UserError(f"{where}: env must be a mapping of NAME: value")
         for k, v in self.env.items():
@@ -179,6 +201,10 @@ class ClusterProfile:
         """A path field, absolute (relative ones are under the checkout)."""
         return str((root or ROOT) / getattr(self, field))
 
+    def container_binds(self) -> list[tuple[str, str]]:
+        """The profile's binds as (host, container) pairs."""
+        return [(h, g or h) for h, _, g in (b.partition(":") for b in self.binds)]
+
     def knob_values(self, root: Path | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """The shell knobs this profile fills (PIPELINE_RUNTIME, PIPELINE_SIF, ...), paths made absolute; W&B's
         auto mode is resolved against ``environ``'s key or netrc."""
@@ -187,6 +213,8 @@ class ClusterProfile:
             v = getattr(self, f)
             if f in PATH_FIELDS:
                 v = self.path(f, root)
+            elif f == "binds":
+                v = ",".join(v)
             elif f == "hub_offline":
                 v = "1" if v else "0"
             elif f == "wandb_mode" and v == "auto":
@@ -237,9 +265,11 @@ def _scalar(text: str, where: str):
 
 def parse_profile_text(text: str, source: str) -> dict:
     """The mapping of a profile file: ``key: value`` lines; ``env:`` alone on its line opens one nested mapping
-    of indented ``NAME: value`` lines. Anything else (lists, flow style, anchors, multi-line) is one-line error."""
+    of indented ``NAME: value`` lines, and a key alone on its line followed by ``- item`` lines is a list of strings
+    (``binds``). Anything else (lists, flow style, anchors, multi-line) is one-line error."""
     data: dict = {}
     nested: dict | None = None
+    listed: str | None = None  # the key whose "- item" lines follow
     for n, raw in enumerate(text.splitlines(), 1):
         where = f"{source}:{n}"
         if "\t" in raw[: len(raw) - len(raw.lstrip())]:
@@ -248,6 +278,19 @@ def parse_profile_text(text: str, source: str) -> dict:
         if not line.strip() or line.lstrip().startswith("#") or line.strip() == "---":
             continue
         indented = line[0] == " "
+        item = re.match(r"^\s*-(?:\s+(.*))?$", line)
+        if item:
+            if listed is None or (data[listed] != {} and not isinstance(data[listed], list)):
+                raise UserError(f"{where}: a list item outside a list (only a key alone on its line, like binds:, "
+                                "opens one)")
+            if not isinstance(data[listed], list):
+                data[listed] = []
+            nested = None
+            value = _scalar(item.group(1) or "", where)
+            if not isinstance(value, str):
+                raise UserError(f"{where}: a list item must be a string")
+            data[listed].append(value)
+            continue
         m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:(?:\s+(.*))?$", line)
         if not m:
             raise UserError(f"{where}: expected 'key: value' (a cluster profile is flat YAML), "
@@ -256,6 +299,7 @@ def parse_profile_text(text: str, source: str) -> dict:
         if indented:
             if nested is None:
                 raise UserError(f"{where}: unexpected indentation (only the env: mapping is nested)")
+            listed = None
             if key in nested:
                 raise UserError(f"{where}: duplicate key {key!r}")
             nested[key] = _scalar(value, where)
@@ -263,9 +307,11 @@ def parse_profile_text(text: str, source: str) -> dict:
         if key in data:
             raise UserError(f"{where}: duplicate key {key!r}")
         if value.strip() == "" or value.strip().startswith("#"):
-            data[key] = nested = {}  # a mapping follows (or nothing: an empty mapping, like YAML's null)
+            data[key] = nested = {}  # a mapping or a list follows (or nothing: an empty mapping, like YAML's null)
+            listed = key
             continue
         nested = None
+        listed = None
         data[key] = _scalar(value, where)
     return {k: (None if v == {} and k != "env" else v) for k, v in data.items()}
 
@@ -288,6 +334,12 @@ def load_cluster(name: str) -> ClusterProfile:
     if not isinstance(data.get("env") or {}, dict):
         raise UserError(f"{path}: env must be a mapping of NAME: value lines")
     data["env"] = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
+    if isinstance(data.get("binds"), list):
+        data["binds"] = tuple(data["binds"])
+    elif data.get("binds") is None:
+        data["binds"] = ()
+    if data.get("ld_library_path") is None:
+        data["ld_library_path"] = ""
     for k in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "time_limit"):
         if isinstance(data.get(k), int) and not isinstance(data.get(k), bool):
             data[k] = str(data[k])  # time_limit: 60 is sixty minutes

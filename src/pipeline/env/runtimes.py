@@ -38,6 +38,8 @@ class RuntimeConfig:
     nccl_plugin_dir: Path
     extra_binds: tuple[str, ...] = ()
     data_paths: tuple[Path, ...] = ()
+    profile_binds: tuple[str, ...] = ()  # PIPELINE_PROFILE_BINDS: the cluster profile's binds, SRC[:DST]
+    fabric_libs: str = ""                # PIPELINE_FABRIC_LIBS: the profile's libfabric folder(s) in the container
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> RuntimeConfig:
@@ -58,6 +60,8 @@ class RuntimeConfig:
             nccl_plugin_dir=Path(e.get("PIPELINE_NCCL_PLUGIN_DIR") or cache / "aws-ofi-nccl"),
             extra_binds=tuple(b for b in (e.get("PIPELINE_BINDS") or "").split(",") if b),
             data_paths=data,
+            profile_binds=tuple(b for b in (e.get("PIPELINE_PROFILE_BINDS") or "").split(",") if b),
+            fabric_libs=e.get("PIPELINE_FABRIC_LIBS") or "",
         )
 
 
@@ -74,13 +78,21 @@ def venv_home(venv: Path) -> Path | None:
 
 
 def binds(cfg: RuntimeConfig) -> list[tuple[str, str]]:
-    """(host, guest) pairs: the checkout, the Python overlay, data/run/cache dirs, extra binds. A path
-    inside an already bound directory is not bound again."""
+    """(host, guest) pairs: the checkout, the Python overlay and NCCL plugin, the cluster profile's binds,
+    data/run/cache dirs, extra binds (PIPELINE_BINDS). A path inside an already bound directory is not bound
+    again."""
     paths: list[Path] = [cfg.root]
     if cfg.runtime == "charliecloud":
         paths += [cfg.venv] + ([venv_home(cfg.venv)] if venv_home(cfg.venv) else [])
     else:
         paths += [cfg.overlay, cfg.nccl_plugin_dir]
+    pairs: list[tuple[str, str]] = []
+    for b in cfg.profile_binds:
+        src, _, dst = b.partition(":")
+        if dst and dst != src:
+            pairs.append((src, dst))
+        else:
+            paths.append(Path(src))
     paths += list(cfg.data_paths)
     out: list[tuple[str, str]] = []
     seen: list[Path] = []
@@ -90,9 +102,44 @@ def binds(cfg: RuntimeConfig) -> list[tuple[str, str]]:
             continue
         seen.append(p)
         out.append((str(p), str(p)))
+    out += pairs
     for b in cfg.extra_binds:
         src, _, dst = b.partition(":")
         out.append((src, dst or src))
+    return out
+
+
+def visible(cfg: RuntimeConfig, path: str | os.PathLike) -> bool:
+    """Whether ``path`` (as a process in the runtime names it) lies in the checkout or under a bind's guest
+    side; always True for the venv runtime (the host's own files)."""
+    if cfg.runtime == "venv":
+        return True
+    p = Path(os.path.abspath(path))
+    return any(p == g or g in p.parents for g in (Path(os.path.abspath(d)) for _, d in binds(cfg)))
+
+
+def job_runtime(profile, environ: dict[str, str] | None = None) -> RuntimeConfig:
+    """The runtime a job of this cluster profile starts in: ``environ`` (default: this process's) with the
+    profile's knobs (runtime, log/cache dirs, binds; an exported value wins), as pipeline_env_config.env sets
+    them for the launchers."""
+    from pipeline.config.cluster import effective_knobs
+
+    e = dict(os.environ if environ is None else environ)
+    e.update(effective_knobs(profile, e))
+    return RuntimeConfig.from_env(e)
+
+
+def invisible_paths(profile, checked: list[tuple[str, object]], environ: dict[str, str] | None = None
+                    ) -> list[str]:
+    """One line for each (label, path) of ``checked`` that a container job of ``profile`` would not see (outside
+    the checkout and every bind), naming the bind to add; none for the venv runtime or a path of None."""
+    cfg = job_runtime(profile, environ)
+    out = []
+    for label, path in checked:
+        if path is None or str(path) == "" or visible(cfg, str(path)):
+            continue
+        out.append(f"{label} {path} is not visible in the container ({cfg.runtime}): add it (or a folder above "
+                   f"it) to the cluster profile's binds (configs/cluster/{profile.name}.yaml)")
     return out
 
 
@@ -108,7 +155,9 @@ def container_env(cfg: RuntimeConfig, env: dict[str, str] | None = None) -> dict
     if cfg.runtime == "apptainer":
         out["PYTHONPATH"] = f"{cfg.root}/src:{cfg.overlay}"
         # the aws-ofi-nccl plugin built by the nccl-plugin step, ahead of the image's libraries
-        out["LD_LIBRARY_PATH"] = f"{cfg.nccl_plugin_dir}/lib:/usr/local/cuda/lib64:/usr/local/lib"
+        # and the host's libfabric it was built against (the profile's ld_library_path, bound from /opt/cray)
+        fabric = f"{cfg.fabric_libs}:" if cfg.fabric_libs else ""
+        out["LD_LIBRARY_PATH"] = f"{cfg.nccl_plugin_dir}/lib:{fabric}/usr/local/cuda/lib64:/usr/local/lib"
     return dict(sorted(out.items()))
 
 

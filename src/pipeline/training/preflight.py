@@ -222,6 +222,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
     plan.total_tokens = gbs * seq * iters
     if path_checks:
         _check_paths(cfg, spec, mode, plan, peft)
+        plan.problems += _invisible_in_container(cfg, cluster)
     else:
         plan.notes.append("path checks skipped (--no-path-checks)")
 
@@ -459,6 +460,25 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
         elif not Path(ckpt).exists():
             plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
                                  f"import {spec.hf_id}, or fix checkpoint.pretrained_checkpoint")
+
+
+def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:
+    """The paths the job reads or writes, as the container will see them: one outside the checkout and every bind
+    of the runtime (the profile's binds, PIPELINE_BINDS, the log and cache roots) is one line naming the bind to
+    add (decision #55 "binds as a profile fact"); nothing for the venv runtime."""
+    from pipeline.env.runtimes import invisible_paths
+
+    specs = cfg.dataset.offline_packing_specs
+    return invisible_paths(cluster, [
+        ("dataset.dataset_root", cfg.dataset.dataset_root),
+        ("dataset.offline_packing_specs.packed_train_data_path", specs.packed_train_data_path),
+        ("dataset.offline_packing_specs.packed_val_data_path", specs.packed_val_data_path),
+        ("dataset.offline_packing_specs.packed_metadata_path", specs.packed_metadata_path),
+        ("checkpoint.pretrained_checkpoint", cfg.checkpoint.pretrained_checkpoint),
+        ("checkpoint.load", cfg.checkpoint.load),
+        ("checkpoint.save", cfg.checkpoint.save),
+        ("logger.wandb_save_dir", cfg.logger.wandb_save_dir),
+    ])
 
 
 def _note_epochs(train_path: Path, plan: Plan) -> None:

@@ -1,0 +1,130 @@
+"""Binds as a profile fact (issue 33, decision "binds as a profile fact"): the cluster profile lists what a container
+job must see (data, checkpoint, model, log and cache roots; /opt/cray for the aws-ofi-nccl plugin's libfabric),
+every launcher's container command binds it and puts the libfabric folder on LD_LIBRARY_PATH, and a plan refuses a
+path the container would not see in one line naming the bind to add. The venv runtime (local_cpu) is unaffected."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli.train import plan_from_argv
+from pipeline.config.cluster import load_cluster
+from pipeline.env.runtimes import RuntimeConfig, invisible_paths, job_runtime, render
+from tests.helpers import ROOT, run
+
+GH = "/projects/a5k/public"
+FABRIC = "/opt/cray/libfabric/1.22.0/lib64"
+PROFILE_YAML = ROOT / "configs" / "cluster" / "isambard_gh200.yaml"
+NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
+NANO_TOK = "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+NANO_HF = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+KNOBS = ("PIPELINE_RUNTIME", "PIPELINE_SIF", "PIPELINE_LOG_DIR", "PIPELINE_CACHE_DIR", "PIPELINE_BINDS",
+         "PIPELINE_PROFILE_BINDS", "PIPELINE_FABRIC_LIBS", "PIPELINE_PROFILE_FILLED", "PIPELINE_CLUSTER",
+         "PIPELINE_DATA_ROOT", "PIPELINE_RUNS_DIR", "PIPELINE_MODELS_DIR", "HF_HOME", "WANDB_DIR")
+
+
+@pytest.fixture(autouse=True)
+def no_exported_knobs(monkeypatch):
+    """Nothing of a runtime exported: the profile alone decides what the container sees."""
+    for k in KNOBS:
+        monkeypatch.delenv(k, raising=False)
+
+
+def site_profile(tmp_path, extra_bind: str) -> str:
+    """The Isambard profile with one more bind (a site that binds its own data folder)."""
+    path = tmp_path / "isambard_site.yaml"
+    path.write_text(PROFILE_YAML.read_text().replace("  - /opt/cray\n", f"  - /opt/cray\n  - {extra_bind}\n"))
+    return str(path)
+
+
+def test_the_isambard_profile_binds_its_roots_and_libfabric():
+    profile = load_cluster("isambard_gh200")
+    assert set(profile.binds) >= {f"{GH}/data", f"{GH}/checkpoints", f"{GH}/logs", f"{GH}/cache", "/opt/cray"}
+    assert profile.ld_library_path == FABRIC
+    # every /projects path a shipped config reads lies under one of them
+    for cfg in sorted((ROOT / "configs").rglob("*.yaml")):
+        for word in cfg.read_text().split():
+            if word.startswith("/projects/") and "containers/" not in word and "bad_nodes" not in word:
+                assert any(word == b or word.startswith(b + "/") for b in profile.binds), (cfg, word)
+    assert load_cluster("local_cpu").binds == () and load_cluster("local_cpu").runtime == "venv"
+
+
+def test_the_rendered_apptainer_command_binds_the_profile_and_libfabric(tmp_path):
+    cfg = job_runtime(load_cluster("isambard_gh200"), {"PIPELINE_ROOT": str(ROOT), "HOME": "/home/alice"})
+    assert cfg.runtime == "apptainer"
+    argv = render(cfg, "true", {"PIPELINE_FABRIC_LIBS": FABRIC})
+    bind = argv[argv.index("--bind") + 1].split(",")
+    for path in (f"{GH}/data", f"{GH}/checkpoints", f"{GH}/logs", f"{GH}/cache", "/opt/cray", str(ROOT)):
+        assert f"{path}:{path}" in bind, bind
+    assert len(bind) == len(set(bind))  # a folder bound once
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
+    ld = next(e for e in envs if e.startswith("LD_LIBRARY_PATH="))
+    assert ld.startswith(f"LD_LIBRARY_PATH={cfg.nccl_plugin_dir}/lib:{FABRIC}:"), ld
+    # a HOST:CONTAINER pair binds as given
+    pair = RuntimeConfig.from_env({"PIPELINE_ROOT": str(ROOT), "PIPELINE_RUNTIME": "apptainer",
+                                   "PIPELINE_PROFILE_BINDS": "/lus/data:/data"})
+    paired = render(pair, "true", {})
+    assert "/lus/data:/data" in paired[paired.index("--bind") + 1].split(",")
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "charliecloud"])
+def test_every_launcher_renders_the_binds_through_the_env_config(runtime):
+    """Every launcher sources pipeline_env_config.env and renders its container command with
+    `python3 -m pipeline.env.runtimes render` (lib.sh): with only PIPELINE_CLUSTER exported, the profile's binds
+    and libfabric folder reach that command."""
+    script = (f"export PIPELINE_ROOT={ROOT} PIPELINE_CLUSTER=isambard_gh200 PIPELINE_RUNTIME={runtime}; "
+              "source pipeline_env_config.env && PYTHONPATH=$PIPELINE_ROOT/src python3 -m pipeline.env.runtimes "
+              "render -- true | tr '\\0' '\\n'")
+    res = run(["bash", "-c", script], env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")})
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    for path in (f"{GH}/data", f"{GH}/checkpoints", "/opt/cray"):
+        assert f"{path}:{path}" in out, out
+    if runtime == "apptainer":
+        assert f"/lib:{FABRIC}:/usr/local/cuda/lib64" in out
+
+
+def test_training_refuses_a_dataset_outside_the_binds(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    plan = plan_from_argv([NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16",
+                           f"dataset.dataset_root={data}"])
+    line = (f"dataset.dataset_root {data} is not visible in the container (apptainer): add it (or a folder above "
+            "it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
+    assert line in plan.preflight.problems, plan.preflight.problems
+
+
+def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
+    from pipeline.data.packed_parquet import packed_paths
+
+    data, ckpt = tmp_path / "data", tmp_path / "models" / "nano"
+    train = packed_paths(data, NANO_TOK, 16, 32768)["train"]
+    train.parent.mkdir(parents=True)
+    train.touch()
+    ckpt.mkdir(parents=True)
+    argv = [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16", f"dataset.dataset_root={data}",
+            f"checkpoint.pretrained_checkpoint={ckpt}"]
+    assert any("checkpoint.pretrained_checkpoint" in p and "not visible" in p
+               for p in plan_from_argv(argv).preflight.problems)
+    plan = plan_from_argv(argv + ["--cluster", site_profile(tmp_path, str(tmp_path))])
+    assert plan.preflight.problems == [], plan.preflight.problems
+    # the venv runtime sees the host's files: local_cpu never asks for a bind
+    assert invisible_paths(load_cluster("local_cpu"), [("dataset.dataset_root", "/nowhere/data")], {}) == []
+
+
+def test_an_export_plan_refuses_a_checkpoint_outside_the_binds(tmp_path):
+    from pipeline.checkpoint.plan import plan_export
+
+    ckpt = tmp_path / "run" / "checkpoints"
+    plan = plan_export(ckpt, NANO_HF, cluster="isambard_gh200", nodes=1)
+    line = (f"checkpoint directory {ckpt} is not visible in the container (apptainer): add it (or a folder above "
+            "it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
+    assert line in plan.problems, plan.problems
+    inside = plan_export(ckpt, NANO_HF, cluster=site_profile(tmp_path, str(tmp_path)), nodes=1)
+    assert not any("not visible" in p for p in inside.problems), inside.problems
+    shipped = plan_export(Path(f"{GH}/checkpoints/runs/x"), NANO_HF,
+                          cluster="isambard_gh200", nodes=1)
+    assert not any("not visible" in p for p in shipped.problems), shipped.problems
+    local = plan_export(ckpt, "tiny-qwen3-moe", cluster="local_cpu", nodes=1)
+    assert not any("not visible" in p for p in local.problems)
