@@ -116,3 +116,61 @@ def validate_row(idx: int, row: dict) -> None:
     for i, s in enumerate(starts):
         if s >= len(ids) or (i and s < starts[i - 1]):
             raise ValueError(f"row {idx}: bad seq_start_id[{i}]={s}")
+
+
+def check_packed(paths: dict[str, Path], seq_length: int, pad_seq_to_mult: int) -> list[str]:
+    """Why the packed files at ``paths`` (:func:`packed_paths`, or the config's explicit ones) cannot be trained
+    on, one line each (empty when they can): the training file must be a readable Parquet (its footer, read by
+    pyarrow: a 0-byte or truncated file fails here, not on the GPU node) with rows and the three columns, and the
+    metadata file (``<S>_metadata.jsonl``) and the pack summary beside it (``<S>_summary.json``) must say the packs'
+    sequence length and pad multiple are the config's."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    problems: list[str] = []
+    train = Path(paths["train"])
+    redo = f"repack it (python pipeline_data_prepare.py pack ... {seq_length} {pad_seq_to_mult} --force)"
+    try:
+        size = train.stat().st_size
+        meta = pq.read_metadata(str(train)) if size else None
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError on a truncated footer
+        reason = str(exc).splitlines()[0][:120] if str(exc) else exc.__class__.__name__
+        return [f"packed training data {train} is not a readable Parquet file ({reason}): it is truncated or not "
+                f"Parquet; {redo}"]
+    if meta is None:
+        return [f"packed training data {train} is empty (0 bytes): an interrupted write or copy; {redo}"]
+    if meta.num_rows < 1:
+        problems.append(f"packed training data {train} has no rows (no packs); {redo}")
+    names = set(meta.schema.to_arrow_schema().names)
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if missing:
+        problems.append(f"packed training data {train} lacks the column(s) {', '.join(missing)} (has "
+                        f"{', '.join(sorted(names)) or 'none'}): not a packed-SFT file; {redo}")
+    md = paths.get("metadata")
+    if md is not None:
+        md = Path(md)
+        try:
+            metas = json.loads(md.read_text())
+        except FileNotFoundError:
+            problems.append(f"packing metadata {md} does not exist (the packer writes it beside the packs); {redo}")
+            metas = None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            problems.append(f"packing metadata {md} is unreadable ({exc.__class__.__name__}); {redo}")
+            metas = None
+        if metas is not None:
+            first = metas[0] if isinstance(metas, list) and metas and isinstance(metas[0], dict) else None
+            if first is None:
+                problems.append(f"packing metadata {md} is not a list of per-split dicts; {redo}")
+            elif first.get("pack_size") != seq_length:
+                problems.append(f"packing metadata {md} says pack_size {first.get('pack_size')!r} but the config's "
+                                f"sequence length is {seq_length}: the packs were made for another length; {redo}")
+        summary = md.parent / f"{seq_length}_summary.json"
+        try:
+            recorded = (json.loads(summary.read_text()).get("fingerprint") or {}).get("pad_seq_to_mult")
+        except (OSError, ValueError, AttributeError):
+            recorded = None  # no summary (packs made elsewhere): the metadata's pack_size is what there is
+        if recorded is not None and recorded != pad_seq_to_mult:
+            problems.append(f"packs in {md.parent} were made with pad_seq_to_mult {recorded} ({summary}) but the "
+                            f"config says dataset.offline_packing_specs.pad_seq_to_mult={pad_seq_to_mult}; {redo}")
+    return problems

@@ -274,7 +274,31 @@ class _at_root:
 
 
 def plan_experiment(exp: Experiment, runs: list[Run] | None = None, allow_config_change: bool = False) -> list[RunPlan]:
-    return [plan_run(exp, r, allow_config_change) for r in (exp.runs if runs is None else runs)]
+    plans = [plan_run(exp, r, allow_config_change) for r in (exp.runs if runs is None else runs)]
+    shared_saves(plans)
+    return plans
+
+
+def shared_saves(plans: list[RunPlan]) -> None:
+    """Two training jobs (of two runs, or two phases) whose ``checkpoint.save`` resolves to one directory would
+    overwrite each other, and the later would resume from the earlier's weights: a problem on each, in one line
+    naming both (issue 33; the launcher refuses the same through the save's owner record)."""
+    first: dict[Path, tuple[str, Job]] = {}
+    for rp in plans:
+        for job in rp.jobs:
+            if job.kind != "train" or job.save is None or job.run_dir is None:
+                continue
+            key = job.save.resolve()
+            label = f"{rp.run.label}/{job.phase} ({job.run_dir})"
+            if key in first and first[key][1].run_dir != job.run_dir:
+                other, ojob = first[key]
+                line = (f"checkpoint.save {key} is shared by runs {other} and {label}: each run needs its own "
+                        "(make checkpoint.save depend on the run, e.g. under its run directory)")
+                job.problems.append(line)
+                if line not in ojob.problems:
+                    ojob.problems.append(line)
+            else:
+                first.setdefault(key, (label, job))
 
 
 def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:

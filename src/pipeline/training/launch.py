@@ -117,9 +117,10 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     if problem:
         raise UserError(f"run directory {run_dir} {problem} (--run-dir, or PIPELINE_RUNS_DIR)")
     cfg = finalize_config(cfg, spec, run_dir, req.config)
-    from pipeline.training.records import check_run_identity  # another config never resumes or finishes a run
+    from pipeline.training.records import check_run_identity, check_save_owner
 
-    check_run_identity(run_dir, cfg, allow_change=req.allow_config_change)
+    check_run_identity(run_dir, cfg, allow_change=req.allow_config_change)  # another config never resumes a run
+    check_save_owner(cfg.checkpoint.save, run_dir, cfg, allow_change=req.allow_config_change)  # nor another's save
     preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft)
     view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None
     return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)

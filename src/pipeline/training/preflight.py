@@ -440,7 +440,12 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
                                  f"pipeline_data_prepare.py pack {root} <tokenizer> {plan.seq_length} "
                                  f"{pad}")
         elif paths:
-            _note_epochs(paths["train"], plan)
+            from pipeline.data.packed_parquet import check_packed
+
+            bad = check_packed(paths, plan.seq_length, pad)
+            plan.problems += bad
+            if not bad:
+                _note_epochs(paths["train"], plan)
     pre = cfg.checkpoint.pretrained_checkpoint
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
         from pipeline.checkpoint.layout import TRACKER

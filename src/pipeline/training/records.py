@@ -107,6 +107,7 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
     })
     write_json(manifest_path, manifest)
     goodput.record_job(run_dir, alloc.job_id, alloc.restart_count)
+    claim_save(cfg.checkpoint.save, run_dir, cfg)  # after the owner check of plan_launch
 
 
 # ---- run identity: one run directory, one resolved config ----------------------------------------------
@@ -145,6 +146,90 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
                         "resumed or finished with this one: give this run a new name (logger.wandb_exp_name=NEW) or "
                         "pass --allow-config-change to continue it with the new config")
     return diff
+
+
+# ---- checkpoint ownership: one run per checkpoint.save ----------------------------------------------------
+# A run records itself in its checkpoint.save (OWNER_FILE: its run directory and config identity, written
+# atomically at launch); another run pointing its save there is refused before launch and at experiment render.
+# Without the record, two runs sharing a save overwrote each other's iterations, and a new run resumed from another
+# run's weights (exit 0). Starting from another run's weights is checkpoint.load / pretrained_checkpoint.
+OWNER_FILE = ".pipeline_owner.json"
+
+
+def config_identity(cfg: TrainingConfig) -> str:
+    """A digest of the run's identity: its resolved config less the keys that may differ between launches
+    (:data:`IDENTITY_IGNORED`), normalised through YAML as ``config.yaml`` stores it."""
+    import hashlib
+
+    flat = flatten(yaml.safe_load(yaml.safe_dump(cfg.to_dict())) or {})
+    kept = {k: v for k, v in flat.items() if not k.startswith(IDENTITY_IGNORED)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _holds_checkpoints(save: Path) -> bool:
+    return (save / layout.TRACKER).exists() or any(save.glob("iter_[0-9]*"))
+
+
+def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig, allow_change: bool = False) -> None:
+    """Refuse (UserError, one line naming the owner) a ``checkpoint.save`` that belongs to another run: its owner
+    record names another run directory, or this run directory with another config identity (unless
+    ``allow_change``: --allow-config-change continues it). A save that holds checkpoints and no owner record (written
+    before ownership was recorded, or by hand) is accepted only when this run directory's recorded config.yaml
+    names it as its checkpoint.save (its own earlier launches); otherwise refused. The same run relaunching (a
+    requeue, a restart) is accepted."""
+    if not save:
+        return
+    save, run_dir = Path(str(save)).resolve(), Path(run_dir).resolve()
+    owner_file = save / OWNER_FILE
+    use = ("give this run its own checkpoint.save (or another run name); to start from that run's weights set "
+           "checkpoint.load or checkpoint.pretrained_checkpoint to it")
+    if owner_file.is_file():
+        try:
+            owner = read_json(owner_file)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"checkpoint.save {save} has an unreadable owner record {owner_file} "
+                            f"({exc.__class__.__name__}): {use}") from None
+        owner = owner if isinstance(owner, dict) else {}
+        if str(owner.get("run_dir")) != str(run_dir):
+            raise UserError(f"checkpoint.save {save} belongs to run {owner.get('run_dir')} (owner record "
+                            f"{owner_file}, since {owner.get('since', '?')}), not to this run {run_dir}: {use}")
+        if owner.get("identity") != config_identity(cfg) and not allow_change:
+            raise UserError(f"checkpoint.save {save} belongs to run {run_dir} with another config (identity "
+                            f"{owner.get('identity')} != {config_identity(cfg)}): {use}, or pass "
+                            "--allow-config-change to continue it with the new config")
+        return
+    if not save.is_dir() or not _holds_checkpoints(save):
+        return
+    recorded = None
+    try:
+        old = yaml.safe_load((run_dir / "config.yaml").read_text())
+        recorded = ((old or {}).get("checkpoint") or {}).get("save")
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass
+    if recorded and Path(str(recorded)).resolve() == save:
+        return  # this run's own checkpoints, written before owner records existed
+    raise UserError(f"checkpoint.save {save} holds checkpoints but no owner record ({OWNER_FILE}) and run "
+                    f"directory {run_dir} does not name it: written by another run or by hand; {use} (or, if it "
+                    f"is this run's, write {owner_file} with this run's run_dir)")
+
+
+def claim_save(save: str | Path | None, run_dir: Path, cfg: TrainingConfig) -> Path | None:
+    """Record this run as the owner of its ``checkpoint.save`` (atomically; rewritten on every launch, keeping the
+    first ``since``). Call after :func:`check_save_owner`."""
+    if not save:
+        return None
+    save, run_dir = Path(str(save)).resolve(), Path(run_dir).resolve()
+    path = save / OWNER_FILE
+    since = None
+    if path.is_file():
+        try:
+            since = read_json(path).get("since")
+        except (OSError, ValueError, AttributeError):
+            pass
+    save.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"run_dir": str(run_dir), "identity": config_identity(cfg),
+                      "since": since or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    return path
 
 
 WRITER_LOCK = ".writer.lock"

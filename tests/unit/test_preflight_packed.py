@@ -1,0 +1,91 @@
+"""The preflight reads the packed file the config names (issue 33 item 2): a 0-byte, truncated, empty or mismatched
+packed Parquet is one line at plan time, not a crash on the GPU node after the queue."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.cli.train import main
+from pipeline.data import packed_parquet
+
+NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
+TOK = "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+SEQ, PAD = 32768, 16
+
+
+def argv(root, ckpt):
+    return [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16",
+            f"dataset.dataset_root={root}", f"checkpoint.pretrained_checkpoint={ckpt}"]
+
+
+def errors(capsys):
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+
+
+def write_packs(root, rows=3, pack_size=SEQ, pad=PAD):
+    paths = packed_parquet.packed_paths(root, TOK, PAD, SEQ)
+    paths["train"].parent.mkdir(parents=True)
+    n = 8
+    offsets = np.arange(rows + 1, dtype=np.int64) * n
+    table = packed_parquet.packs_table(offsets, np.ones(rows * n, np.int64), np.ones(rows * n, np.int8),
+                                       np.arange(rows + 1, dtype=np.int64), np.zeros(rows, np.int64))
+    packed_parquet.write([table], paths["train"])
+    paths["metadata"].write_text(json.dumps([{"pack_size": pack_size, "packing_factor": 1.0}]))
+    (paths["train"].parent / f"{SEQ}_summary.json").write_text(json.dumps({"fingerprint": {"pad_seq_to_mult": pad}}))
+    return paths
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    root, ckpt = tmp_path / "data", tmp_path / "ckpt"
+    root.mkdir()
+    ckpt.mkdir()
+    return root, ckpt
+
+
+def test_good_packs_pass_and_are_counted(capsys, dirs):
+    write_packs(dirs[0])
+    assert main(argv(*dirs)) == 0
+    assert f"data: 3 packs of {SEQ} tokens" in capsys.readouterr().out
+
+
+def test_a_zero_byte_packed_file_is_one_line(capsys, dirs):
+    paths = write_packs(dirs[0])
+    paths["train"].write_bytes(b"")
+    assert main(argv(*dirs)) == 2
+    errs = errors(capsys)
+    assert len(errs) == 1 and f"packed training data {paths['train']} is empty (0 bytes)" in errs[0]
+
+
+def test_a_truncated_packed_file_is_one_line(capsys, dirs):
+    paths = write_packs(dirs[0])
+    data = paths["train"].read_bytes()
+    paths["train"].write_bytes(data[: len(data) // 2])
+    assert main(argv(*dirs)) == 2
+    errs = errors(capsys)
+    assert len(errs) == 1 and "is not a readable Parquet file" in errs[0] and "--force" in errs[0]
+
+
+def test_a_packed_file_without_rows(capsys, dirs):
+    write_packs(dirs[0], rows=0)
+    assert main(argv(*dirs)) == 2
+    assert any("has no rows" in e for e in errors(capsys))
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"pack_size": 4096}, f"says pack_size 4096 but the config's sequence length is {SEQ}"),
+    ({"pad": 4}, "were made with pad_seq_to_mult 4"),
+])
+def test_metadata_that_disagrees_with_the_config(capsys, dirs, kw, needle):
+    write_packs(dirs[0], **kw)
+    assert main(argv(*dirs)) == 2
+    errs = errors(capsys)
+    assert len(errs) == 1 and needle in errs[0]
+
+
+def test_missing_metadata(capsys, dirs):
+    paths = write_packs(dirs[0])
+    paths["metadata"].unlink()
+    assert main(argv(*dirs)) == 2
+    assert any(f"packing metadata {paths['metadata']} does not exist" in e for e in errors(capsys))
