@@ -248,9 +248,10 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
 def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int | None = None,
                 ep: int | None = None, iteration: int | None = None, nodes: int | None = None,
                 cluster: str | None = None, job: str = "export", argv: list[str] | None = None,
-                inputs_later: bool = False) -> JobPlan:
+                inputs_later: bool = False, strict: bool = True) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
-    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given."""
+    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. ``strict``: no
+    --not-strict, refused for a model with MTP layers (SFT and LoRA train none: decisions #55)."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     spec = spec_for(hf_model)
     for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
@@ -292,6 +293,10 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
     if n_nodes > 1:
         plan.problems.append(f"an export runs on one node, and {n_nodes} were asked for: submit it with --nodes=1 "
                              "(the other nodes would idle)")
+    if strict and spec is not None and spec.mtp_layers:
+        plan.problems.append(f"{hf_model} has MTP layers, which SFT and LoRA do not train: a strict export drops "
+                             "the shards holding the MTP keys, lm_head.weight with them (fatal for generation): "
+                             "add --not-strict")
     plan.launch = ["python", *module] if lay.world == 1 else \
         ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", *module]
     check_gpus_on_node(plan)
@@ -352,11 +357,17 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     plan.notes.append(f"output: {out}")
     if fetch != hf_id:
         plan.notes.append(f"{hf_id} imports {fetch} (the model the shipped {hf_id} config starts from)")
-    if n_nodes > 1:
+    if spec is not None and megatron and not spec.single_process_import:
+        root = Path(profile.megatron_models_dir) if profile.megatron_models_dir else out.parent
+        plan.problems.append(f"a single-process import of {fetch} hangs while loading (the reference: always "
+                             "torchrun), and this pipeline's import is one process: use the team's converted "
+                             f"checkpoint {root / fetch.split('/')[-1]}")
+    elif n_nodes > 1:
         plan.problems.append(f"import runs on one node, and {n_nodes} were asked for: isambard_sbatch --nodes=1 "
                              f"pipeline_checkpoint_submit.sbatch import {shlex.quote(hf_id)}")
     if spec is not None and megatron:
-        # the Megatron model built in host memory (BF16, CPU initialisation); the HF weights stream from safetensors
+        # the Megatron model built in host memory in the import's dtype (BF16, 2 bytes a parameter; CPU
+        # initialisation) + the overhead; the HF weights stream from safetensors
         plan.host_memory_gb = round(2 * spec.total_params_b + OVERHEAD_GB, 1)
         if profile.host_memory_gb and plan.host_memory_gb > profile.host_memory_gb:
             plan.problems.append(f"import needs ~{plan.host_memory_gb:.0f} GB of host memory > "

@@ -110,7 +110,7 @@ def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later
         return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest)
     return jobs.plan_export(args.ckpt_dir, args.hf_model, tp=args.tp, pp=args.pp, ep=args.ep,
                             iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest,
-                            inputs_later=inputs_later)
+                            inputs_later=inputs_later, strict=not args.not_strict)
 
 
 def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
