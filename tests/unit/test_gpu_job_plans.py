@@ -294,3 +294,24 @@ def test_an_import_that_does_not_fit_the_hosts_memory_is_refused(monkeypatch):
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
     plan = plan_import(NANO, nodes=1)
     assert any("import needs ~68 GB of host memory > 24 GB on 'local_cpu'" in p for p in plan.problems), plan.problems
+
+
+def test_hub_repos_carry_the_run_and_the_iteration_and_offline_push_is_refused_at_planning(monkeypatch):
+    """The online check (HfApi().whoami(), the namespace's role) needs the network and is not exercised here."""
+    from pipeline.checkpoint.plan import hub_repo_name
+
+    assert hub_repo_name(ROOT / "runs" / "sft_a" / "checkpoints", "iter_0000200") == "sft_a-iter_0000200"
+    assert hub_repo_name(ROOT / "runs" / "sft_b" / "checkpoints", "iter_0000200") == "sft_b-iter_0000200"
+    assert hub_repo_name(ROOT / "my_ckpts", "iter_0000010") == "my_ckpts-iter_0000010"
+    argv = ["upload-all", "/no-such-run", "--hf-model", NANO, "--no-reasoning", "--push-to-hub"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    plan = checkpoint_plan(argv, inputs_later=True)
+    assert plan.problems == ["--push-to-hub needs the Hugging Face hub, and HF_HUB_OFFLINE=1: drop --push-to-hub or "
+                             "run where the hub is reachable"]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    plan = checkpoint_plan(argv, inputs_later=True)
+    assert plan.ok and any("<token's user>/no-such-run-iter_NNNNNNN" in n for n in plan.notes), plan.notes
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")  # hub_offline: true
+    plan = checkpoint_plan(["export", "/no-such-run", "--hf-model", NANO, "--no-reasoning", "--push-to-hub"],
+                           inputs_later=True)
+    assert "cluster profile 'local_cpu' is offline (hub_offline)" in plan.problems[-1]

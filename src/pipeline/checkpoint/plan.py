@@ -248,7 +248,7 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
 def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int | None = None,
                 ep: int | None = None, iteration: int | None = None, nodes: int | None = None,
                 cluster: str | None = None, job: str = "export", argv: list[str] | None = None,
-                inputs_later: bool = False, strict: bool = True) -> JobPlan:
+                inputs_later: bool = False, strict: bool = True, push_to_hub: bool = False) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
     model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. ``strict``: no
     --not-strict, refused for a model with MTP layers (SFT and LoRA train none: decisions #55)."""
@@ -261,6 +261,14 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
     found: list[str] = []
     engine = _engine(Path(ckpt_dir), iteration, spec, profile, notes, found,
                      strict=job == "export" and not inputs_later)
+    if push_to_hub:
+        hub_problem = hub_offline_problem(profile)
+        if hub_problem:
+            found.append(hub_problem)
+        else:
+            notes.append(f"--push-to-hub: each iteration goes to <token's user>/"
+                         f"{hub_repo_name(Path(ckpt_dir), 'iter_NNNNNNN')} (private); the token and its write access "
+                         "are checked before converting")
     argv = list(argv or [])
     module = ["-m", "pipeline.cli.checkpoint", *argv]
     if engine == "local":
@@ -314,6 +322,28 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
         plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
                              f"on '{profile.name}' ({_phases(plan.memory_gb)}){fix}")
     return plan
+
+
+def hub_offline_problem(profile: ClusterProfile) -> str | None:
+    """--push-to-hub where the hub is not reachable (HF_HUB_OFFLINE=1 exported, else the profile's hub_offline)
+    is refused at planning, not after the conversion."""
+    import os
+
+    env = os.environ.get("HF_HUB_OFFLINE")
+    offline = env.strip().lower() in ("1", "true", "yes", "on") if env is not None else profile.hub_offline
+    if not offline:
+        return None
+    why = "HF_HUB_OFFLINE=1" if env is not None else f"cluster profile '{profile.name}' is offline (hub_offline)"
+    return f"--push-to-hub needs the Hugging Face hub, and {why}: drop --push-to-hub or run where the hub is reachable"
+
+
+def hub_repo_name(ckpt_dir: Path, iter_name: str) -> str:
+    """The hub repo (under the token's user) an iteration is pushed to: ``<run name>-iter_NNNNNNN``. The run name is
+    the checkpoint folder's, or its parent's under the default layout (``<run>/checkpoints``), so runs never share
+    a repo (decisions #55)."""
+    p = Path(ckpt_dir).resolve() if not Path(ckpt_dir).is_absolute() else Path(ckpt_dir)
+    run = p.parent.name if p.name in ("checkpoints", "ckpts", "checkpoint") and p.parent.name else p.name
+    return f"{run or 'checkpoint'}-{iter_name}"
 
 
 def _export_phases(spec: ModelSpec, lay: Layout, profile: ClusterProfile) -> dict[str, float]:
