@@ -315,3 +315,34 @@ def test_hub_repos_carry_the_run_and_the_iteration_and_offline_push_is_refused_a
     plan = checkpoint_plan(["export", "/no-such-run", "--hf-model", NANO, "--no-reasoning", "--push-to-hub"],
                            inputs_later=True)
     assert "cluster profile 'local_cpu' is offline (hub_offline)" in plan.problems[-1]
+
+
+def _pending_export(tmp_path, record: dict | None, config: dict):
+    import json
+
+    hf = tmp_path / "iter_0000200" / "hf"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text(json.dumps(config))
+    if record is not None:
+        (hf / "pipeline_export.json").write_text(json.dumps(record))
+    return hf
+
+
+def test_a_pending_export_is_sized_from_the_model_it_is_exported_from(tmp_path):
+    """An hf/ whose weights are not written yet (the coherence job waits for the conversion) is not 0.0 GB."""
+    hf = _pending_export(tmp_path, {"hf_model": SUPER}, {"vocab_size": 131072})
+    plan = coherence_plan([str(hf)], inputs_later=True)
+    assert plan.memory_per_gpu_gb > 60 and plan.gpus_per_node == 4, plan.format()
+    assert "weights not written yet" in plan.notes[0]
+    with pytest.raises(UserError, match="nothing was submitted"):  # Super on one GPU: refused before the queue
+        sbatch_cli.build_submission(["--gpus-per-node=1", "pipeline_coherence_submit.sbatch", str(hf)])
+
+
+def test_a_pending_export_without_a_record_is_sized_from_its_config(tmp_path):
+    from pipeline.coherence.plan import config_params_b
+
+    cfg = {"hidden_size": 4096, "vocab_size": 128000, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "tie_word_embeddings": False}
+    assert 7.9 < config_params_b(cfg) < 8.2  # a Llama-3-8B-shaped config: 8.0B
+    plan = coherence_plan([str(_pending_export(tmp_path, None, cfg))], inputs_later=True)
+    assert 20 < plan.memory_per_gpu_gb < 95 and "config.json's architecture" in plan.notes[0]
