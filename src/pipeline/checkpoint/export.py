@@ -466,8 +466,9 @@ def check_hub_access(repo_id: str | None = None) -> str:
     try:
         who = HfApi().whoami()
     except Exception as exc:  # no token, an invalid one, no network
-        raise UserError(f"--push-to-hub: the Hugging Face token does not work ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); set HF_TOKEN or run `hf auth login`") from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(f"--push-to-hub: the Hugging Face token does not work ({type(exc).__name__}: {first}); "
+                        "set HF_TOKEN or run `hf auth login`") from None
     user = str(who.get("name") or "")
     role = (who.get("auth") or {}).get("accessToken", {}).get("role")
     if role == "read":

@@ -72,8 +72,8 @@ def config_params_b(cfg: dict) -> float:
     """Billions of parameters of a decoder from its Hugging Face config (embeddings, attention, dense MLP, routed
     and shared experts per layer): an estimate for sizing, 0.0 when the config does not say enough."""
     h, vocab = _int(cfg.get("hidden_size")), _int(cfg.get("vocab_size"))
-    layers = _int(cfg.get("num_hidden_layers")) or len(cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern")
-                                                     or "")
+    blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern") or ""
+    layers = _int(cfg.get("num_hidden_layers")) or len(blocks)
     if not (h and vocab and layers):
         return 0.0
     heads = _int(cfg.get("num_attention_heads")) or 1
