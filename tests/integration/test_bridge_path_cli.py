@@ -24,12 +24,17 @@ def test_import_runs_on_one_node(pipeline_env, tmp_path):
     reads."""
     env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PIPELINE_CLUSTER": "isambard_gh200",
            "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "nid[001-004]", "SLURM_NODEID": "2"}
-    res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+    res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16",
                "--output", str(tmp_path / "out")], env=env)
     assert res.returncode == 2 and res.stderr == (
         "error: import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 "
-        "pipeline_checkpoint_submit.sbatch import nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16\n")
+        "pipeline_checkpoint_submit.sbatch import nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16\n")
     assert not (tmp_path / "out").exists()
+    # Super: never one process (the reference: it hangs), on any node count (decisions #55)
+    res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+               "--output", str(tmp_path / "out")], env=env)
+    assert res.returncode == 2 and res.stderr.startswith("error: a single-process import of ") and \
+        res.stderr.count("\n") == 1
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nano", "--output", str(tmp_path / "out")],
               env={**env, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "nid001", "SLURM_NODEID": "0"})
     assert res.returncode == 2 and res.stderr.startswith(

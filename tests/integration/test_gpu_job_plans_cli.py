@@ -43,7 +43,7 @@ def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
 
 @pytest.mark.parametrize("hf_model, export_gb", [(NANO, 26.1), (SUPER, 77.8)])
 def test_nano_and_super_exports_plan_ep4_on_one_node_and_fit(hf_model, export_gb):
-    plan = plan_export(ROOT / "no-such-run", hf_model, inputs_later=True)  # planned before training wrote it
+    plan = plan_export(ROOT / "no-such-run", hf_model, inputs_later=True, strict=False)  # planned before training wrote it
     d = plan.as_dict()
     assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"]) == (4, 1, 4, 1, 1, 4)
     assert plan.ok, plan.problems

@@ -28,7 +28,7 @@ def isambard(monkeypatch):
 
 
 def test_a_single_process_super_export_is_refused_with_the_layout_that_fits():
-    plan = plan_export(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1, inputs_later=True)
+    plan = plan_export(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1, inputs_later=True, strict=False)
     assert plan.problems == ["estimated 247.0 GB per GPU > 95 GB on 'isambard_gh200' (export 247.0, verify_megatron "
                              "245.0, verify_hf 65.0): use --tp 1 --pp 1 --ep 4 (77.8 GB)"]
 
@@ -40,11 +40,12 @@ def test_a_single_process_super_export_is_refused_with_the_layout_that_fits():
      "tp(8) = 8 > gpus_per_node(4) on 'isambard_gh200'"),
     (["export", "/c", "--hf-model", NANO, "--no-reasoning", "--pp", "2", "--ep", "4"],
      "an export runs on one node: world 8"),
-    (["upload-all", "/c", "--hf-model", SUPER, "--no-reasoning", "--nodes", "2"],
+    (["upload-all", "/c", "--hf-model", SUPER, "--no-reasoning", "--not-strict", "--nodes", "2"],
      "an export runs on one node, and 2 were asked for"),
-    (["import", "super", "--nodes", "4"],
+    (["import", "nano", "--nodes", "4"],
      "import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 pipeline_checkpoint_submit.sbatch "
-     "import super"),
+     "import nano"),
+    (["import", "super", "--nodes", "4"], "a single-process import of nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"),
 ])
 def test_impossible_checkpoint_jobs_are_refused(argv, needle):
     plan = checkpoint_plan(argv)
@@ -86,8 +87,8 @@ def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks(
         assert megatron and str(out) == cfg["checkpoint"]["pretrained_checkpoint"]
         assert out.name == fetch.split("/")[-1]
     assert import_target("nano", None, profile)[0] == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
-    plan = plan_import("super")
-    assert plan.ok and plan.host_memory_gb == 245.0 and plan.world_size == 1
+    plan = plan_import("nano")
+    assert plan.ok and plan.host_memory_gb == 68.2 and plan.world_size == 1
 
 
 def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
@@ -97,9 +98,12 @@ def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, ok", [
-    (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning"], True),
     (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning",
-      "--ep", "1"], False),
+      "--not-strict"], True),
+    (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning"],
+      False),  # no --not-strict: the MTP shards (and lm_head.weight) would be dropped
+    (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning",
+      "--not-strict", "--ep", "1"], False),
     (["--nodes=4", "pipeline_checkpoint_submit.sbatch", "import", "super"], False),
     (["--nodes=6", "pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER,
       "--tp", "4", "--pp", "6", "--ep", "4"], True),
@@ -255,3 +259,90 @@ def test_one_rule_for_the_ranks_environment():
     assert job_environ(profile_env, {"A": "inherited", "C": "inherited"}, {"B": "config"}) == \
         {"A": "profile", "B": "config", "C": "inherited"}
     assert job_environ({}, {"C": "inherited"}) == {"C": "inherited"}
+
+
+# ---- issue 33 --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("action", ["export", "upload-all"])
+def test_a_super_export_without_not_strict_is_refused_with_the_fix(action):
+    """Super has MTP layers and SFT/LoRA trains none: a strict export drops the MTP shards and lm_head.weight."""
+    argv = [action, "/no-such-run", "--hf-model", SUPER, "--no-reasoning"]
+    plan = checkpoint_plan(argv, inputs_later=True)
+    assert [p for p in plan.problems if "--not-strict" in p] == [
+        f"{SUPER} has MTP layers, which SFT and LoRA do not train: a strict export drops the shards holding the "
+        "MTP keys, lm_head.weight with them (fatal for generation): add --not-strict"]
+    assert checkpoint_plan([*argv, "--not-strict"], inputs_later=True).ok
+    assert checkpoint_plan([action, "/no-such-run", "--hf-model", NANO, "--no-reasoning"], inputs_later=True).ok
+    assert get_model("super").mtp_layers > 0 and get_model("nano").mtp_layers == 0
+
+
+def test_a_super_import_is_never_single_process_and_host_memory_is_checked():
+    plan = plan_import("super")
+    assert not plan.ok and plan.world_size == 1
+    assert plan.problems == [
+        "a single-process import of nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 hangs while loading (the "
+        "reference: always torchrun), and this pipeline's import is one process: use the team's converted "
+        "checkpoint /projects/a5k/public/checkpoints/megatron_bridges/models/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"]
+    assert plan.host_memory_gb == 245.0  # bf16 weights + overhead, checked against the profile's host memory
+    assert load_cluster("isambard_gh200").host_memory_gb > 0
+    four = plan_import("super", nodes=4)  # the reference's --nodes=4: the same refusal, not "use --nodes=1"
+    assert not any("--nodes=1" in p for p in four.problems)
+    nano = plan_import("nano")
+    assert nano.ok and nano.host_memory_gb == 68.2 and nano.host_memory_gb < load_cluster("isambard_gh200").host_memory_gb
+
+
+def test_an_import_that_does_not_fit_the_hosts_memory_is_refused(monkeypatch):
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+    plan = plan_import(NANO, nodes=1)
+    assert any("import needs ~68 GB of host memory > 24 GB on 'local_cpu'" in p for p in plan.problems), plan.problems
+
+
+def test_hub_repos_carry_the_run_and_the_iteration_and_offline_push_is_refused_at_planning(monkeypatch):
+    """The online check (HfApi().whoami(), the namespace's role) needs the network and is not exercised here."""
+    from pipeline.checkpoint.plan import hub_repo_name
+
+    assert hub_repo_name(ROOT / "runs" / "sft_a" / "checkpoints", "iter_0000200") == "sft_a-iter_0000200"
+    assert hub_repo_name(ROOT / "runs" / "sft_b" / "checkpoints", "iter_0000200") == "sft_b-iter_0000200"
+    assert hub_repo_name(ROOT / "my_ckpts", "iter_0000010") == "my_ckpts-iter_0000010"
+    argv = ["upload-all", "/no-such-run", "--hf-model", NANO, "--no-reasoning", "--push-to-hub"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    plan = checkpoint_plan(argv, inputs_later=True)
+    assert plan.problems == ["--push-to-hub needs the Hugging Face hub, and HF_HUB_OFFLINE=1: drop --push-to-hub or "
+                             "run where the hub is reachable"]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    plan = checkpoint_plan(argv, inputs_later=True)
+    assert plan.ok and any("<token's user>/no-such-run-iter_NNNNNNN" in n for n in plan.notes), plan.notes
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")  # hub_offline: true
+    plan = checkpoint_plan(["export", "/no-such-run", "--hf-model", NANO, "--no-reasoning", "--push-to-hub"],
+                           inputs_later=True)
+    assert "cluster profile 'local_cpu' is offline (hub_offline)" in plan.problems[-1]
+
+
+def _pending_export(tmp_path, record: dict | None, config: dict):
+    import json
+
+    hf = tmp_path / "iter_0000200" / "hf"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text(json.dumps(config))
+    if record is not None:
+        (hf / "pipeline_export.json").write_text(json.dumps(record))
+    return hf
+
+
+def test_a_pending_export_is_sized_from_the_model_it_is_exported_from(tmp_path):
+    """An hf/ whose weights are not written yet (the coherence job waits for the conversion) is not 0.0 GB."""
+    hf = _pending_export(tmp_path, {"hf_model": SUPER}, {"vocab_size": 131072})
+    plan = coherence_plan([str(hf)], inputs_later=True)
+    assert plan.memory_per_gpu_gb > 60 and plan.gpus_per_node == 4, plan.format()
+    assert "weights not written yet" in plan.notes[0]
+    with pytest.raises(UserError, match="nothing was submitted"):  # Super on one GPU: refused before the queue
+        sbatch_cli.build_submission(["--gpus-per-node=1", "pipeline_coherence_submit.sbatch", str(hf)])
+
+
+def test_a_pending_export_without_a_record_is_sized_from_its_config(tmp_path):
+    from pipeline.coherence.plan import config_params_b
+
+    cfg = {"hidden_size": 4096, "vocab_size": 128000, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "tie_word_embeddings": False}
+    assert 7.9 < config_params_b(cfg) < 8.2  # a Llama-3-8B-shaped config: 8.0B
+    plan = coherence_plan([str(_pending_export(tmp_path, None, cfg))], inputs_later=True)
+    assert 20 < plan.memory_per_gpu_gb < 95 and "config.json's architecture" in plan.notes[0]

@@ -244,3 +244,19 @@ def test_a_mistyped_count_is_one_problem_and_null_keeps_a_default(capsys):
 
     plan = plan_from_argv(TINY + ["pipeline.local.dtype=null", "pipeline.local.autocast=null"])
     assert plan.preflight.ok and plan.cfg.pipeline.local.dtype == "float32" and plan.cfg.pipeline.local.autocast == "off"
+
+
+def test_the_out_of_memory_hint_does_not_ask_for_recompute_that_is_on(capsys):
+    """Issue 33 item 5: with full recompute on, the hint names what is left to change."""
+    assert main(BASE + ["model.recompute_granularity=full", "train.micro_batch_size=16"]) == 2
+    line = next(e for e in errors(capsys) if "estimated memory" in e)
+    assert "enable model.recompute_granularity=full" not in line and "full recompute is already on" in line
+    assert main(BASE + ["model.recompute_granularity=null"]) == 2
+    assert any("enable model.recompute_granularity=full" in e for e in errors(capsys))
+
+
+def test_a_missing_nano_base_names_the_base_import(capsys):
+    """Issue 33 item 5: the Nano configs start from the -Base-BF16 import, so the hint imports that model."""
+    assert main(BASE[:-1] + ["checkpoint.pretrained_checkpoint=/no/such/base"]) == 2
+    line = next(e for e in errors(capsys) if "/no/such/base does not exist" in e)
+    assert "import nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16," in line, line

@@ -455,6 +455,32 @@ def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False) 
     return target
 
 
+def check_hub_access(repo_id: str | None = None) -> str:
+    """The token's user name, checked before converting: the token is valid (``HfApi().whoami()``) and can write
+    to ``repo_id``'s namespace (the user's own, or an organisation where its role is write or admin). Needs the
+    network; UserError (one line) otherwise."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise UserError("--push-to-hub needs the Hugging Face hub, but HF_HUB_OFFLINE=1")
+    from huggingface_hub import HfApi
+
+    try:
+        who = HfApi().whoami()
+    except Exception as exc:  # no token, an invalid one, no network
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(f"--push-to-hub: the Hugging Face token does not work ({type(exc).__name__}: {first}); "
+                        "set HF_TOKEN or run `hf auth login`") from None
+    user = str(who.get("name") or "")
+    role = (who.get("auth") or {}).get("accessToken", {}).get("role")
+    if role == "read":
+        raise UserError(f"--push-to-hub: the Hugging Face token of {user} is read-only; use a write token")
+    ns = repo_id.split("/")[0] if repo_id and "/" in repo_id else user
+    if ns != user:
+        orgs = {o.get("name"): o.get("roleInOrg") for o in who.get("orgs") or []}
+        if orgs.get(ns) not in ("write", "admin", "contributor"):
+            raise UserError(f"--push-to-hub: {user} cannot write to the namespace '{ns}' (role: {orgs.get(ns)})")
+    return user
+
+
 def push_to_hub(hf_dir: Path, repo_id: str) -> str:
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise UserError("--push-to-hub needs the Hugging Face hub, but HF_HUB_OFFLINE=1 (set HF_HUB_OFFLINE=0 and "

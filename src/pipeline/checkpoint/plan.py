@@ -254,9 +254,10 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
 def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int | None = None,
                 ep: int | None = None, iteration: int | None = None, nodes: int | None = None,
                 cluster: str | None = None, job: str = "export", argv: list[str] | None = None,
-                inputs_later: bool = False) -> JobPlan:
+                inputs_later: bool = False, strict: bool = True, push_to_hub: bool = False) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
-    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given."""
+    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. ``strict``: no
+    --not-strict, refused for a model with MTP layers (SFT and LoRA train none: decisions #55)."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     spec = spec_for(hf_model)
     for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
@@ -268,6 +269,14 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                      strict=job == "export" and not inputs_later)
     found += invisible_paths(profile, [("checkpoint directory", ckpt_dir),
                                        *([("--hf-model", hf_model)] if local_path(hf_model) else [])])
+    if push_to_hub:
+        hub_problem = hub_offline_problem(profile)
+        if hub_problem:
+            found.append(hub_problem)
+        else:
+            notes.append(f"--push-to-hub: each iteration goes to <token's user>/"
+                         f"{hub_repo_name(Path(ckpt_dir), 'iter_NNNNNNN')} (private); the token and its write access "
+                         "are checked before converting")
     argv = list(argv or [])
     module = ["-m", "pipeline.cli.checkpoint", *argv]
     if engine == "local":
@@ -300,6 +309,10 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
     if n_nodes > 1:
         plan.problems.append(f"an export runs on one node, and {n_nodes} were asked for: submit it with --nodes=1 "
                              "(the other nodes would idle)")
+    if strict and spec is not None and spec.mtp_layers:
+        plan.problems.append(f"{hf_model} has MTP layers, which SFT and LoRA do not train: a strict export drops "
+                             "the shards holding the MTP keys, lm_head.weight with them (fatal for generation): "
+                             "add --not-strict")
     plan.launch = ["python", *module] if lay.world == 1 else \
         ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", *module]
     check_gpus_on_node(plan)
@@ -317,6 +330,28 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
         plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
                              f"on '{profile.name}' ({_phases(plan.memory_gb)}){fix}")
     return plan
+
+
+def hub_offline_problem(profile: ClusterProfile) -> str | None:
+    """--push-to-hub where the hub is not reachable (HF_HUB_OFFLINE=1 exported, else the profile's hub_offline)
+    is refused at planning, not after the conversion."""
+    import os
+
+    env = os.environ.get("HF_HUB_OFFLINE")
+    offline = env.strip().lower() in ("1", "true", "yes", "on") if env is not None else profile.hub_offline
+    if not offline:
+        return None
+    why = "HF_HUB_OFFLINE=1" if env is not None else f"cluster profile '{profile.name}' is offline (hub_offline)"
+    return f"--push-to-hub needs the Hugging Face hub, and {why}: drop --push-to-hub or run where the hub is reachable"
+
+
+def hub_repo_name(ckpt_dir: Path, iter_name: str) -> str:
+    """The hub repo (under the token's user) an iteration is pushed to: ``<run name>-iter_NNNNNNN``. The run name is
+    the checkpoint folder's, or its parent's under the default layout (``<run>/checkpoints``), so runs never share
+    a repo (decisions #55)."""
+    p = Path(ckpt_dir).resolve() if not Path(ckpt_dir).is_absolute() else Path(ckpt_dir)
+    run = p.parent.name if p.name in ("checkpoints", "ckpts", "checkpoint") and p.parent.name else p.name
+    return f"{run or 'checkpoint'}-{iter_name}"
 
 
 def _export_phases(spec: ModelSpec, lay: Layout, profile: ClusterProfile) -> dict[str, float]:
@@ -360,11 +395,17 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     plan.notes.append(f"output: {out}")
     if fetch != hf_id:
         plan.notes.append(f"{hf_id} imports {fetch} (the model the shipped {hf_id} config starts from)")
-    if n_nodes > 1:
+    if spec is not None and megatron and not spec.single_process_import:
+        root = Path(profile.megatron_models_dir) if profile.megatron_models_dir else out.parent
+        plan.problems.append(f"a single-process import of {fetch} hangs while loading (the reference: always "
+                             "torchrun), and this pipeline's import is one process: use the team's converted "
+                             f"checkpoint {root / fetch.split('/')[-1]}")
+    elif n_nodes > 1:
         plan.problems.append(f"import runs on one node, and {n_nodes} were asked for: isambard_sbatch --nodes=1 "
                              f"pipeline_checkpoint_submit.sbatch import {shlex.quote(hf_id)}")
     if spec is not None and megatron:
-        # the Megatron model built in host memory (BF16, CPU initialisation); the HF weights stream from safetensors
+        # the Megatron model built in host memory in the import's dtype (BF16, 2 bytes a parameter; CPU
+        # initialisation) + the overhead; the HF weights stream from safetensors
         plan.host_memory_gb = round(2 * spec.total_params_b + OVERHEAD_GB, 1)
         if profile.host_memory_gb and plan.host_memory_gb > profile.host_memory_gb:
             plan.problems.append(f"import needs ~{plan.host_memory_gb:.0f} GB of host memory > "

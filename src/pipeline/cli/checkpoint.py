@@ -83,7 +83,7 @@ def build_parser() -> Parser:
     e.add_argument("--iteration", type=int)
     e.add_argument("--lock-held", action="store_true", help=argparse.SUPPRESS)  # upload-all holds the lock
     e.add_argument("--push-to-hub", action="store_true")
-    e.add_argument("--hub-repo", help="repo id for --push-to-hub (default: <user>/<ckpt-dir-name>-iter<N>)")
+    e.add_argument("--hub-repo", help="repo id for --push-to-hub (default: <token's user>/<run name>-iter_NNNNNNN)")
     i = sub.add_parser("import", help="HF -> checkpoint")
     i.add_argument("hf_id")
     i.add_argument("--output", type=Path, help="default: the cluster profile's megatron_models_dir/<HF name> "
@@ -110,7 +110,8 @@ def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later
         return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest)
     return jobs.plan_export(args.ckpt_dir, args.hf_model, tp=args.tp, pp=args.pp, ep=args.ep,
                             iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest,
-                            inputs_later=inputs_later)
+                            inputs_later=inputs_later, strict=not args.not_strict,
+                            push_to_hub=getattr(args, "push_to_hub", False))
 
 
 def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
 
     lay = plan.layout
     args.tp, args.pp, args.ep = lay.tp, lay.pp, lay.ep
+    hub_user = ""
+    if args.push_to_hub and "LOCAL_RANK" not in os.environ:  # before hours of conversion: the token and its rights
+        hub_user = ex.check_hub_access(getattr(args, "hub_repo", None))
 
     def convert(iter_path: Path) -> dict:
         if args.action == "upload-all" and plan.world_size > 1:
@@ -189,9 +193,14 @@ def main(argv: list[str] | None = None) -> int:
             rc = run_coherence(CoherenceRun(model=str(iter_path / "hf"), reasoning=args.reasoning, quiet=True))
             rec = {**rec, "coherence_exit_code": rc}
         if args.push_to_hub:
-            repo = getattr(args, "hub_repo", None) or f"{args.ckpt_dir.name}-{iter_path.name}"
-            rec = {**rec, "hub_url": ex.push_to_hub(iter_path / "hf", repo)}
+            rec = {**rec, "hub_url": ex.push_to_hub(iter_path / "hf", hub_repo(iter_path))}
         return rec
+
+    def hub_repo(iter_path: Path) -> str:
+        if getattr(args, "hub_repo", None):
+            return args.hub_repo
+        user = hub_user or ex.check_hub_access()  # a torchrun rank: its launcher checked before the exec
+        return f"{user}/{jobs.hub_repo_name(args.ckpt_dir, iter_path.name)}"
 
     if args.action == "export":
         iter_path = layout.resolve_iteration(args.ckpt_dir, args.iteration)

@@ -36,21 +36,59 @@ MODULE = ["-m", "pipeline.cli.coherence"]
 
 def _hf_size(model: str) -> tuple[float, int, str] | None:
     """(billions of parameters, vocab, where from) of an HF model: the registry, else a local folder's safetensors
-    sizes (BF16 on disk: 2 bytes per parameter; FP32 exports count double, which errs on the safe side)."""
+    sizes (BF16 on disk: 2 bytes per parameter; FP32 exports count double, which errs on the safe side); a folder
+    without its weights yet (a job that waits for the export) from the registry model it is exported from
+    (``pipeline_export.json``'s hf_model), else from its ``config.json``'s architecture."""
     spec = spec_for(model)
     if spec is not None:
         return spec.total_params_b, spec.vocab_size, "registry"
     p = Path(model)
     if p.is_dir():
+        cfg = _read_json(p / "config.json")
+        vocab = _int(cfg.get("vocab_size"))
         size = model_bytes(model)  # the hf backend's own sizing: the folder's safetensors
-        vocab = 0
-        try:
-            vocab = int(json.loads((p / "config.json").read_text()).get("vocab_size") or 0)
-        except (OSError, ValueError, AttributeError):
-            pass
         if size:
             return size / 2 / 1e9, vocab, "safetensors size"
+        source = spec_for(str(_read_json(p / "pipeline_export.json").get("hf_model") or ""))
+        if source is not None and source.total_params_b:
+            return source.total_params_b, source.vocab_size, f"weights not written yet: {source.hf_id}, the registry"
+        billions = config_params_b(cfg)
+        if billions:
+            return billions, vocab, "weights not written yet: config.json's architecture"
     return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _int(v) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def config_params_b(cfg: dict) -> float:
+    """Billions of parameters of a decoder from its Hugging Face config (embeddings, attention, dense MLP, routed
+    and shared experts per layer): an estimate for sizing, 0.0 when the config does not say enough."""
+    h, vocab = _int(cfg.get("hidden_size")), _int(cfg.get("vocab_size"))
+    blocks = cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern") or ""
+    layers = _int(cfg.get("num_hidden_layers")) or len(blocks)
+    if not (h and vocab and layers):
+        return 0.0
+    heads = _int(cfg.get("num_attention_heads")) or 1
+    hd = _int(cfg.get("head_dim")) or h // heads
+    kv = _int(cfg.get("num_key_value_heads")) or heads
+    attn = h * hd * (2 * heads + 2 * kv)
+    experts = _int(cfg.get("n_routed_experts")) or _int(cfg.get("num_experts")) or _int(cfg.get("num_local_experts"))
+    moe_inter = _int(cfg.get("moe_intermediate_size"))
+    inter = _int(cfg.get("intermediate_size"))
+    shared = _int(cfg.get("moe_shared_expert_intermediate_size")) * max(1, _int(cfg.get("n_shared_experts")))
+    mlp = 3 * h * (experts * moe_inter + shared) if experts and moe_inter else 3 * h * inter
+    embed = vocab * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    return (embed + layers * (attn + mlp)) / 1e9
 
 
 def torchrun_line(world: int, nodes: int, procs: int, argv: list[str], port: int) -> list[str]:

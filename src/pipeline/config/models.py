@@ -55,6 +55,12 @@ class ModelSpec:
     # masked per document); a model with layers that ignore them (Mamba in transformers' PyTorch fallback scans the
     # whole row) is trained one document per sample instead (tests/unit/test_packed_isolation.py).
     isolates_packed: bool = True
+    # Multi-token-prediction layers of the Hugging Face model: SFT and LoRA train none, so a strict export drops
+    # the shards holding the MTP keys and lm_head.weight with them (the export plan requires --not-strict).
+    mtp_layers: int = 0
+    # False: a one-process Hugging Face -> Megatron import hangs while loading (the reference: "always torchrun");
+    # the import plan refuses it.
+    single_process_import: bool = True
 
     @property
     def is_local(self) -> bool:
@@ -208,6 +214,10 @@ REGISTRY: dict[str, ModelSpec] = {
             hidden_size=4096,
             num_layers=88,
             vocab_size=131072,
+            # The reference: "--not-strict required for SFT exports: SFT training doesn't include MTP layers";
+            # the planners use only mtp_layers > 0 (the HF model's MTP block).
+            mtp_layers=1,
+            single_process_import=False,  # the reference: single-process conversion hangs for Super
             # Only the SFT recipe is restated: the pretrain alias builds a 64-GPU layout in a private
             # function and the PEFT recipe branches on its arguments; for those the YAML must set the
             # parallelism (the preflight says so when it is missing).

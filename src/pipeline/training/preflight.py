@@ -233,7 +233,9 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
     _check_suite_keys(cfg, plan)
     plan.memory_budget_gb = cluster.memory_budget_gb
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
-        hint = "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size" \
+        hint = ("raise cp/ep/tp (within a node) or lower micro_batch_size (full recompute is already on)"
+                if recompute == "full" else
+                "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size") \
             if not local else "lower train.micro_batch_size or model.seq_length"
         per = "GPU" if cluster.has_gpus else "host"
         plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {per}"
@@ -461,10 +463,10 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
         ckpt = cfg.checkpoint.pretrained_checkpoint or cfg.checkpoint.load
         if ckpt is None:
             plan.problems.append(f"mode {mode} starts from a checkpoint: set checkpoint.pretrained_checkpoint "
-                                 f"(import one with: pipeline_checkpoint_convert.sh import {spec.hf_id})")
+                                 f"(import one with: pipeline_checkpoint_convert.sh import {spec.import_hf_id})")
         elif not Path(ckpt).exists():
             plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
-                                 f"import {spec.hf_id}, or fix checkpoint.pretrained_checkpoint")
+                                 f"import {spec.import_hf_id}, or fix checkpoint.pretrained_checkpoint")
 
 
 def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:
