@@ -30,7 +30,7 @@ def test_import_runs_on_one_node(pipeline_env, tmp_path):
         "error: import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 "
         "pipeline_checkpoint_submit.sbatch import nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16\n")
     assert not (tmp_path / "out").exists()
-    # Super: never one process (the reference: it hangs), on any node count (decisions #55)
+    # Super: never one process (the reference: it hangs), on any node count (decisions #57)
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
                "--output", str(tmp_path / "out")], env=env)
     assert res.returncode == 2 and res.stderr.startswith("error: a single-process import of ") and \

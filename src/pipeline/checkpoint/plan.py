@@ -257,7 +257,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                 inputs_later: bool = False, strict: bool = True, push_to_hub: bool = False) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
     model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. ``strict``: no
-    --not-strict, refused for a model with MTP layers (SFT and LoRA train none: decisions #55)."""
+    --not-strict, refused for a model with MTP layers (SFT and LoRA train none: decisions #57)."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     spec = spec_for(hf_model)
     for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
@@ -348,7 +348,7 @@ def hub_offline_problem(profile: ClusterProfile) -> str | None:
 def hub_repo_name(ckpt_dir: Path, iter_name: str) -> str:
     """The hub repo (under the token's user) an iteration is pushed to: ``<run name>-iter_NNNNNNN``. The run name is
     the checkpoint folder's, or its parent's under the default layout (``<run>/checkpoints``), so runs never share
-    a repo (decisions #55)."""
+    a repo (decisions #57)."""
     p = Path(ckpt_dir).resolve() if not Path(ckpt_dir).is_absolute() else Path(ckpt_dir)
     run = p.parent.name if p.name in ("checkpoints", "ckpts", "checkpoint") and p.parent.name else p.name
     return f"{run or 'checkpoint'}-{iter_name}"
