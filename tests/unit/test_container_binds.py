@@ -96,12 +96,10 @@ def test_training_refuses_a_dataset_outside_the_binds(tmp_path):
 
 
 def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
-    from pipeline.data.packed_parquet import packed_paths
+    from tests.unit.test_preflight_packed import write_packs
 
     data, ckpt = tmp_path / "data", tmp_path / "models" / "nano"
-    train = packed_paths(data, NANO_TOK, 16, 32768)["train"]
-    train.parent.mkdir(parents=True)
-    train.touch()
+    write_packs(data)  # a readable packed Parquet: the preflight reads it (decisions #56)
     ckpt.mkdir(parents=True)
     argv = [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16", f"dataset.dataset_root={data}",
             f"checkpoint.pretrained_checkpoint={ckpt}"]

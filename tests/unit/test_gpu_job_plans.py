@@ -21,6 +21,13 @@ NANO, SUPER = get_model("nano").hf_id, get_model("super").hf_id
 
 
 @pytest.fixture(autouse=True)
+def _paths_are_bound(tmp_path, monkeypatch):
+    """The plans here are about layouts, memory and hub rules; the paths they name are bound into the container (the
+    binds rule has its own tests: tests/unit/test_container_binds.py)."""
+    monkeypatch.setenv("PIPELINE_BINDS", ",".join((str(tmp_path), "/no-such-run", "/c", "/ckpts", "/runs")))
+
+
+@pytest.fixture(autouse=True)
 def isambard(monkeypatch):
     monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
     for k in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"):

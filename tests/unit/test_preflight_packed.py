@@ -37,7 +37,8 @@ def write_packs(root, rows=3, pack_size=SEQ, pad=PAD):
 
 
 @pytest.fixture
-def dirs(tmp_path):
+def dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))  # the container sees them (binds: decisions #55)
     root, ckpt = tmp_path / "data", tmp_path / "ckpt"
     root.mkdir()
     ckpt.mkdir()
