@@ -12,7 +12,7 @@
 #         on "cuda" by name; the factories elsewhere (torch itself, transformers) are untouched
 #   megatron.bridge.training.initialize.compile_helpers -> megatron-core's own helpers.cpp (the dataset index
 #         builder) compiled for this Python by the same g++ line as megatron-core's Makefile (pybind11's headers
-#         from torch), into MEGATRON_CPU_HELPERS_DIR (default /tmp/megatron_cpu_helpers), once; and
+#         from torch), into MEGATRON_CPU_HELPERS_DIR (default /tmp/megatron_cpu_helpers), once per source; and
 #         megatron.core.datasets.helpers_cpp imported from there on every rank. Not CUDA: the harness venv is
 #         Python 3.11 and megatron-core 0.19.2's wheel ships helpers_cpp for CPython 3.12 only and no Makefile, so
 #         its compile_helpers (core/datasets/utils.py:27, "make -C", initialize.py:147) fails and exits
@@ -146,9 +146,19 @@ PATCHED_IMPORTS = ["nvidia_resiliency_ext.inprocess.CallWrapper (for megatron.br
 _HELPERS = "megatron.core.datasets.helpers_cpp"
 
 
+def _helpers_source() -> str:
+    spec = importlib.util.find_spec("megatron.core.datasets")
+    return os.path.join(os.path.dirname(spec.origin), "helpers.cpp")
+
+
 def _helpers_path() -> str:
+    """MEGATRON_CPU_HELPERS_DIR/<the source's digest>/helpers_cpp<this Python's suffix>: one build per source."""
+    import hashlib
+
+    with open(_helpers_source(), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
     folder = os.environ.get("MEGATRON_CPU_HELPERS_DIR", "/tmp/megatron_cpu_helpers")
-    return os.path.join(folder, "helpers_cpp" + sysconfig.get_config_var("EXT_SUFFIX"))
+    return os.path.join(folder, digest, "helpers_cpp" + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
 def _compile_helpers() -> None:
@@ -156,8 +166,7 @@ def _compile_helpers() -> None:
     out = _helpers_path()
     if os.path.exists(out):
         return
-    spec = importlib.util.find_spec("megatron.core.datasets")
-    src = os.path.join(os.path.dirname(spec.origin), "helpers.cpp")
+    src = _helpers_source()
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = f"{out}.{os.getpid()}.tmp"
     cmd = ["g++", "-O3", "-Wall", "-shared", "-std=c++11", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
