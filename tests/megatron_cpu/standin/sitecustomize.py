@@ -150,4 +150,4 @@ builtins.__import__ = _standin_import
 
 # Bridge's training loop (pretrain()): its own stand-in, only when asked (tests/megatron_cpu/standin/training_standin.py).
 if os.environ.get("MEGATRON_CPU_TRAINING") == "1":
-    import training_standin  # noqa: E402,F401
+    import training_standin  # noqa: F401

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a Hydra override after the engine's (repeatable; the megatron_cpu tier's CPU settings)")
     args = ap.parse_args(argv)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    container = bridge.smoke_config(args.run_dir, world=world, tp=args.tp, iters=args.iters,
-                                    extra_overrides=[*engine_overrides(args.run_dir, args.save_interval), *args.override])
+    extra = [*engine_overrides(args.run_dir, args.save_interval), *args.override]
+    container = bridge.smoke_config(args.run_dir, world=world, tp=args.tp, iters=args.iters, extra_overrides=extra)
     steps: list[dict] = []
 
     def on_step(it: int, metrics: dict) -> None:
