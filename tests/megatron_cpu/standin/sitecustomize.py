@@ -165,3 +165,7 @@ def _standin_import(name, globals=None, locals=None, fromlist=(), level=0):
 
 
 builtins.__import__ = _standin_import
+
+# Bridge's training loop (pretrain()): its own stand-in, only when asked (tests/megatron_cpu/standin/training_standin.py).
+if os.environ.get("MEGATRON_CPU_TRAINING") == "1":
+    import training_standin  # noqa: F401

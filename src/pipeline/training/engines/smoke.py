@@ -2,7 +2,7 @@
 ``bridge-train-resume`` (``pipeline.env.device_check``; tests/gpu/device_check.sh, validate --run-training).
 
     torchrun --standalone --nproc-per-node=N -m pipeline.training.engines.smoke --run-dir DIR --iters 6 \\
-        [--tp T] [--save-interval 2] [--request-at K]
+        [--tp T] [--save-interval 2] [--request-at K] [--override KEY=VALUE ...]
 
 Bridge's GPT recipe shrunk (``bridge.smoke_config``, mock data, random init) through ``megatron_bridge.run_rank``:
 the engine's records, its save-request watcher and its end of run. Megatron's exit-signal handler is on, a
@@ -45,10 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--save-interval", type=int, default=2, help="steps between checkpoints")
     ap.add_argument("--request-at", type=int, help="request save-and-exit at the end of this step")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hydra override after the engine's (repeatable; the megatron_cpu tier's CPU settings)")
     args = ap.parse_args(argv)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    container = bridge.smoke_config(args.run_dir, world=world, tp=args.tp, iters=args.iters,
-                                    extra_overrides=engine_overrides(args.run_dir, args.save_interval))
+    extra = [*engine_overrides(args.run_dir, args.save_interval), *args.override]
+    container = bridge.smoke_config(args.run_dir, world=world, tp=args.tp, iters=args.iters, extra_overrides=extra)
     steps: list[dict] = []
 
     def on_step(it: int, metrics: dict) -> None:
