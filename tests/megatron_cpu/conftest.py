@@ -40,13 +40,19 @@ def tier_run(args: list[str], env: dict | None = None, timeout: int = 300) -> su
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    """The harness venv (built or reused), a tiny Llama + its Hugging Face greedy tokens, imported to Megatron."""
-    t0 = time.monotonic()
+def harness_venv():
+    """The Bridge harness venv (tests/bridge/setup_env.sh: built, or reused while its pins are unchanged)."""
     r = subprocess.run(["bash", str(ROOT / "tests" / "bridge" / "setup_env.sh")], capture_output=True, text=True,
                        env={**os.environ, "PIPELINE_ROOT": str(VENV.parents[1])})
     if r.returncode != 0:
         tier_unavailable("megatron_cpu", f"the harness venv cannot be built: {(r.stderr or r.stdout).strip()[-300:]}")
+    return VENV
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory, harness_venv):
+    """The harness venv (built or reused), a tiny Llama + its Hugging Face greedy tokens, imported to Megatron."""
+    t0 = time.monotonic()
     work = tmp_path_factory.mktemp("megatron_cpu")
     hf, meg = work / "hf", work / "megatron"
     assert tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "make-model", str(hf)],

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.megatron_cpu.test_megatron_cpu import VENV, tier_env, tier_run
-from tests.tiers import tier_unavailable
+from tests.megatron_cpu.conftest import VENV, tier_env, tier_run
 
 pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
 
@@ -58,10 +57,8 @@ def lines(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+def resumed(tmp_path_factory, harness_venv):
     """One engine launch with a save-and-exit request at step REQUEST_AT, then a relaunch on the same run dir."""
-    if not (VENV / "bin" / "python").exists():
-        tier_unavailable("megatron_cpu", f"no Bridge harness venv at {VENV} (tests/bridge/setup_env.sh builds it)")
     work = tmp_path_factory.mktemp("bridge_pretrain_cpu")
     run = work / "run"
     env = training_env(work)
@@ -117,11 +114,9 @@ def test_progress_counts_iterations_1_to_n_across_the_resume(resumed):
     assert steps == list(range(1, ITERS + 1))
 
 
-def test_non_finite_loss_ends_with_failed_nan(tmp_path):
+def test_non_finite_loss_ends_with_failed_nan(tmp_path, harness_venv):
     """Item 7: a learning rate of 1e30 makes step 2's forward loss NaN; megatron-core's NaN check raises and the
     engine writes FAILED_NAN (which stops restarts) and fails the launch."""
-    if not (VENV / "bin" / "python").exists():
-        tier_unavailable("megatron_cpu", f"no Bridge harness venv at {VENV} (tests/bridge/setup_env.sh builds it)")
     run = tmp_path / "run"
     r = tier_run(engine(run, "--save-interval", "3", "--override", "optimizer.lr=1e30",
                         "--override", "optimizer.min_lr=1e29", iters=3), env=training_env(tmp_path))
