@@ -326,6 +326,7 @@ class PeftIteration:
     target: str  # the peft section's ``_target_`` (Bridge's class: LORA_TARGET, DoRA, ...)
     pretrained_checkpoint: str | None
     settings: dict[str, Any] = field(default_factory=dict)
+    ckpt_step: int | None = None  # checkpoint.ckpt_step: the base iteration the run loaded, where the run pinned it
 
     @property
     def is_lora(self) -> bool:
@@ -358,8 +359,10 @@ def peft_iteration(iter_path: Path) -> PeftIteration | None:
         return None
     ckpt = cfg.get("checkpoint")
     pre = ckpt.get("pretrained_checkpoint") if isinstance(ckpt, dict) else None
+    step = ckpt.get("ckpt_step") if isinstance(ckpt, dict) else None
     return PeftIteration(Path(iter_path), str(peft.get("_target_") or ""), str(pre) if pre else None,
-                         {k: peft[k] for k in _LORA_KEYS if k in peft})
+                         {k: peft[k] for k in _LORA_KEYS if k in peft},
+                         step if isinstance(step, int) and not isinstance(step, bool) else None)
 
 
 def hf_import_source(iter_path: Path) -> str | None:
@@ -444,7 +447,8 @@ def _init_model_parallel(tp: int, pp: int, ep: int, etp: int = 1, seed: int = 0)
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         kwargs: dict[str, Any] = {}
-        if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:  # by hand, not under torchrun
+        if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_RANK" not in os.environ:  # by hand, not under torchrun
+            # (a batch script may export MASTER_ADDR/WORLD_SIZE for a multi-node job: not this process's world)
             kwargs = {"init_method": f"tcp://127.0.0.1:{_free_port()}", "world_size": 1, "rank": 0}
         dist.init_process_group(backend="nccl" if cuda else "gloo", **kwargs)
         created = True
@@ -531,19 +535,24 @@ class MegatronCausalLM:
                                      "expert_model_parallel_size": ep, "sequence_parallel": False}
         # a no-op where the export already initialised it; at a world of one, a live context of our own (item 9)
         self._own_context = _init_model_parallel(tp, pp, ep)
-        ps = importlib.import_module("megatron.core.parallel_state")  # the model matches the groups' expert TP
-        overrides["expert_tensor_parallel_size"] = ps.get_expert_tensor_parallel_world_size()
-        AutoBridge = _import(_AB, "AutoBridge")
-        bridge = AutoBridge.from_hf_pretrained(hf_model)
-        if lora_base is None:
-            self.models = bridge.load_megatron_model(str(iter_path), mp_overrides=overrides, wrap_with_ddp=False)
-        else:
-            peft = peft_iteration(iter_path)
-            if peft is None or not peft.is_lora:
-                raise UserError(f"{iter_path} is not a LoRA iteration")
-            base = bridge.load_megatron_model(str(_check_iteration_dir(lora_base)), mp_overrides=overrides,
-                                              wrap_with_ddp=False)
-            self.models = _load_lora_adapters(base, iter_path, peft.settings)
+        try:
+            ps = importlib.import_module("megatron.core.parallel_state")  # the model matches the groups' expert TP
+            overrides["expert_tensor_parallel_size"] = ps.get_expert_tensor_parallel_world_size()
+            AutoBridge = _import(_AB, "AutoBridge")
+            bridge = AutoBridge.from_hf_pretrained(hf_model)
+            if lora_base is None:
+                self.models = bridge.load_megatron_model(str(iter_path), mp_overrides=overrides, wrap_with_ddp=False)
+            else:
+                peft = peft_iteration(iter_path)
+                if peft is None or not peft.is_lora:
+                    raise UserError(f"{iter_path} is not a LoRA iteration")
+                base = bridge.load_megatron_model(str(_check_iteration_dir(lora_base)), mp_overrides=overrides,
+                                                  wrap_with_ddp=False)
+                self.models = _load_lora_adapters(base, iter_path, peft.settings)
+        except BaseException:  # a failed load must not leave our process group behind (a later export in this
+            if self._own_context:  # process, e.g. upload-all's next iteration, would initialise it twice)
+                _destroy_model_parallel()
+            raise
         self.config = hf_config
 
     def _forward(self, ids, pos):
@@ -664,33 +673,35 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
     from transformers import AutoTokenizer
 
     own_context = _init_model_parallel(tp, pp, ep)  # at a world of one too: the model runs in a live context
-    AutoBridge = _import(_AB, "AutoBridge")
-    bridge = AutoBridge.from_hf_pretrained(hf_model)
-    models = bridge.load_megatron_model(str(iter_path), mp_overrides=_mp_overrides(tp, pp, ep), wrap_with_ddp=False)
-    for m in models:
-        m.eval()
-    tok = AutoTokenizer.from_pretrained(hf_model)
-    next_token = _next_token_fn(models, tp, pp)
-    device = _device()
-    out = []
-    for prompt in prompts:
-        # transformers 5 returns a BatchEncoding here (item 3): take its input_ids, on this rank's device
-        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=True, return_tensors="pt",
-                                      enable_thinking=reasoning)
-        ids = enc["input_ids"].to(device)
-        new: list[int] = []
-        finished = False
-        with torch.no_grad():
-            for _ in range(max_tokens):
-                nxt = next_token(ids)
-                if nxt == tok.eos_token_id:
-                    finished = True
-                    break
-                new.append(nxt)
-                ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], dim=1)
-        out.append((tok.decode(new, skip_special_tokens=True).strip(), len(new), finished))
-    del models
-    if own_context and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        _destroy_model_parallel()
+    try:
+        AutoBridge = _import(_AB, "AutoBridge")
+        bridge = AutoBridge.from_hf_pretrained(hf_model)
+        models = bridge.load_megatron_model(str(iter_path), mp_overrides=_mp_overrides(tp, pp, ep), wrap_with_ddp=False)
+        for m in models:
+            m.eval()
+        tok = AutoTokenizer.from_pretrained(hf_model)
+        next_token = _next_token_fn(models, tp, pp)
+        device = _device()
+        out = []
+        for prompt in prompts:
+            # transformers 5 returns a BatchEncoding here (item 3): take its input_ids, on this rank's device
+            enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True, return_tensors="pt",
+                                          enable_thinking=reasoning)
+            ids = enc["input_ids"].to(device)
+            new: list[int] = []
+            finished = False
+            with torch.no_grad():
+                for _ in range(max_tokens):
+                    nxt = next_token(ids)
+                    if nxt == tok.eos_token_id:
+                        finished = True
+                        break
+                    new.append(nxt)
+                    ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], dim=1)
+            out.append((tok.decode(new, skip_special_tokens=True).strip(), len(new), finished))
+        del models
+    finally:
+        if own_context and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            _destroy_model_parallel()
     return out

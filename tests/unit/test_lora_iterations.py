@@ -192,3 +192,19 @@ def test_bridge_generate_refuses_a_lora_iteration_before_loading_anything(run):
     with pytest.raises(UserError) as e:
         bridge.generate(lora, str(hf), ["hi"], 4, tp=1, pp=1, ep=1, reasoning=False)
     assert _one_line(e).startswith(f"{lora} is a LoRA iteration")
+
+
+def test_a_base_with_an_iteration_newer_than_the_lora_run_is_refused(run, tmp_path):
+    """Bridge loaded the base root's latest iteration when the LoRA run started; an iteration saved after the LoRA
+    iteration cannot be it, so the export refuses instead of merging into the wrong model (hostile review)."""
+    import os
+
+    hf, base, lora = run
+    newer = _iteration(base.parent, 5, hf=str(hf))
+    t = os.stat(lora / "metadata.json").st_mtime
+    os.utime(newer / "metadata.json", (t + 60, t + 60))
+    with pytest.raises(UserError) as e:
+        ex.lora_base(bridge.peft_iteration(lora), str(hf))
+    assert "has an iteration newer than this one (iter_0000005)" in _one_line(e)
+    os.utime(newer / "metadata.json", (t - 60, t - 60))  # saved before the LoRA run: the run started from it
+    assert ex.lora_base(bridge.peft_iteration(lora), str(hf)) == newer

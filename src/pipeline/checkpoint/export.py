@@ -184,6 +184,8 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
                                 "in one process: rerun the export with --tp 1 --pp 1 --ep 1")
         bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")
         if world > 1:  # every rank writes into the same temporary (named by the run), rank 0 publishes
+            if rank == 0:
+                (iter_path / FAILED).unlink(missing_ok=True)  # an earlier attempt's record is not this one's
             tmp_root = iter_path / f".hf.{os.environ.get('TORCHELASTIC_RUN_ID', 'export')}.tmp"
             tmp = tmp_root / "hf"
             bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict, tp=tp, pp=pp, ep=ep)
@@ -248,12 +250,20 @@ def lora_base(peft, hf_model: str) -> Path:
                         "export cannot know which model the adapters belong to")
     pre_path = Path(pre)
     try:
-        base = pre_path if pre_path.name.startswith("iter_") else layout.resolve_iteration(pre_path, None)
+        step = peft.ckpt_step
+        base = pre_path if pre_path.name.startswith("iter_") else layout.resolve_iteration(pre_path, step)
     except UserError as exc:
         raise UserError(f"{peft.what}; its base checkpoint {pre} cannot be read ({exc}): restore it, then rerun the "
                         "export") from None
     if not base.is_dir():
         raise UserError(f"{peft.what}; its base checkpoint {base} does not exist: restore it, then rerun the export")
+    newer = _saved_at(base) > _saved_at(peft.iter_path)
+    if not pre_path.name.startswith("iter_") and step is None and newer:
+        # Bridge loaded the base root's latest iteration when the run started; one written after this iteration
+        # cannot be the one the adapters were trained on
+        raise UserError(f"{peft.what}; its base {pre} has an iteration newer than this one ({base.name}), so the "
+                        "one the run started from is unknown: export from a copy of the base holding only that "
+                        "iteration")
     exported = base / "hf"
     if published_export(exported) is not None and _same_model(hf_model, str(exported)):
         return base
@@ -268,6 +278,15 @@ def lora_base(peft, hf_model: str) -> Path:
                     f"is not known to be its base: export the base first (python -m pipeline.cli.checkpoint export "
                     f"{base.parent} --iteration {n} --hf-model ID --reasoning|--no-reasoning), then rerun this export "
                     f"with --hf-model {exported}")
+
+
+def _saved_at(iteration: Path) -> float:
+    """When a Megatron iteration was saved: its ``metadata.json`` (written once by the save; the directory's own mtime
+    moves when an ``hf/`` export is written into it later)."""
+    for name in ("metadata.json", "run_config.yaml"):
+        if (iteration / name).is_file():
+            return (iteration / name).stat().st_mtime
+    return iteration.stat().st_mtime
 
 
 def _export_lora(iter_path: Path, out: Path, *, hf_model: str) -> None:
@@ -287,7 +306,16 @@ def _export_lora(iter_path: Path, out: Path, *, hf_model: str) -> None:
         bridge.export_lora_adapter(iter_path, Path(adapter), hf_model=hf_model)
         dtype = getattr(AutoConfig.from_pretrained(hf_model), "dtype", None) or torch.float32
         base = AutoModelForCausalLM.from_pretrained(hf_model, dtype=torch.float32)
+        before = {k: v.clone() for k, v in base.state_dict().items()}
         merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+        # peft only warns when the adapter's target modules do not match: a merge that changed no weight would publish
+        # the base relabelled as fine-tuned, and the bf16 verification alone may not tell a small adapter from none
+        changed = [k for k, v in merged.state_dict().items() if k in before and not torch.equal(v, before[k])]
+        if not changed:
+            raise UserError(f"the LoRA adapters of {iter_path} changed no weight of {hf_model} when merged (their "
+                            "target modules do not match the base's): nothing was published")
+        log.info("export: LoRA merge changed %d of %d tensors of %s", len(changed), len(before), hf_model)
+        del before
     merged.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), torch.float32))
     merged.save_pretrained(out)
     AutoTokenizer.from_pretrained(hf_model).save_pretrained(out)
