@@ -45,7 +45,7 @@ def test_import_runs_on_one_node(pipeline_env, tmp_path):
 def test_model_parallel_export_starts_one_rank_per_gpu(pipeline_env, tmp_path):
     megatron_iters(tmp_path)
     env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PATH": f"{ROOT}/.venv/bin:{os.environ['PATH']}",
-           "PIPELINE_CLUSTER": "isambard_gh200"}
+           "PIPELINE_CLUSTER": "isambard_gh200", "PIPELINE_BINDS": str(tmp_path)}  # bound: decisions #55
     plan = run([PY, "-m", "pipeline.cli.checkpoint", "export", str(tmp_path), "--hf-model", "x/y", "--no-reasoning",
                 "--iteration", "200", "--tp", "2", "--ep", "2", "--dry-run", "--json"], env=env, timeout=300)
     assert json.loads(plan.stdout)["launch"] == [

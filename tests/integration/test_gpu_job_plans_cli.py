@@ -60,7 +60,8 @@ def test_dry_runs_need_no_torch_and_exit_2_on_an_impossible_layout(tmp_path):
             f"c(['export', '/c', '--hf-model', {SUPER!r}, '--no-reasoning']); c(['import', 'nano']); "
             f"g(['/c', '--backend', 'megatron', '--hf-model', {SUPER!r}]); g([{NANO!r}]); "
             "print(sorted(m for m in ('torch', 'transformers', 'megatron', 'safetensors') if m in sys.modules))")
-    env = {**os.environ, "PIPELINE_CLUSTER": "isambard_gh200"}
+    # /c is bound into the container (decisions #55): these plans are about layouts and missing checkpoints
+    env = {**os.environ, "PIPELINE_CLUSTER": "isambard_gh200", "PIPELINE_BINDS": "/c"}
     res = run([sys.executable, "-c", code], env=env, timeout=120)
     # the launcher plans in the login node's planner when the container is not there (the venv stands in for it)
     env["PIPELINE_PLANNER_VENV"] = str(ROOT / ".venv")
