@@ -20,8 +20,8 @@ if [[ $# -eq 0 ]]; then
   usage "$0"
   exit 2
 fi
-# A dry run only plans: on a login node it runs in the planner when the job's environment is not there.
+# A dry run (or --help) only plans: on a login node it runs in the planner when the job's environment is not there.
 for arg in "$@"; do
-  if [[ "$arg" == --dry-run ]]; then plan_in_env python -m pipeline.cli.checkpoint "$@"; fi
+  if [[ "$arg" == --dry-run || "$arg" == -h || "$arg" == --help ]]; then plan_in_env python -m pipeline.cli.checkpoint "$@"; fi
 done
 run_in_env python -m pipeline.cli.checkpoint "$@"

@@ -3,17 +3,20 @@
 
 Run inside the environment:  source pipeline_env_activate.sh && python pipeline_coherence_test.py MODEL
 or through Slurm:            isambard_sbatch --gpus-per-node=1 pipeline_coherence_submit.sbatch MODEL
-plan on a login node:        $PIPELINE_PLANNER_VENV/bin/python pipeline_coherence_test.py MODEL ... --dry-run
+plan on a login node:        python3 pipeline_coherence_test.py MODEL ... --dry-run   (in the planner)
 """
 
+import os
 import sys
 from pathlib import Path
 
 try:
     from pipeline.cli.coherence import main
-except ImportError:  # the login node's planner (no editable install): plan from this checkout's src/
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
-    from pipeline.cli.coherence import main
+except ModuleNotFoundError:  # a login node's python3 without the suite: start again in the venv or the planner
+    if os.environ.get("PIPELINE_ENTRY"):
+        raise
+    here = Path(__file__).resolve()
+    os.execvp("bash", ["bash", str(here.parent / "src/pipeline/common/entry.sh"), "job", str(here), *sys.argv[1:]])
 
 if __name__ == "__main__":
     sys.exit(main())

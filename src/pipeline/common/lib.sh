@@ -59,20 +59,59 @@ run_in_env() {
   exec_in_runtime "source $(printf '%q' "$PIPELINE_ROOT/pipeline_env_activate.sh") && exec $cmd"
 }
 
-# Plan only (a --dry-run): in the job's environment when it is complete, else - a cluster's login node, where the
-# container does not run - in the login node's planner (pipeline_env_setup.sh --only planner), which imports
-# everything a plan needs and no torch. Usage: plan_in_env python -m MODULE ARGS...
+# The one command that makes somewhere to plan on this machine: the venv on a venv machine, else (a container
+# runtime's login node) the login node's planner.
+env_fix() {
+  if [[ "$PIPELINE_RUNTIME" == venv ]]; then
+    echo "create the pipeline venv with: bash $PIPELINE_ROOT/pipeline_env_setup.sh"
+  else
+    echo "create the planner with: ${PIPELINE_CLUSTER:+PIPELINE_CLUSTER=$PIPELINE_CLUSTER }bash $PIPELINE_ROOT/pipeline_env_setup.sh --only planner"
+  fi
+}
+
+# The login node's planner, when it exists, runs "python ARGS..." from this checkout's src/ (replaces the process).
+_exec_in_planner() {
+  [[ -x "$PIPELINE_PLANNER_VENV/bin/python" ]] || return 0
+  shift  # "python"
+  PYTHONPATH="$PIPELINE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}" exec "$PIPELINE_PLANNER_VENV/bin/python" "$@"
+}
+
+_wants_help() { local a; for a in "$@"; do [[ "$a" == -h || "$a" == --help ]] && return 0; done; return 1; }
+
+# Plan only (a --dry-run, or --help): in the job's environment when it is complete, else - a cluster's login node,
+# where the container does not run - in the login node's planner (pipeline_env_setup.sh --only planner), which
+# imports everything a plan needs and no torch. With neither, --help is the script's header and a plan is refused
+# in one line naming the command that makes the planner (exit 2: the planner is never made silently, it takes
+# minutes and the network). Usage: plan_in_env python -m MODULE ARGS...
 plan_in_env() {
   if [[ -n "${PIPELINE_IN_CONTAINER:-}" ]] || _runtimes check >/dev/null 2>&1; then run_in_env "$@"; fi
-  if [[ -x "$PIPELINE_PLANNER_VENV/bin/python" ]]; then
-    shift  # "python"
-    PYTHONPATH="$PIPELINE_ROOT/src${PYTHONPATH:+:$PYTHONPATH}" exec "$PIPELINE_PLANNER_VENV/bin/python" "$@"
+  _exec_in_planner "$@"
+  if _wants_help "$@"; then usage "$0"; exit 0; fi
+  die "no pipeline environment or login-node planner here to plan in; $(env_fix)" 2
+}
+
+# py_usage FILE: a top-level Python entry point's header (its module docstring, without the quotes).
+py_usage() {
+  awk '!n && /"""/ { n = 1; sub(/^[^"]*"""/, ""); if (sub(/""".*/, "")) { print; exit } if ($0 != "") print; next }
+       n && /"""/ { sub(/""".*/, ""); if ($0 != "") print; exit }
+       n { print }' "$1"
+}
+
+# python_entry host|job FILE ARGS...: a top-level pipeline_*.py started by a Python that cannot import the suite
+# (a login node's system python3; src/pipeline/common/entry.sh). A job entry (data, coherence) runs in the job's
+# environment, and plans (--dry-run, --help) as plan_in_env does; a host entry (experiments: it plans and calls
+# sbatch, so it never runs in the container) runs in the venv when the venv is complete, else in the planner.
+python_entry() {
+  local where="$1" file="$2"; shift 2
+  if [[ "$where" == job ]]; then
+    _wants_help "$@" || [[ " $* " == *" --dry-run "* ]] || run_in_env python "$file" "$@"
+    if [[ -n "${PIPELINE_IN_CONTAINER:-}" ]] || _runtimes check >/dev/null 2>&1; then run_in_env python "$file" "$@"; fi
+  elif [[ "$PIPELINE_RUNTIME" == venv ]] && _runtimes check >/dev/null 2>&1; then
+    run_in_env python "$file" "$@"
   fi
-  _runtimes check || true
-  if [[ "$PIPELINE_RUNTIME" == apptainer ]]; then
-    die "or, to plan only (--dry-run) on this login node, create the planner: bash $PIPELINE_ROOT/pipeline_env_setup.sh --only planner" 1
-  fi
-  exit 1
+  _exec_in_planner python "$file" "$@"
+  if _wants_help "$@"; then py_usage "$file"; exit 0; fi
+  die "$(basename "$file") cannot run here: no pipeline venv or login-node planner; $(env_fix)" 2
 }
 
 with_retries() {

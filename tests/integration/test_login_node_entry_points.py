@@ -1,0 +1,81 @@
+"""Every top-level entry point on a login node with no pipeline venv (issue 33): --help works with nothing
+installed, and a plan runs through the login node's planner, or, without one, says in one line the one command
+that creates it (exit 2, never a traceback)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run
+
+PY_ENTRIES = ["pipeline_experiment.py", "pipeline_data_prepare.py", "pipeline_coherence_test.py"]
+SH_ENTRIES = ["pipeline_checkpoint_convert.sh", "pipeline_training_launch.sh"]
+EXPERIMENT = "configs/experiments/tiny_lr_batch_sweep.yaml"
+PLANS = [
+    ["python3", "pipeline_experiment.py", "list", EXPERIMENT],
+    ["python3", "pipeline_experiment.py", "render", EXPERIMENT, "--no-configs"],
+    ["python3", "pipeline_coherence_test.py", "/c", "--hf-model", "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "--dry-run"],
+    ["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode",
+     "sft", "--dry-run", "--no-path-checks"],
+    ["bash", "pipeline_checkpoint_convert.sh", "import", "nano", "--dry-run"],
+]
+
+
+@pytest.fixture
+def bare_login(tmp_path, pipeline_env):
+    """A login node: python3 is a standard-library Python without the suite on its path, no pipeline venv, no
+    planner (PIPELINE_PLANNER_VENV names a missing directory)."""
+    bare = tmp_path / "bare"
+    subprocess.run([f"python3.{sys.version_info.minor}", "-m", "venv", "--without-pip", str(bare)], check=True)
+    env = {**pipeline_env, "PIPELINE_VENV": str(tmp_path / "no-venv"),
+           "PIPELINE_PLANNER_VENV": str(tmp_path / "no-planner"), "PATH": f"{bare}/bin:/usr/bin:/bin"}
+    for k in ("VIRTUAL_ENV", "PYTHONPATH", "PIPELINE_ROOT"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.mark.parametrize("script", PY_ENTRIES + SH_ENTRIES)
+def test_help_needs_no_environment(script, bare_login):
+    """--help prints the script's header with nothing installed."""
+    cmd = ["python3" if script.endswith(".py") else "bash", script, "--help"]
+    res = run(cmd, env=bare_login)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert res.stdout.startswith(script + " - "), res.stdout[:300]
+
+
+@pytest.mark.parametrize("cluster,fix", [
+    (None, "create the pipeline venv with: bash {root}/pipeline_env_setup.sh"),
+    ("isambard_gh200", "create the planner with: PIPELINE_CLUSTER=isambard_gh200 bash {root}/pipeline_env_setup.sh "
+                       "--only planner"),
+])
+@pytest.mark.parametrize("cmd", PLANS, ids=lambda c: " ".join(c[1:3]))
+def test_a_plan_without_the_planner_names_the_one_command(cmd, cluster, fix, bare_login):
+    env = {**bare_login, **({"PIPELINE_CLUSTER": cluster} if cluster else {})}
+    res = run(cmd, env=env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and lines[0].endswith(fix.format(root=ROOT)), lines
+
+
+@pytest.fixture
+def planner_login(bare_login, tmp_path):
+    """The same login node with a planner (the test venv stands in for it: what the planner has and more)."""
+    return {**bare_login, "PIPELINE_CLUSTER": "isambard_gh200", "PIPELINE_PLANNER_VENV": str(Path(sys.prefix)),
+            "PIPELINE_CONTAINER_DIR": str(tmp_path / "shared")}
+
+
+def test_entry_points_run_through_the_planner(planner_login):
+    res = run(["python3", "pipeline_experiment.py", "list", EXPERIMENT], env=planner_login)
+    assert res.returncode == 0 and "experiment tiny_lr_batch_sweep: 4 run(s)" in res.stdout, res.stderr[-2000:]
+    res = run(["python3", "pipeline_experiment.py", "render", EXPERIMENT, "--no-configs"], env=planner_login)
+    assert res.returncode == 0 and "isambard_sbatch" in res.stdout, res.stderr[-2000:]
+    res = run(["python3", "pipeline_data_prepare.py", "--help"], env=planner_login)  # the parser's own help
+    assert res.returncode == 0 and re.search(r"usage: .*prepare", res.stdout), res.stdout + res.stderr
+    res = run(["python3", "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model",
+               "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "--tp", "4", "--ep", "8", "--dry-run", "--nodes", "2"],
+              env=planner_login, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert any(line.startswith("error: ep(8) * etp(1) = 8 > ") for line in res.stderr.splitlines()), res.stderr
