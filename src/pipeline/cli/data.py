@@ -1,8 +1,13 @@
 """pipeline_data_prepare.py - the data pipeline's actions.
 
-  prepare   --dataset ORG/NAME|PATH|chatterbot-corpus --seq-length S [--tokenizer T] [...]
+  prepare   --dataset ORG/NAME|PATH|chatterbot-corpus --seq-length S [--model M] [--tokenizer T] [...]
+  prepare   --config CONFIG   (the dataset, root, sequence length, tokenizer and pad multiple the config reads)
             load, apply the chat template with loss on assistant turns only, tokenise, export, pack:
             <dataset-root>/packed/<tokenizer>_pad_seq_to_mult<N>/training_<S>.idx.parquet
+            The dataset root defaults to <the profile's data_root>/<org>__<name> ($PIPELINE_DATA_ROOT wins), the
+            tokenizer and pad multiple to the model's. The local (CPU) profile's model is smollm2-135m; a GPU
+            profile trains several, so there --model (or --config, or --tokenizer) is required. --dry-run prints
+            the plan (root, tokenizer, pad multiple, packed paths) and stops.
   tokenize  DATASET_ROOT TOKENIZER OUTPUT_NAME
             pretraining corpus (text files, or JSONL/Parquet with a text field) -> Megatron .bin/.idx
             at DATASET_ROOT/OUTPUT_NAME/, with an exact token count in token_count.json
@@ -48,15 +53,24 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="action", required=True)
 
     p = sub.add_parser("prepare", help="load + chat template + tokenise + export + pack")
-    p.add_argument("--dataset", required=True,
-                   help="HF dataset id ORG/NAME, a local dir/.jsonl/.parquet, or chatterbot-corpus")
-    p.add_argument("--seq-length", type=int, required=True, help="packed sequence length S")
+    p.add_argument("--dataset",
+                   help="HF dataset id ORG/NAME, a local dir/.jsonl/.parquet, or chatterbot-corpus (required unless "
+                        "--config names it)")
+    p.add_argument("--seq-length", type=int, help="packed sequence length S (required unless --config)")
+    p.add_argument("--config", type=Path,
+                   help="a training config: prepare exactly the packs it reads (its dataset.dataset_name, "
+                        "dataset_root, seq_length, offline_packing_specs' tokenizer and pad multiple)")
+    p.add_argument("--cluster", help="cluster profile (default: $PIPELINE_CLUSTER, else local_cpu)")
     p.add_argument("--tokenizer", help="registry model name, local dir or HF id (default: --model's tokenizer)")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="the model the data is for (registry name: nano, super, smollm2-135m, ...): its tokenizer is "
-                        "used unless --tokenizer is given (default smollm2-135m, the local quickstart's)")
-    p.add_argument("--dataset-root", type=Path, help="output root (default: $PIPELINE_DATA_ROOT/<org>__<name>)")
-    p.add_argument("--pad-seq-to-mult", type=int, default=1, help="pad every sequence to this multiple (CP: >= 2*CP)")
+    p.add_argument("--model",
+                   help="the model the data is for (registry name: nano, super, smollm2-135m, ...): its tokenizer and "
+                        "pad multiple are used unless given (default on the local CPU profile: smollm2-135m; "
+                        "required on a GPU profile)")
+    p.add_argument("--dataset-root", type=Path,
+                   help="output root (default: <profile data_root or $PIPELINE_DATA_ROOT>/<org>__<name>)")
+    p.add_argument("--pad-seq-to-mult", type=int,
+                   help="pad every sequence to this multiple (CP: >= 2*CP; default: the model's, else 1)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (root, tokenizer, packed paths) and stop")
     p.add_argument("--context-parallel-size", type=int, default=1, help="validate the pad multiple against this CP")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--sequence-parallel", action="store_true")
@@ -107,6 +121,12 @@ def build_parser() -> Parser:
     return parser
 
 
+def _registry_names() -> set[str]:
+    from pipeline.config.models import REGISTRY
+
+    return set(REGISTRY)
+
+
 def _is_hub_id(name: str) -> bool:
     """A hub id ORG/NAME, not a local path (which is checked now)."""
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith("/")
@@ -119,8 +139,17 @@ def check_submission(argv: list[str], inputs_later: bool = False) -> None:
     whose outputs are its dataset root; that root is then checked by the job."""
     args = build_parser().parse_args(argv)
     if args.action == "prepare":
-        if args.dataset != "chatterbot-corpus" and not _is_hub_id(args.dataset) and not Path(args.dataset).exists():
-            raise UserError(f"prepare: dataset {args.dataset} does not exist")
+        try:
+            resolved = _resolve_prepare(args)
+        except ImportError:  # --config on a bare login node (no PyYAML): the job resolves it when it starts
+            return
+        dataset = resolved["dataset"]
+        if dataset != "chatterbot-corpus" and not _is_hub_id(dataset) and not Path(dataset).exists():
+            raise UserError(f"prepare: dataset {dataset} does not exist")
+        args.seq_length, args.pad_seq_to_mult = resolved["seq_length"], resolved["pad_seq_to_mult"]
+        args.context_parallel_size = resolved["context_parallel_size"]
+        args.tensor_parallel_size = resolved["tensor_parallel_size"]
+        args.sequence_parallel = resolved["sequence_parallel"]
     elif not inputs_later and not Path(args.dataset_root).exists() and not (
             args.action == "tokenize" and _is_hub_id(str(args.dataset_root))):
         raise UserError(f"{args.action}: dataset root {args.dataset_root} does not exist")
@@ -136,6 +165,112 @@ def check_submission(argv: list[str], inputs_later: bool = False) -> None:
         raise UserError(f"{args.action}: " + "; ".join(problems))
 
 
+def _tokenizer_of_config(tok_model_name: str, config: Path) -> str:
+    """The registry model whose tokenizer a config's offline_packing_specs.tokenizer_model_name names."""
+    from pipeline.config.models import REGISTRY
+
+    for spec in REGISTRY.values():
+        if not spec.tokenizer_from and spec.hf_id.replace("/", "--") == tok_model_name:
+            return spec.name
+    raise UserError(f"prepare: {config}: dataset.offline_packing_specs.tokenizer_model_name {tok_model_name} is no "
+                    "registry model's tokenizer; pass --tokenizer (its packed folder name must match)")
+
+
+def _from_config(args) -> dict:
+    """What a training config reads: dataset, root, sequence length, tokenizer, pad multiple (and its parallelism,
+    which the pad multiple is checked against). A command-line value that disagrees is refused."""
+    from pipeline.config.loader import load_config
+    from pipeline.data.chat import tokenizer_model_name
+    from pipeline.data.packed_parquet import packed_paths
+
+    cfg = load_config(args.config)
+    ds, specs = cfg.dataset, cfg.dataset.offline_packing_specs
+    if not ds.dataset_name or not ds.dataset_root:
+        raise UserError(f"prepare: {args.config} names no dataset.dataset_name/dataset_root to prepare")
+    seq = specs.packed_sequence_size or ds.seq_length or cfg.model.seq_length
+    tok = specs.tokenizer_model_name
+    if not seq or not tok:
+        raise UserError(f"prepare: {args.config} names no sequence length or "
+                        "dataset.offline_packing_specs.tokenizer_model_name")
+    tokenizer = args.tokenizer or _tokenizer_of_config(tok, args.config)
+    out = {"dataset": ds.dataset_name, "dataset_root": Path(ds.dataset_root), "seq_length": int(seq),
+           "tokenizer": tokenizer, "pad_seq_to_mult": specs.pad_seq_to_mult or 1,
+           "context_parallel_size": cfg.model.context_parallel_size or 1,
+           "tensor_parallel_size": cfg.model.tensor_model_parallel_size or 1,
+           "sequence_parallel": bool(cfg.model.sequence_parallel)}
+    given = {"dataset": args.dataset, "dataset_root": args.dataset_root, "seq_length": args.seq_length,
+             "pad_seq_to_mult": args.pad_seq_to_mult}
+    differ = [f"--{k.replace('_', '-')} {v} (the config: {out[k]})" for k, v in given.items()
+              if v is not None and v != out[k]]
+    if args.tokenizer and tokenizer_model_name(args.tokenizer) != tok:
+        differ.append(f"--tokenizer {args.tokenizer} (the config reads {tok})")
+    if differ:
+        raise UserError(f"prepare: disagrees with {args.config}: " + "; ".join(differ)
+                        + "; drop them to prepare what the config reads")
+    explicit = {k: v for k, v in (("train", specs.packed_train_data_path), ("validation", specs.packed_val_data_path),
+                                  ("metadata", specs.packed_metadata_path)) if v}
+    planned = packed_paths(out["dataset_root"], tok, out["pad_seq_to_mult"], out["seq_length"])
+    wrong = [f"{k} {v} (prepare writes {planned[k]})" for k, v in explicit.items() if Path(v) != planned[k]]
+    if wrong:
+        raise UserError(f"prepare: {args.config} reads explicit packed paths prepare does not write: "
+                        + "; ".join(wrong))
+    return out
+
+
+def _resolve_prepare(args, environ=None) -> dict:
+    """The prepare action's dataset, root, sequence length, tokenizer and pad multiple: from --config, else the
+    command with the profile's data root and the model's tokenizer and pad multiple. On a GPU profile a command
+    that names no model (nor --tokenizer) is refused: it would pack with the local quickstart's SmolLM2."""
+    from pipeline.config.cluster import effective_knobs, resolve_profile
+    from pipeline.config.models import REGISTRY, get_model
+    from pipeline.data.sources import dataset_dirname
+
+    profile = resolve_profile(args.cluster, environ=environ)
+    if args.config is not None:
+        return _from_config(args)
+    if not args.dataset or args.seq_length is None:
+        raise UserError("prepare: --dataset and --seq-length are required (or --config CONFIG)")
+    model = args.model
+    if model is None and args.tokenizer is None:
+        if profile.has_gpus:
+            names = ", ".join(n for n, s in REGISTRY.items() if not s.is_local)
+            raise UserError(f"prepare: cluster profile {profile.name} trains several models ({names}): name the one "
+                            "the data is for with --model (e.g. --model nano), or --config CONFIG")
+        model = "smollm2-135m"
+    args.model = model
+    spec = get_model(model) if model else None
+    tokenizer = args.tokenizer or (spec.tokenizer_from or spec.name)
+    pad = args.pad_seq_to_mult if args.pad_seq_to_mult is not None else (spec.pad_seq_to_mult if spec else 1)
+    if args.dataset_root is not None:
+        root = args.dataset_root
+    elif profile.has_gpus:  # the profile's data_root; an exported PIPELINE_DATA_ROOT still wins
+        root = Path(effective_knobs(profile, environ)["PIPELINE_DATA_ROOT"]) / dataset_dirname(args.dataset)
+    else:
+        root = paths.data_root(environ) / dataset_dirname(args.dataset)
+    return {"dataset": args.dataset, "dataset_root": root, "seq_length": args.seq_length, "tokenizer": tokenizer,
+            "pad_seq_to_mult": pad, "context_parallel_size": args.context_parallel_size,
+            "tensor_parallel_size": args.tensor_parallel_size, "sequence_parallel": args.sequence_parallel}
+
+
+def plan_prepare(args, environ=None):
+    """The prepare action's options and the packed paths it writes (``packed_paths``), without reading data or
+    loading a tokenizer."""
+    from pipeline.data import prepare as prep
+    from pipeline.data.chat import tokenizer_model_name
+    from pipeline.data.packed_parquet import packed_paths
+
+    r = _resolve_prepare(args, environ)
+    opts = prep.PrepareOptions(
+        dataset=r["dataset"], dataset_root=r["dataset_root"], seq_length=r["seq_length"], tokenizer=r["tokenizer"],
+        pad_seq_to_mult=r["pad_seq_to_mult"], context_parallel_size=r["context_parallel_size"],
+        tensor_parallel_size=r["tensor_parallel_size"], sequence_parallel=r["sequence_parallel"],
+        val_fraction=args.val_fraction, seed=args.seed, overlong=args.overlong, limit=args.limit,
+        chunk_size=prep.CHUNK_SIZE if args.chunk_size is None else args.chunk_size, workers=args.workers,
+        force=args.force, quiet=args.quiet)
+    return opts, packed_paths(opts.dataset_root, tokenizer_model_name(opts.tokenizer), opts.pad_seq_to_mult,
+                              opts.seq_length)
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -144,23 +279,22 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.data import prepare as prep
 
     if args.action == "prepare":
-        from pipeline.data.sources import dataset_dirname
+        from pipeline.config.models import get_model
 
-        root = args.dataset_root or paths.data_root() / dataset_dirname(args.dataset)
-        if args.tokenizer is None:
-            from pipeline.config.models import get_model
-
-            spec = get_model(args.model)
-            args.tokenizer = spec.tokenizer_from or spec.name
-            print(f"tokenizer: {args.tokenizer} ({get_model(args.tokenizer).hf_id}), the tokenizer of --model "
-                  f"{args.model}; pass --tokenizer to choose another", file=sys.stderr)
-        opts = prep.PrepareOptions(
-            dataset=args.dataset, dataset_root=root, seq_length=args.seq_length, tokenizer=args.tokenizer,
-            pad_seq_to_mult=args.pad_seq_to_mult, context_parallel_size=args.context_parallel_size,
-            tensor_parallel_size=args.tensor_parallel_size, sequence_parallel=args.sequence_parallel,
-            val_fraction=args.val_fraction, seed=args.seed, overlong=args.overlong, limit=args.limit,
-            chunk_size=prep.CHUNK_SIZE if args.chunk_size is None else args.chunk_size, workers=args.workers,
-            force=args.force, quiet=args.quiet)
+        tokenizer_given = args.tokenizer is not None
+        opts, planned = plan_prepare(args)
+        if not tokenizer_given and opts.tokenizer in _registry_names():
+            whose = f"--config {args.config}" if args.config is not None else f"--model {args.model}"
+            print(f"tokenizer: {opts.tokenizer} ({get_model(opts.tokenizer).hf_id}), the tokenizer of {whose}; pass "
+                  "--tokenizer to choose another", file=sys.stderr)
+        print(f"prepare: {opts.dataset} -> {planned['train']} (pad multiple {opts.pad_seq_to_mult})", file=sys.stderr)
+        if args.dry_run:
+            opts.validate()
+            print(json.dumps({"dataset": opts.dataset, "dataset_root": str(opts.dataset_root),
+                              "tokenizer": opts.tokenizer, "pad_seq_to_mult": opts.pad_seq_to_mult,
+                              "seq_length": opts.seq_length, "paths": {k: str(v) for k, v in planned.items()}},
+                             indent=2))
+            return 0
         summary = prep.prepare(opts)
         print(json.dumps(summary, indent=2)) if args.json else _print_summary(summary)
         return 0

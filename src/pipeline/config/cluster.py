@@ -42,13 +42,14 @@ KNOBS = {
     "PIPELINE_BAD_NODES_LOG": "bad_nodes_log",
     "PIPELINE_LOG_DIR": "log_dir",
     "PIPELINE_CACHE_DIR": "cache_dir",
+    "PIPELINE_DATA_ROOT": "data_root",
     "HF_HUB_OFFLINE": "hub_offline",
     "WANDB_MODE": "wandb_mode",
     "WANDB_ENTITY": "wandb_entity",
     "PIPELINE_PROFILE_BINDS": "binds",
     "PIPELINE_FABRIC_LIBS": "ld_library_path",
 }
-PATH_FIELDS = ("sif", "bad_nodes_log", "log_dir", "cache_dir")
+PATH_FIELDS = ("sif", "bad_nodes_log", "log_dir", "cache_dir", "data_root")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_HOST = "api.wandb.ai"
 
@@ -83,6 +84,9 @@ class ClusterProfile:
     bad_nodes_log: str = ".slurm/bad_nodes.log"
     log_dir: str = "logs"
     cache_dir: str = ".cache"
+    # Prepared datasets (PIPELINE_DATA_ROOT): ``prepare`` writes <data_root>/<org>__<name>/, the folder the shipped
+    # configs' dataset.dataset_root names on that cluster.
+    data_root: str = "data"
     # Where `pipeline_checkpoint_convert.sh import` writes Megatron checkpoints by default (<dir>/<HF name>), the
     # folder the shipped configs' checkpoint.pretrained_checkpoint reads; empty: <models dir>/megatron_bridges/models.
     megatron_models_dir: str = ""
@@ -153,11 +157,11 @@ class ClusterProfile:
             raise bad("exclusive", "must be true or false")
         if self.launcher not in ("torchrun", "ft_launcher"):
             raise bad("launcher", "must be torchrun or ft_launcher")
-        for f in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "ft_section_timeouts"):
+        for f in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "data_root", "ft_section_timeouts"):
             v = getattr(self, f)
             if not isinstance(v, str) or any(ord(c) < 32 or ord(c) == 127 for c in v):
                 raise bad(f, "must be a one-line string")
-        for f in ("sif", "bad_nodes_log", "log_dir", "cache_dir"):
+        for f in ("sif", "bad_nodes_log", "log_dir", "cache_dir", "data_root"):
             if not getattr(self, f):
                 raise bad(f, "must not be empty")
         if not isinstance(self.hub_offline, bool):
@@ -340,7 +344,7 @@ def load_cluster(name: str) -> ClusterProfile:
         data["binds"] = ()
     if data.get("ld_library_path") is None:
         data["ld_library_path"] = ""
-    for k in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "time_limit"):
+    for k in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "data_root", "time_limit"):
         if isinstance(data.get(k), int) and not isinstance(data.get(k), bool):
             data[k] = str(data[k])  # time_limit: 60 is sixty minutes
     for k in ("gpu_memory_gb", "host_memory_gb"):

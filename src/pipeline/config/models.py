@@ -61,6 +61,10 @@ class ModelSpec:
     # False: a one-process Hugging Face -> Megatron import hangs while loading (the reference: "always torchrun");
     # the import plan refuses it.
     single_process_import: bool = True
+    # The pad multiple ``prepare --model NAME`` packs with: the shipped configs' dataset.offline_packing_specs.
+    # pad_seq_to_mult for this model (a multiple of 2 x their CP), so its packed folder is the one they read
+    # (tests/unit/test_prepare_cluster_plan.py checks the two agree).
+    pad_seq_to_mult: int = 1
 
     @property
     def is_local(self) -> bool:
@@ -184,6 +188,7 @@ REGISTRY: dict[str, ModelSpec] = {
             hidden_size=2688,
             num_layers=52,
             vocab_size=131072,
+            pad_seq_to_mult=16,  # configs/quickstart/nemotron_nano_quickstart_sft.yaml (CP 2)
             recipes={
                 "sft": _NANO_SFT_RECIPE,
                 "pretrain": {
@@ -218,6 +223,7 @@ REGISTRY: dict[str, ModelSpec] = {
             # the planners use only mtp_layers > 0 (the HF model's MTP block).
             mtp_layers=1,
             single_process_import=False,  # the reference: single-process conversion hangs for Super
+            pad_seq_to_mult=16,  # configs/quickstart/nemotron_super_quickstart_sft.yaml (CP 4; Nano's packs)
             # Only the SFT recipe is restated: the pretrain alias builds a 64-GPU layout in a private
             # function and the PEFT recipe branches on its arguments; for those the YAML must set the
             # parallelism (the preflight says so when it is missing).
