@@ -23,6 +23,7 @@ published; the same export from a checkpoint with one shard perturbed: FAIL, not
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -148,7 +149,7 @@ def test_every_stand_in_is_named_in_its_header_and_the_suite_imports_none(tiny):
              "megatron.bridge.peft.utils, megatron.bridge.peft.module_matcher; print(repr(sitecustomize.PATCHED))")
     r = tier_run([str(VENV / "bin" / "python"), "-c", probe])
     assert r.returncode == 0, r.stderr[-2000:]
-    patched = eval(r.stdout.strip().splitlines()[-1])  # a list of strings the probe printed with repr
+    patched = ast.literal_eval(r.stdout.strip().splitlines()[-1])  # the list of strings the probe printed
     header = "".join(line for line in (HERE / "standin" / "sitecustomize.py").read_text().splitlines(True)
                      if line.startswith("#"))
     assert len(patched) >= 12
