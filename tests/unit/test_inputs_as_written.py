@@ -5,6 +5,7 @@ compared with the plan, prompt files validated, numeric options range-checked.""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -149,3 +150,127 @@ def test_a_duplicate_key_in_an_experiment_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"is not valid YAML \(line 9\): duplicate key 'train.train_iters' "
                                         r"\(line 8 and line 9\)"):
         load_exp(tmp_path, "computed:\n  train.train_iters: 4\n  train.train_iters: 5\n")
+
+
+# ---- sbatch options as sbatch reads them ---------------------------------------------------------------------
+NANO_JOB = ["pipeline_training_submit.sbatch", "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "nano", "sft",
+            "--no-path-checks"]
+
+
+@pytest.fixture
+def submit(tmp_path, monkeypatch):
+    """isambard_sbatch's planning of a submission (sinfo is not asked: no Slurm in the unit tier)."""
+    from pipeline.cli import sbatch as sbatch_cli
+
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    for k in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID",
+              "SLURM_GPUS_ON_NODE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    return lambda argv: sbatch_cli.build_submission(argv)[0]
+
+
+def test_a_repeated_option_is_the_last_one():
+    from pipeline.slurm.sbatch_options import option_value, split_sbatch_args
+
+    opts = split_sbatch_args(["--nodes=1", "-N", "3", "--nodes=2", "--job-name", "a", "-J", "b", "--output=x.out",
+                              "-o", "y.out", "--gpus-per-node=1", "--gpus-per-node=4", "job.sbatch"])[0]
+    assert option_value(opts, "--nodes", "-N") == "2"
+    assert option_value(opts, "--job-name", "-J") == "b"
+    assert option_value(opts, "--output", "-o") == "y.out"
+    assert option_value(opts, "--gpus-per-node") == "4"
+
+
+def test_the_log_path_is_the_last_output_and_job_name(tmp_path):
+    from pipeline.cli.sbatch import log_path
+
+    opts = ["--output=first-%x.out", "--job-name=one", "--output=second-%x.out", "--job-name=two"]
+    assert log_path(opts, None, "7", None).name == "second-two.out"
+
+
+def test_the_header_s_last_directive_wins(tmp_path):
+    from pipeline.slurm.sbatch_options import directive_value
+
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --nodes=3\necho\n")
+    assert directive_value(str(script), "--nodes", "-N") == "3"
+
+
+def test_a_repeated_nodes_plans_the_count_sbatch_allocates(submit):
+    """``--nodes=1 --nodes=2`` was planned for 1 node and allocated 2."""
+    assert "--nodes=16" in submit(["--nodes=1", "--nodes=16", *NANO_JOB, "--nodes", "16"])
+    with pytest.raises(UserError, match=r"the launcher's --nodes 16 and sbatch's --nodes=1 disagree"):
+        submit(["--nodes=16", "--nodes=1", *NANO_JOB, "--nodes", "16"])
+
+
+@pytest.mark.parametrize("gpus, written", [
+    (["--gpus-per-node=2"], "--gpus-per-node=2 gives 2"), (["--gres=gpu:1"], "--gres=gpu:1 gives 1"),
+    (["--gpus=1"], "--gpus=1 gives 1"), (["-G", "1"], "--gpus=1 gives 1"), (["--gres=gpu:h100:8"], "gives 8"),
+    (["--gpus-per-node=4", "--gpus-per-node=2"], "--gpus-per-node=2 gives 2"),
+])
+def test_every_gpu_option_of_a_training_submission_is_compared_with_the_plan(submit, gpus, written):
+    """``--gpus-per-node=2`` planned for 4 GPUs per node and passed; ``--gres``/``--gpus``/``-G`` were never read."""
+    with pytest.raises(UserError) as e:
+        submit(["--nodes=1", *gpus, *NANO_JOB])
+    assert written in str(e.value)
+    assert str(e.value).endswith("the training plan (cluster profile isambard_gh200) is for 4: submit with "
+                                 "--gpus-per-node=4 (or none: isambard_sbatch adds the profile's); nothing was "
+                                 "submitted")
+
+
+def test_gpu_options_that_match_the_plan_pass_and_other_gres_keep_the_profile_s(submit):
+    cmd = submit(["--nodes=16", "--gres=gpu:4", *NANO_JOB])
+    assert cmd.count("--gres=gpu:4") == 1 and not any(c.startswith("--gpus-per-node") for c in cmd)
+    cmd = submit(["--nodes=16", "--gres=nvme:1", *NANO_JOB])
+    assert "--gpus-per-node=4" in cmd and "--gres=nvme:1" in cmd  # a --gres of other things asks for no GPU
+
+
+@pytest.mark.parametrize("opts, line", [
+    (["--nodes=2", "--gpus=8"], "--gpus=8 is a total over the job's 2 nodes, which Slurm may place unevenly"),
+    (["--gpus-per-node=4", "--gres=gpu:4"], "--gpus-per-node=4 and --gres=gpu:4: GPUs asked for in two ways"),
+    (["--gpus-per-task=1"], "--gpus-per-task=1: GPUs per task or socket do not say how many GPUs each node gets"),
+    (["--gres=gpu:h100:x"], "--gres='gpu:h100:x': the GPU count 'x' is not a number"),
+])
+def test_gpu_options_the_plan_cannot_count_are_refused(submit, opts, line):
+    with pytest.raises(UserError, match=re.escape(line)):
+        submit([*opts, *NANO_JOB])
+
+
+def test_a_gpu_job_reads_every_gpu_option(submit, tmp_path):
+    """A coherence job's ``--gres=gpu:1`` (Super needs the node's four GPUs) was not compared with its plan."""
+    from pipeline.config.models import get_model
+
+    super_ = get_model("super").hf_id
+    with pytest.raises(UserError, match=r"uses 4 GPU\(s\) per node, and --gres=gpu:1 gives 1: submit with "
+                                        r"--gpus-per-node=4"):
+        submit(["--gres=gpu:1", "pipeline_coherence_submit.sbatch", super_])
+
+
+@pytest.mark.parametrize("nodes, line", [
+    ("2-4", "--nodes=2-4: a range lets Slurm choose the node count when the job starts, and the job is planned for "
+            "one count; give it: --nodes=2 (or --nodes=4)"),
+    ("0", "--nodes='0' is not a node count (a positive integer)"),
+    ("2,4", "--nodes='2,4' is not a node count (a positive integer)"),
+])
+def test_a_node_range_is_refused(submit, nodes, line):
+    """``--nodes=2-4`` was planned for 2 nodes, and Slurm could allocate 4."""
+    with pytest.raises(UserError) as e:
+        submit([f"--nodes={nodes}", *NANO_JOB])
+    assert str(e.value) == line
+
+
+def test_a_range_of_one_count_is_that_count(submit):
+    assert "--nodes=16-16" in submit(["--nodes=16-16", *NANO_JOB, "--nodes", "16"])
+
+
+@pytest.mark.parametrize("opt, name", [
+    (["--chdir=/tmp"], "--chdir=/tmp"), (["-D", "/tmp"], "--chdir=/tmp"), (["--array=0-3"], "--array=0-3"),
+    (["-a", "1,2"], "--array=1,2"),
+])
+@pytest.mark.parametrize("job", [NANO_JOB, ["pipeline_data_submit.sbatch", "prepare", "--help"]])
+def test_chdir_and_array_are_refused_for_pipeline_jobs(submit, opt, name, job):
+    """``--chdir`` made the job fail with no log; ``--array`` started several trainings of one run directory."""
+    with pytest.raises(UserError, match=rf"^{re.escape(name)} is not supported for {job[0]}: "):
+        submit([*opt, *job])
