@@ -274,3 +274,68 @@ def test_chdir_and_array_are_refused_for_pipeline_jobs(submit, opt, name, job):
     """``--chdir`` made the job fail with no log; ``--array`` started several trainings of one run directory."""
     with pytest.raises(UserError, match=rf"^{re.escape(name)} is not supported for {job[0]}: "):
         submit([*opt, *job])
+
+
+# ---- coherence prompt files ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, body, line", [
+    ("p.json", '{"prompts": ["a", "b"]}', "must be a JSON list of prompts (strings, or objects with a string "
+                                          "'prompt') (the list itself, not an object holding it); got a JSON dict"),
+    ("p.json", '"hello"', "must be a JSON list of prompts (strings, or objects with a string 'prompt'); got a JSON "
+                          "str"),
+    ("p.json", "42", "got a JSON int"),
+    ("p.json", "null", "got a JSON NoneType"),
+    ("p.json", "[1, 2]", "item 0: a prompt must be a string (got int)"),
+    ("p.json", '["ok", null]', "item 1: a prompt must be a string (got NoneType)"),
+    ("p.json", '[{"text": "x"}]', "item 0: an object without a 'prompt' key (keys: text)"),
+    ("p.json", '[{"prompt": 5}]', "item 0: a prompt must be a string (got int)"),
+    ("p.json", '[["a"]]', "item 0: a prompt must be a string (got list)"),
+    ("p.json", '["  "]', "item 0: the prompt is empty"),
+    ("p.json", "[", "is not valid JSON: Expecting value: line 1 column 2 (char 1)"),
+    ("p.json", "[]", "has no prompts"),
+    ("p.jsonl", '{"prompt": "a"}\n[1]\n', "line 2: a prompt must be a string (got list)"),
+    ("p.jsonl", '{"prompt": "a"}\n{bad\n', "line 2: not valid JSON"),
+    ("p.jsonl", '{"q": "a"}\n', "line 1: an object without a 'prompt' key (keys: q)"),
+])
+def test_a_prompt_file_of_another_shape_is_one_line(tmp_path, name, body, line):
+    """``{"prompts": [...]}`` ran the single prompt "prompts", a JSON string one prompt per character (exit 0), and
+    seven other shapes crashed."""
+    from pipeline.coherence.prompts import load_prompts
+
+    p = tmp_path / name
+    p.write_text(body)
+    with pytest.raises(UserError) as e:
+        load_prompts(p)
+    assert str(e.value).startswith(f"prompt file {p}") and line in str(e.value) and "\n" not in str(e.value)
+
+
+def test_prompt_files_of_the_documented_shapes_load(tmp_path):
+    from pipeline.coherence.prompts import load_prompts
+
+    (tmp_path / "a.json").write_text('["one", {"prompt": "two"}]')
+    (tmp_path / "b.jsonl").write_text('{"prompt": "one"}\n\n"two"\n')
+    (tmp_path / "c.txt").write_text("one\n\n two \n")
+    for f in ("a.json", "b.jsonl", "c.txt"):
+        assert load_prompts(tmp_path / f) == ["one", "two"]
+    (tmp_path / "d.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(UserError, match=r"is not UTF-8 text$"):
+        load_prompts(tmp_path / "d.txt")
+
+
+def test_the_coherence_plan_checks_the_prompt_file(tmp_path):
+    """isambard_sbatch plans the job: a bad prompt file is refused before the queue wait, not in the job."""
+    from pipeline.cli.coherence import plan_from_argv
+
+    p = tmp_path / "p.json"
+    p.write_text('{"prompts": ["a"]}')
+    with pytest.raises(UserError, match="the list itself, not an object holding it"):
+        plan_from_argv(["some/model", "--prompts", str(p)])
+
+
+@pytest.mark.parametrize("flag, value", [("--timeout", "1e308"), ("--timeout", "nan"), ("--deadline", "inf"),
+                                         ("--max-tokens", str(1 << 40))])
+def test_coherence_numbers_are_bounded(flag, value):
+    """``--timeout 1e308`` was a traceback (the socket's timeout overflowed)."""
+    from pipeline.cli.coherence import plan_from_argv
+
+    with pytest.raises(UserError, match=rf"^{flag} must be "):
+        plan_from_argv(["m", "--backend", "endpoint", "--endpoint-url", "http://127.0.0.1:1", flag, value])
