@@ -339,3 +339,64 @@ def test_coherence_numbers_are_bounded(flag, value):
 
     with pytest.raises(UserError, match=rf"^{flag} must be "):
         plan_from_argv(["m", "--backend", "endpoint", "--endpoint-url", "http://127.0.0.1:1", flag, value])
+
+
+# ---- numbers in range ------------------------------------------------------------------------------------------
+TINY = "configs/local/tiny_moe_sft.yaml"
+
+
+@pytest.mark.parametrize("override, problem", [
+    ("train.global_batch_size=4611686018427387904",
+     "train.global_batch_size=4611686018427387904 is out of range [1, 16777216]"),
+    ("train.micro_batch_size=0", "train.micro_batch_size=0 is out of range [1, 16777216]"),
+    ("pipeline.cluster=''", "pipeline.cluster='' is empty: name one (or leave it unset)"),
+    ("rng.seed=-1", "rng.seed=-1 is out of range [0, 4294967295]"),
+    ("dataset.seed=4294967296", "dataset.seed=4294967296 is out of range [0, 4294967295]"),
+])
+def test_config_numbers_out_of_range_are_problems(override, problem):
+    """``train.global_batch_size=2**62`` and ``pipeline.cluster=""`` passed; ``rng.seed=-1`` passed the preflight and
+    failed in every restart."""
+    from tests.helpers import ROOT
+
+    assert load_config(ROOT / TINY, [override]).problems == [problem]
+
+
+@pytest.mark.parametrize("env, problem", [
+    ({"A=B": "x"}, "env_vars: 'A=B' is not a variable name (letters, digits and _, not starting with a digit; no '=' "
+                   "or NUL)"),
+    ({"A\0B": "x"}, "is not a variable name"),
+    ({"1A": "x"}, "is not a variable name"),
+    ({"A": "x\0y"}, "env_vars.A: the value holds a NUL byte, which no environment variable can carry"),
+    ({"A": "x" * (128 * 1024)}, "env_vars.A: the value is 131072 bytes; one variable (NAME=value) must stay under "
+                                "131072 bytes (Linux's MAX_ARG_STRLEN), or no rank can start"),
+])
+def test_env_vars_no_process_can_carry_are_problems(tmp_path, env, problem):
+    """``env_vars`` names with ``=`` or NUL and values over 128 KiB passed the preflight and failed every restart."""
+    p = tmp_path / "c.yaml"
+    p.write_text(json.dumps({"env_vars": env}))  # JSON is YAML; it writes NUL as \u0000
+    problems = load_config(p).problems
+    assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_env_vars_a_process_can_carry_pass(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(json.dumps({"env_vars": {"NCCL_DEBUG": "INFO", "_X1": 3, "BIG": "x" * 100_000}}))
+    assert load_config(p).problems == []
+
+
+@pytest.mark.parametrize("flag, value", [("--atol", "nan"), ("--kl-tol", "nan"), ("--atol", "inf"),
+                                         ("--atol", "-1"), ("--top1-min", "1.5"), ("--kl-tol", "1e308")])
+def test_verification_tolerances_are_finite_and_in_range(tmp_path, flag, value):
+    """``--atol nan`` / ``--kl-tol nan`` made those checks unable to fail."""
+    from pipeline.cli.checkpoint import plan_from_argv
+
+    with pytest.raises(UserError, match=rf"argument {flag}: {re.escape(value)} must be a"):
+        plan_from_argv(["export", str(tmp_path), "--hf-model", "m", "--no-reasoning", flag, value])
+
+
+@pytest.mark.parametrize("flag, value", [("--interval", "nan"), ("--interval", "1e308"), ("--idle-timeout", "-5")])
+def test_upload_all_seconds_are_checked_by_the_plan(tmp_path, flag, value):
+    from pipeline.cli.checkpoint import plan_from_argv
+
+    with pytest.raises(UserError, match=rf"argument {flag}: {re.escape(value)} must be a number of seconds"):
+        plan_from_argv(["upload-all", str(tmp_path), "--hf-model", "m", "--no-reasoning", flag, value])
