@@ -400,3 +400,19 @@ def test_upload_all_seconds_are_checked_by_the_plan(tmp_path, flag, value):
 
     with pytest.raises(UserError, match=rf"argument {flag}: {re.escape(value)} must be a number of seconds"):
         plan_from_argv(["upload-all", str(tmp_path), "--hf-model", "m", "--no-reasoning", flag, value])
+
+
+def test_strings_written_for_megatron_bridge_stay_strings():
+    """Bridge reads its overrides with OmegaConf, which reads an unquoted ``1e3`` as 1000.0: PyYAML's dumper quoted
+    only what YAML 1.1 resolves, so a string ``"1e3"`` reached the job as a float."""
+    from omegaconf import OmegaConf
+
+    from pipeline.bridge import bridge_overrides_yaml
+    from tests.helpers import ROOT
+
+    values = {"1e3", "1_000", "-0", "1:20", "yes", ".5", "0o7", "true", "null", ".inf"}
+    data = {f"k{i}": v for i, v in enumerate(sorted(values))}
+    text = yamlio.dump(data)
+    assert OmegaConf.to_container(OmegaConf.create(text)) == data == yaml.safe_load(text) == yamlio.load(text)
+    cfg = load_config(ROOT / TINY, ["logger.wandb_project='1e3'"])
+    assert OmegaConf.create(bridge_overrides_yaml(cfg)).logger.wandb_project == "1e3"

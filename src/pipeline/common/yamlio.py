@@ -72,6 +72,20 @@ for _tag, _rx, _first in _CORE:
     Loader.add_implicit_resolver(_tag, re.compile(rf"^(?:{_rx})$"), _first)
 
 
+class Dumper(yaml.SafeDumper):
+    """SafeDumper that also quotes strings YAML 1.2 (and OmegaConf) would read as numbers: ``'1e3'`` stays a string
+    for every reader (PyYAML's dumper quotes only what YAML 1.1 resolves, and OmegaConf read ``1e3`` as 1000.0)."""
+
+
+for _tag, _rx, _first in _CORE:
+    Dumper.add_implicit_resolver(_tag, re.compile(rf"^(?:{_rx})$"), _first)
+
+
+def dump(data: Any, **kwargs) -> str:
+    """``yaml.safe_dump`` whose strings read back as strings under YAML 1.1, YAML 1.2 and OmegaConf."""
+    return yaml.dump(data, Dumper=Dumper, **kwargs)
+
+
 def _expanded_size(root) -> int:
     """How many values the node graph stands for once every alias is expanded (shared nodes counted each time they
     are reached), computed once per distinct node; raises ComposerError on an alias inside its own anchor."""
