@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.common import yamlio
 from pipeline.common.errors import UserError, exc_line
 from pipeline.config.loader import strip_suite_only
 from pipeline.config.models import get_model
@@ -142,7 +143,7 @@ def bridge_overrides(cfg: TrainingConfig) -> dict[str, Any]:
 
 def bridge_overrides_yaml(cfg: TrainingConfig) -> str:
     """:func:`bridge_overrides` as YAML (what the records and the dry run show)."""
-    return yaml.safe_dump(bridge_overrides(cfg), sort_keys=False)
+    return yamlio.dump(bridge_overrides(cfg), sort_keys=False)  # '1e3' stays a string for OmegaConf
 
 
 def _touches(overrides: Sequence[str], section: str) -> bool:

@@ -119,3 +119,63 @@ def test_a_broken_submission_record_is_one_line(tmp_path, text, needle):
     line = res.stderr.strip().splitlines()[-1]
     assert needle in line and line.endswith("nothing was changed"), line
     assert (state / "submissions.json").read_text() == text
+
+
+# ---- issue 34: a real launch runs on the nodes it has --------------------------------------------------------
+@pytest.mark.parametrize("slurm, line", [
+    ({}, "error: --nodes 2 outside any Slurm allocation: nothing starts the other 1 node(s) and the launch would wait "
+         "for them for ever; submit it (isambard_sbatch --nodes=2 pipeline_training_submit.sbatch ...), run it inside "
+         "an allocation of that size, or plan it with --dry-run"),
+    ({"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "1"},
+     "error: --nodes 2 inside Slurm job 5, which has 1 node(s): the node count comes from the allocation; drop "
+     "--nodes (or allocate that many)"),
+])
+def test_a_launch_for_nodes_it_does_not_have_is_refused_at_once(tmp_path, slurm, line):
+    """``--nodes 2`` for a real launch outside any allocation waited for ever; inside one it overrode Slurm's count."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(slurm, PIPELINE_RUNS_DIR=str(tmp_path / "runs"))
+    argv = ["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
+            "--mode", "sft", "--nodes", "2", "--no-path-checks"]
+    res = run(argv, env=env, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == line, res.stderr[-2000:]
+    assert "PASS" not in res.stdout and not (tmp_path / "runs").exists()  # nothing written
+    dry = run([*argv, "--dry-run"], env=env, timeout=60)  # a plan for two nodes is still a plan
+    assert dry.returncode == 0, dry.stderr[-2000:]
+
+
+# ---- issue 34: configs and experiment files read as written ----------------------------------------------------
+def _launch_dry(config, *overrides):
+    return run(["bash", "pipeline_training_launch.sh", str(config), "--model", "tiny-qwen3-moe", "--mode", "sft",
+                "--dry-run", "--no-path-checks", *overrides], timeout=60)
+
+
+def test_an_alias_bomb_is_one_line_at_once(tmp_path):
+    """A YAML alias bomb in a config or an experiment file ran past 60 s (a MemoryError traceback in experiments)."""
+    from tests.unit.test_inputs_as_written import bomb
+
+    cfg = tmp_path / "bomb.yaml"
+    cfg.write_text(bomb())
+    res = _launch_dry(cfg)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        f"error: {cfg}: invalid YAML: anchors and aliases expand to more than 100000 values (an alias bomb?); write "
+        "the values out")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("base: {config: configs/local/tiny_moe_sft.yaml, model: tiny-qwen3-moe, mode: sft}\n"
+                   + bomb().replace("a: &a", "x: &a"))
+    res = run([sys.executable, "pipeline_experiment.py", "list", str(exp)], timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: {exp} is not valid YAML: anchors and aliases expand to more than 100000 values (an alias bomb?); "
+        "write the values out")
+
+
+def test_yaml_1_1_numbers_and_unfilled_values_never_reach_a_run(tmp_path):
+    """``train_iters: 1:20`` trained 80 iterations; ``wandb_exp_name: ???`` named the run directory ``runs/???``."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  train_iters: 1:20\n")
+    res = _launch_dry(cfg)
+    assert res.returncode == 2 and "error: train.train_iters='1:20' must be an integer" in res.stderr
+    res = _launch_dry("configs/local/tiny_moe_sft.yaml", "logger.wandb_exp_name=???")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "error: the config: logger.wandb_exp_name is '???', a required value that was never filled; give it a value "
+        "(in the file, or logger.wandb_exp_name=... on the command line)")

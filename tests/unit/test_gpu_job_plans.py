@@ -185,7 +185,7 @@ def test_hostile_export_plans_are_one_line(tmp_path, argv, line):
     (["smollm2-135m"], "'smollm2-135m' is a registry name, not a model"),
     (["/no/such/dir"], "model /no/such/dir does not exist"),
     (["m", "--backend", "endpoint", "--endpoint-url", "http://x:1"], "the endpoint backend runs on one node"),
-    ([SUPER, "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    ([SUPER, "--max-tokens", "0"], "--max-tokens must be in [1, 1048576], got 0"),
     (["m", "--backend", "endpoint"], "the endpoint backend needs --endpoint-url URL or --discovery-file FILE"),
 ])
 def test_hostile_coherence_plans_are_one_line(argv, line):

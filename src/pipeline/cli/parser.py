@@ -45,3 +45,20 @@ def watch_seconds(text: str) -> float:
     if not math.isfinite(value) or not 1.0 <= value <= WATCH_MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{text} must be a number of seconds from 1 to {WATCH_MAX_SECONDS:g}")
     return value
+
+
+def bounded_float(low: float, high: float, what: str):
+    """An argparse ``type``: a finite number in [low, high] (NaN compares false with everything, so ``--atol nan``
+    made the verification unable to fail; inf and 1e308 are not tolerances either)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} must be {what}, a finite number from {low:g} to {high:g}")
+        return value
+
+    return parse

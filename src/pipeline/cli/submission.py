@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeline.common.argv import flag_values
 from pipeline.common.errors import UserError
-from pipeline.slurm.sbatch_options import directive_value, option_value
+from pipeline.slurm.sbatch_options import gpus_per_node_asked, node_count, option_value, submitted_value
 
 TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
 DATA_SCRIPT = "pipeline_data_submit.sbatch"
@@ -29,6 +29,7 @@ PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
 # the job script -> its pipeline's CLI, whose plan_from_argv parses the job's arguments and plans it
 GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint",
                    "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence"}
+PIPELINE_SCRIPTS = (TRAINING_SCRIPT, DATA_SCRIPT, ENV_SCRIPT, *GPU_JOB_SCRIPTS)
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,45 @@ def check_job(script: str, script_args: list[str], opts: list[str], required: bo
     sbatch options (a --dependency leaves the inputs to the job); ``required`` False (--no-preflight): a plan that
     cannot be made here is skipped with a warning."""
     inputs_later = option_value(opts, "--dependency", "-d") is not None
-    submit_checks(script, script_args, inputs_later=inputs_later)
     name = Path(script).name
+    if name in PIPELINE_SCRIPTS:
+        refuse_placement_options(script, opts)
+    submit_checks(script, script_args, inputs_later=inputs_later)
     if name in GPU_JOB_SCRIPTS:
         gpu_job_plan(script, script_args, opts, required=required, inputs_later=inputs_later)
     if name == TRAINING_SCRIPT:
-        launch = training_preflight(script_args, opts, required=required)
+        launch = training_preflight(script_args, opts, required=required, script=script)
         if launch is not None:
             run = launch.cfg.logger.wandb_exp_name
             return JobCheck(run_name=str(run) if run else None, cluster=launch.cluster)
     return JobCheck()
+
+
+def refuse_placement_options(script: str, opts: list[str]) -> None:
+    """sbatch options a pipeline job script cannot honour: ``--chdir`` (the scripts' ``#SBATCH --output=logs/...`` is
+    relative to it, so the job fails before it writes a log when the directory has no logs/slurm) and ``--array``
+    (every task of the array would run the same job: several trainings writing one run directory)."""
+    name = Path(script).name
+    for names, why in ((("--chdir", "-D"), "the job's log (#SBATCH --output=logs/slurm/...) and the checkout are "
+                        "relative to the submit directory; submit from the directory to work in instead"),
+                       (("--array", "-a"), "every array task would run this same job (one run directory, one output "
+                        "path); submit one job per run (an experiment file sweeps values)")):
+        value = submitted_value(opts, script, *names)
+        if value is not None:
+            raise UserError(f"{names[0]}={value} is not supported for {name}: {why}")
+
+
+def check_training_gpus(launch, opts: list[str], script: str | None) -> None:
+    """The GPUs per node a training submission asks for, in any form sbatch takes, against the plan's: the launcher
+    starts one rank per GPU Slurm gives, so another count trains a layout the preflight never checked."""
+    if not launch.cluster.has_gpus:
+        return
+    asked = gpus_per_node_asked(opts, script, launch.nodes)
+    planned = launch.cluster.gpus_per_node
+    if asked is not None and asked[0] != planned:
+        raise UserError(f"{asked[1]} gives {asked[0]} GPU(s) per node, and the training plan (cluster profile "
+                        f"{launch.cluster.name}) is for {planned}: submit with --gpus-per-node={planned} (or none: "
+                        "isambard_sbatch adds the profile's); nothing was submitted")
 
 
 def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> None:
@@ -83,10 +113,7 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
     planner, as the training preflight does."""
     import importlib
 
-    nodes = option_value(opts, "--nodes", "-N") or directive_value(script, "--nodes", "-N") or "1"
-    nodes = nodes.split("-")[0]
-    if not nodes.isdigit():
-        raise UserError(f"--nodes={nodes!r} is not a node count")
+    nodes = node_count(opts, script)
     try:
         cli = importlib.import_module(GPU_JOB_SCRIPTS[Path(script).name])
     except ImportError as exc:
@@ -97,14 +124,13 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
         print(f"warning: plan check skipped (--no-preflight): {exc}", file=sys.stderr)
         return
     try:  # the job's own parser and plan: a usage mistake is the pipeline's own one line
-        plan = cli.plan_from_argv(list(script_args), int(nodes), inputs_later=inputs_later)
+        plan = cli.plan_from_argv(list(script_args), nodes, inputs_later=inputs_later)
     except UserError as exc:
         raise UserError(f"{Path(script).name}: {exc}") from None
-    asked = option_value(opts, "--gpus-per-node")
-    asked = asked.split(":")[-1] if asked else None  # --gpus-per-node=[type:]N
-    if asked is not None and asked.isdigit() and int(asked) < plan.gpus_per_node:
+    asked = gpus_per_node_asked(opts, script, nodes)  # every form: --gpus-per-node, --gres=gpu:N, --gpus/-G N
+    if asked is not None and asked[0] < plan.gpus_per_node:
         plan.problems.append(f"the {plan.job} plan ({plan.engine}) uses {plan.gpus_per_node} GPU(s) per node, and "
-                             f"--gpus-per-node={asked} gives {asked}: submit with --gpus-per-node={plan.gpus_per_node}"
+                             f"{asked[1]} gives {asked[0]}: submit with --gpus-per-node={plan.gpus_per_node}"
                              f" (the plan: {plan.job} ... --dry-run)")
     if not plan.ok:
         raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
@@ -113,7 +139,7 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
           file=sys.stderr)
 
 
-def training_preflight(script_args: list[str], opts: list[str], required: bool = True):
+def training_preflight(script_args: list[str], opts: list[str], required: bool = True, script: str | None = None):
     """Run the training preflight for a pipeline_training_submit.sbatch submission; UserError on failure.
     Returns the launch plan (``training.launch.LaunchPlan``: the run's name, its cluster profile), or None when
     the preflight could not run here: that is refused (UserError naming the command that creates the login-node
@@ -125,9 +151,7 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
     argv for the parser to read again."""
     if len(script_args) < 3:
         raise UserError(f"{TRAINING_SCRIPT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
-    nodes = (option_value(opts, "--nodes", "-N") or "1").split("-")[0]
-    if not nodes.isdigit():
-        raise UserError(f"--nodes={nodes!r} is not a node count")
+    nodes = node_count(opts)  # the training script's header sets no --nodes
     config, model, mode, *rest = script_args
     cluster = os.environ.get("PIPELINE_CLUSTER")
     try:
@@ -140,10 +164,10 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
             # launcher checks them when it starts, as submit_checks does for the other pipelines
             request = dataclasses.replace(request, path_checks=False)
         if request.nodes is not None and option_value(opts, "--nodes", "-N") is not None \
-                and request.nodes != int(nodes):
+                and request.nodes != nodes:
             raise UserError(f"the launcher's --nodes {request.nodes} and sbatch's --nodes={nodes} disagree: the job "
                             "would plan one node count on an allocation of another; give the count once, to sbatch")
-        request = dataclasses.replace(request, nodes=request.nodes or int(nodes),
+        request = dataclasses.replace(request, nodes=request.nodes or nodes,
                                       cluster=request.cluster or cluster or None)
         launch = plan_launch(request)
     except ImportError as exc:  # a login node without the pipeline venv or the planner (the container posture)
@@ -158,6 +182,7 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
         print(f"warning: preflight skipped (--no-preflight): the pipeline environment is not available here "
               f"({exc}); the job checks its config when it starts", file=sys.stderr)
         return None
+    check_training_gpus(launch, opts, script)
     plan = launch.preflight
     if not plan.ok:
         raise UserError("\n".join(plan.problems)

@@ -37,6 +37,7 @@ from pipeline.training.launch import (
     MODES,
     LaunchPlan,
     LaunchRequest,
+    check_placement,
     fan_out_command,
     needs_fan_out,
     plan_launch,
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {p}", file=sys.stderr)
         print(f"preflight: {len(plan.preflight.problems)} problem(s); nothing was launched", file=sys.stderr)
         return 2
+    if not dry_run:
+        check_placement(request, plan.alloc, plan.nodes)  # before anything is printed as passed or written
     cmd = plan.command()
     print("== preflight: PASS ==")
     print(format_plan(plan.preflight))

@@ -19,19 +19,60 @@ DEFAULT_PROMPTS = [
 ]
 
 
+MAX_PROMPT_FILE = 16 * 1024 * 1024  # bytes; a coherence test is a handful of prompts
+SHAPES = "a JSON list of prompts (strings, or objects with a string 'prompt')"
+
+
+def _prompt(item, where: str) -> str:
+    """One prompt of a JSON or JSONL file: a non-empty string, or an object whose 'prompt' is one."""
+    if isinstance(item, dict):
+        if "prompt" not in item:
+            raise UserError(f"{where}: an object without a 'prompt' key (keys: {', '.join(map(str, item))[:80]})")
+        item = item["prompt"]
+    if not isinstance(item, str):
+        raise UserError(f"{where}: a prompt must be a string (got {type(item).__name__})")
+    if not item.strip():
+        raise UserError(f"{where}: the prompt is empty")
+    return item
+
+
 def load_prompts(path: Path | None) -> list[str]:
-    """Prompts from a file (one per line, or a JSON list / JSONL with a 'prompt' field), else the defaults."""
+    """Prompts from a file, else the defaults: ``.json`` - a list of strings or ``{"prompt": ...}`` objects;
+    ``.jsonl`` - one string or ``{"prompt": ...}`` object per line; anything else - one prompt per non-empty line.
+    Every other shape (an object, a bare string, numbers, nulls, an object without 'prompt') is one UserError line:
+    ``{"prompts": [...]}`` had run the single prompt "prompts", and a JSON string one prompt per character."""
     if path is None:
         return list(DEFAULT_PROMPTS)
     if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+        raise UserError(f"prompt file {path} does not exist or is not a regular file")
+    try:
+        if path.stat().st_size > MAX_PROMPT_FILE:
+            raise UserError(f"prompt file {path} is over {MAX_PROMPT_FILE >> 20} MiB; a coherence test takes a handful "
+                            "of prompts")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"prompt file {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"prompt file {path} cannot be read ({exc.strerror})") from None
     prompts: list[str] = []
     if path.suffix == ".json":
-        data = json.loads(text)
-        prompts = [p if isinstance(p, str) else p["prompt"] for p in data]
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+            raise UserError(f"prompt file {path} is not valid JSON: {str(exc)[:120]}") from None
+        if not isinstance(data, list):
+            hint = " (the list itself, not an object holding it)" if isinstance(data, dict) else ""
+            raise UserError(f"prompt file {path} must be {SHAPES}{hint}; got a JSON {type(data).__name__}")
+        prompts = [_prompt(p, f"prompt file {path}, item {i}") for i, p in enumerate(data)]
     elif path.suffix == ".jsonl":
-        prompts = [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+                raise UserError(f"prompt file {path}, line {n}: not valid JSON: {str(exc)[:120]}") from None
+            prompts.append(_prompt(item, f"prompt file {path}, line {n}"))
     else:
         prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:

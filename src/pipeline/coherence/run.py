@@ -27,6 +27,10 @@ from pipeline.common.io import write_json, write_text
 BACKENDS = ("hf", "endpoint", "megatron")
 
 
+MAX_TOKENS = 1 << 20  # generated tokens per response: past the longest context of the registry's models
+MAX_SECONDS = 7 * 24 * 3600  # --timeout/--deadline: 1e308 overflowed the socket's timeout (a traceback)
+
+
 @dataclass(frozen=True)
 class CoherenceRun:
     """What to test and how; the defaults are the command line's."""
@@ -61,16 +65,17 @@ class CoherenceRun:
             raise UserError("--tp/--pp/--ep apply to the megatron backend only")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r} (one of {', '.join(BACKENDS)})")
-        if self.max_tokens < 1:
-            raise UserError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if not 1 <= self.max_tokens <= MAX_TOKENS:
+            raise UserError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {self.max_tokens}")
         for name in ("timeout", "deadline"):
             v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v > 0):
-                raise UserError(f"--{name} must be a positive number of seconds, got {v}")
+            if v is not None and not (math.isfinite(v) and 0 < v <= MAX_SECONDS):
+                raise UserError(f"--{name} must be a positive number of seconds, at most {MAX_SECONDS} (a week), "
+                                f"got {v}")
         if self.backend == "endpoint" and not (self.endpoint_url or self.discovery_file):
             raise UserError("the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
-        if self.prompts is not None and not self.prompts.is_file():
-            raise UserError(f"prompt file {self.prompts} does not exist or is not a regular file")
+        if self.prompts is not None:
+            load_prompts(self.prompts)  # the file's shape, checked by the plan before any job
         if self.iteration is not None and self.iteration < 0:
             raise UserError(f"--iteration {self.iteration} must be >= 0")
 

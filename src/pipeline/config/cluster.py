@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.common import paths
-from pipeline.common.argv import has_flag
+from pipeline.common.argv import flag_values, has_flag
 from pipeline.common.errors import UserError, cli_main
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
@@ -394,7 +394,9 @@ def profile_sbatch_options(profile, user_opts: list[str], script_opts: list[str]
     ClusterProfile, and the result is an argv list, never shell text."""
     given = [*user_opts, *script_opts]
     out = []
-    if profile.gpus_per_node > 0 and not has_flag(given, "--gpus-per-node", "--gpus", "-G", "--gres"):
+    asks_gpus = has_flag(given, "--gpus-per-node", "--gpus", "-G", "--gpus-per-task", "--gpus-per-socket") or any(
+        "gpu" in v for v in (*flag_values(given, "--gres"), *flag_values(given, "--tres-per-task")))
+    if profile.gpus_per_node > 0 and not asks_gpus:  # a --gres of other resources asks for no GPU
         out.append(f"--gpus-per-node={profile.gpus_per_node}")
     if profile.partition and not has_flag(given, "--partition", "-p"):
         out.append(f"--partition={profile.partition}")

@@ -167,7 +167,9 @@ def resolve_dict(path: str | Path | None, overrides: list[str] | None = None,
     if path is not None:
         _merge_known(cfg, read_yaml(path), str(path), known)
     cfg = apply_overrides(cfg, list(overrides or []))
+    yamlio.refuse_missing(cfg, "the config")
     return resolve_interpolations(cfg)
+
 
 
 def resolve_interpolations(cfg: dict) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,9 +28,34 @@ from typing import Any, Literal
 INT_MAX = 2**62  # larger counts are typos (and overflow Megatron's int64 arithmetic)
 
 
-def _f(doc: str, default: Any = None) -> Any:
-    """A config field: its default (``None``: keep the recipe's) and a one-line description."""
-    return field(default=default, metadata={"doc": doc})
+SEED_MAX = 2**32 - 1  # numpy's and the data loader's seeds are unsigned 32-bit: -1 failed in every restart
+BATCH_MAX = 2**24  # sequences per step; past it a batch size is a typo (2**62 planned as a grad_accum of 2**61)
+ENV_ENTRY_MAX = 128 * 1024  # Linux's MAX_ARG_STRLEN: one NAME=value string of a process's environment
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _f(doc: str, default: Any = None, *, lo: int | None = None, hi: int | None = None, nonempty: bool = False
+       ) -> Any:
+    """A config field: its default (``None``: keep the recipe's), a one-line description, and for some the range a
+    set value must lie in (``lo``/``hi``, inclusive) or that a string may not be empty."""
+    meta: dict[str, Any] = {"doc": doc}
+    if lo is not None or hi is not None:
+        meta["range"] = (lo, hi)
+    if nonempty:
+        meta["nonempty"] = True
+    return field(default=default, metadata=meta)
+
+
+def check_range(f: dataclasses.Field, value: Any, key: str) -> str | None:
+    """Why a value of the right type is outside its field's range (one line), or None."""
+    lo, hi = f.metadata.get("range", (None, None))
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            (lo is not None and value < lo) or (hi is not None and value > hi)):
+        return f"{key}={_show(value)} is out of range [{lo if lo is not None else '-inf'}, " \
+               f"{hi if hi is not None else 'inf'}]"
+    if f.metadata.get("nonempty") and isinstance(value, str) and not value.strip():
+        return f"{key}={value!r} is empty: name one (or leave it unset)"
+    return None
 
 
 @dataclass
@@ -61,8 +87,9 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     train_iters: int | None = _f("optimizer steps to run")
-    global_batch_size: int | None = _f("sequences per optimizer step, over all data-parallel ranks")
-    micro_batch_size: int | None = _f("sequences per rank per forward/backward pass")
+    global_batch_size: int | None = _f("sequences per optimizer step, over all data-parallel ranks", lo=1,
+                                       hi=BATCH_MAX)
+    micro_batch_size: int | None = _f("sequences per rank per forward/backward pass", lo=1, hi=BATCH_MAX)
     exit_signal_handler: bool | None = _f("checkpoint and exit on the exit signal (the launcher sets it for Bridge)")
     exit_duration_in_mins: int | None = _f("checkpoint and exit after this many minutes")
     manual_gc: bool | None = _f("run Python's garbage collector only every manual_gc_interval steps")
@@ -113,7 +140,7 @@ class DatasetConfig:
     dataset_name: str | None = _f("where the data came from (suite-only: documentation, stripped for Bridge)")
     dataset_root: str | None = _f("prepared dataset folder (pipeline_data_prepare.py prepare --dataset-root)")
     seq_length: int | None = _f("sequence length of the data (must equal model.seq_length)")
-    seed: int | None = _f("data shuffling seed")
+    seed: int | None = _f("data shuffling seed", lo=0, hi=SEED_MAX)
     num_workers: int | None = _f("data-loader worker processes per rank")
     do_validation: bool | None = _f("build the validation split")
     do_test: bool | None = _f("build the test split")
@@ -152,7 +179,7 @@ class TokenizerConfig:
 
 @dataclass
 class RngConfig:
-    seed: int | None = _f("model-initialisation and dropout seed")
+    seed: int | None = _f("model-initialisation and dropout seed", lo=0, hi=SEED_MAX)
 
 
 @dataclass
@@ -199,7 +226,7 @@ class LocalEngineConfig:
 
 @dataclass
 class PipelineConfig:
-    cluster: str | None = _f("cluster profile name under configs/cluster/ (or a profile YAML path)")
+    cluster: str | None = _f("cluster profile name under configs/cluster/ (or a profile YAML path)", nonempty=True)
     local: LocalEngineConfig = field(default_factory=LocalEngineConfig, metadata={"doc": "local-engine options"})
 
 
@@ -327,10 +354,21 @@ def check_value(tp: Any, value: Any, key: str) -> str | None:
             return f"{key}={shown} must be a mapping"
         if typing.get_args(tp)[1:] == (str,):  # environment variables: names and scalar values
             for k, v in value.items():
-                if not isinstance(k, str) or not k:
-                    return f"{key}: {_show(k)} is not a variable name (a non-empty string)"
+                if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
+                    return (f"{key}: {_show(k)} is not a variable name (letters, digits and _, not starting with a "
+                            "digit; no '=' or NUL)")
                 if v is None or isinstance(v, (dict, list)):
                     return f"{key}.{k}={_show(v)} must be a string or a number"
+                try:
+                    text = v if isinstance(v, str) else str(v)
+                except ValueError:  # an integer past Python's 4300-digit conversion limit
+                    return f"{key}.{k}={_show(v)} is too long for an environment variable"
+                if "\0" in text:
+                    return f"{key}.{k}: the value holds a NUL byte, which no environment variable can carry"
+                if len(f"{k}={text}".encode(errors="surrogatepass")) >= ENV_ENTRY_MAX:
+                    return (f"{key}.{k}: the value is {len(text.encode(errors='surrogatepass'))} bytes; one variable "
+                            f"(NAME=value) must stay under {ENV_ENTRY_MAX} bytes (Linux's MAX_ARG_STRLEN), or no "
+                            "rank can start")
         return None
     raise TypeError(f"config field {key} has a type the loader does not check: {tp!r}")
 
@@ -359,7 +397,7 @@ def _build(cls: type, data: dict[str, Any], where: str, problems: list[str], inv
             if sub:
                 extra[name] = sub
             continue
-        problem = check_value(tp, value, key)
+        problem = check_value(tp, value, key) or check_range(f, value, key)
         if problem:
             problems.append(problem)
             invalid.add(key)

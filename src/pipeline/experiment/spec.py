@@ -35,6 +35,7 @@ is part of the name whenever the file has ``phases``), which is also its ``logge
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import itertools
 import json
@@ -257,9 +258,26 @@ def _hydra_value(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ",".join(f"{k}:{_hydra_value(x)}" for k, x in v.items()) + "}"
     s = str(v)
-    if re.fullmatch(r"[A-Za-z0-9_./:+@-]+", s) and s.lower() not in ("true", "false", "null"):
+    if re.fullmatch(r"[A-Za-z0-9_./:+@-]+", s) and _hydra_reads_as_string(s):
         return s
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    # Hydra's quoted string: a quote is escaped, and so is every backslash run before a quote or the closing quote
+    body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s)
+    return "'" + body.replace("'", "\\'") + "'"
+
+
+@functools.lru_cache(maxsize=4096)
+def _hydra_reads_as_string(s: str) -> bool:
+    """Whether Hydra's grammar reads ``key=<s>`` as the string ``s``: ``1e3`` is the float 1000.0, ``1_000`` the int
+    1000, ``inf``/``nan``/``-0``/``true``/``null`` are not strings either, so those are quoted."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        ov = OverridesParser.create().parse_override(f"k={s}")
+    except HydraException:
+        return False
+    value = ov.value()
+    return isinstance(value, str) and value == s
 
 
 # ---- loading ------------------------------------------------------------------------------------------------
@@ -288,6 +306,7 @@ def _overrides(x: Any, where: str) -> dict[str, Any]:
             raise UserError(f"{where}: {k!r} is not a dotted config key (like train.train_iters)")
         if k.lstrip("+~") in RESERVED:
             raise UserError(f"{where}: {k} is set by the experiment (each run is named <experiment>.<label>)")
+    yamlio.refuse_missing(d, where)
     return dict(d)
 
 
@@ -436,7 +455,7 @@ def _axes(raw: dict, path: Path) -> list[_Axis]:
             keys = tuple(dict.fromkeys(k for _, ov in pts for k in ov))
             axes.append(_Axis(keys=keys, points=tuple(pts)))
         else:
-            _overrides({key: None}, f"{path}: grid")
+            _overrides({key: vals}, f"{path}: grid")
             if not isinstance(vals, list) or not vals:
                 raise UserError(f"{where}: an override axis is a non-empty list of values")
             axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals)))

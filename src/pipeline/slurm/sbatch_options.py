@@ -163,25 +163,114 @@ def split_sbatch_args(argv: list[str], table: tuple[frozenset[str], frozenset[st
 
 
 def option_value(opts: list[str], *names: str) -> str | None:
-    """The value of an option in normalised ``opts`` (as split_sbatch_args returns them); values of other
-    options are never mistaken for options."""
+    """The value of an option in normalised ``opts`` (as split_sbatch_args returns them), the *last* one among
+    ``names`` as sbatch reads a repeated option (``--nodes=1 --nodes=2`` allocates 2; ``-N 1 --nodes=2`` too);
+    values of other options are never mistaken for options."""
     values, _, _ = _table()
+    found = None
     i = 0
     while i < len(opts):
         a = opts[i]
         if a.startswith("--"):
             name, eq, val = a.partition("=")
             if name in names and eq:
-                return val
+                found = val
             i += 1
             continue
         if a in values:
             if a in names and i + 1 < len(opts):
-                return opts[i + 1]
+                found = opts[i + 1]
             i += 2
             continue
         i += 1
-    return None
+    return found
+
+
+def submitted_value(opts: list[str], script: str | None, *names: str) -> str | None:
+    """An option's value as the job gets it: the command line's (last one) over the script's #SBATCH header's."""
+    value = option_value(opts, *names)
+    return value if value is not None else directive_value(script, *names)
+
+
+def node_count(opts: list[str], script: str | None = None) -> int:
+    """The node count sbatch allocates (``--nodes``/``-N``, command line over header, last wins; 1 when unset). A
+    range (``2-4``) lets Slurm pick the count when the job starts, after every plan was made for one count: refused
+    unless both ends agree; anything else that is not a positive count is refused."""
+    import re
+
+    raw = submitted_value(opts, script, "--nodes", "-N")
+    if raw is None:
+        return 1
+    m = re.fullmatch(r"([0-9]{1,6})(?:-([0-9]{1,6}))?", raw.strip())
+    if not m or int(m.group(1)) < 1:
+        raise UserError(f"--nodes={raw!r} is not a node count (a positive integer)")
+    if m.group(2) is not None and int(m.group(2)) != int(m.group(1)):
+        raise UserError(f"--nodes={raw}: a range lets Slurm choose the node count when the job starts, and the job is "
+                        f"planned for one count; give it: --nodes={m.group(1)} (or --nodes={m.group(2)})")
+    return int(m.group(1))
+
+
+GPU_OPTIONS = ("--gpus-per-node", "--gpus", "-G", "--gres", "--gpus-per-task", "--gpus-per-socket", "--tres-per-task")
+
+
+def _gres_gpus(gres: str) -> int | None:
+    """GPUs per node a ``--gres`` value asks for (``gpu:4``, ``gpu:a100:4``, ``gpu`` = 1, ``gres/gpu:2``, among other
+    resources ``gpu:4,nvme:1``); None when it names no GPU; UserError for a count that is not one."""
+    total = None
+    for entry in gres.split(","):
+        parts = entry.strip().split(":")
+        if parts[0].removeprefix("gres/") != "gpu":
+            continue
+        count = parts[-1] if len(parts) > 1 and not (len(parts) == 2 and not parts[1].isdigit()) else "1"
+        if not count.isdigit():
+            raise UserError(f"--gres={gres!r}: the GPU count {count!r} is not a number")
+        total = (total or 0) + int(count)
+    return total
+
+
+def _count(option: str, value: str) -> int:
+    count = value.split(":")[-1]  # [type:]N
+    if not count.isdigit():
+        raise UserError(f"{option}={value!r} is not a GPU count ([type:]N)")
+    return int(count)
+
+
+def gpus_per_node_asked(opts: list[str], script: str | None, nodes: int) -> tuple[int, str] | None:
+    """(GPUs per node, the option as written) that the submission's GPU options ask for, command line over header;
+    None when none is given (the cluster profile's --gpus-per-node is then added). Every form sbatch takes is read:
+    ``--gpus-per-node=[type:]N``, ``--gres=gpu[:type]:N``, ``--gpus/-G [type:]N`` (a job total: exact on one node;
+    over several nodes Slurm may place it unevenly, so it is refused there); forms that do not say GPUs per node
+    (``--gpus-per-task``, ``--gpus-per-socket``, ``--tres-per-task``) and two forms at once are refused."""
+    given = {}
+    for names in (("--gpus-per-node",), ("--gpus", "-G"), ("--gres",), ("--gpus-per-task",), ("--gpus-per-socket",),
+                  ("--tres-per-task",)):
+        value = submitted_value(opts, script, *names)
+        if value is None:
+            continue
+        if names == ("--gres",) and _gres_gpus(value) is None:
+            continue  # a --gres of other resources asks for no GPU
+        if names == ("--tres-per-task",) and "gpu" not in value:
+            continue
+        given[names[0]] = value
+    if not given:
+        return None
+    if len(given) > 1:
+        both = " and ".join(f"{k}={v}" for k, v in given.items())
+        raise UserError(f"{both}: GPUs asked for in two ways; give one, --gpus-per-node=N (the plan counts GPUs per "
+                        "node)")
+    option, value = next(iter(given.items()))
+    if option == "--gpus-per-node":
+        return _count(option, value), f"{option}={value}"
+    if option == "--gres":
+        return _gres_gpus(value) or 0, f"{option}={value}"
+    if option == "--gpus":
+        total = _count(option, value)
+        if nodes == 1:
+            return total, f"{option}={value}"
+        raise UserError(f"--gpus={value} is a total over the job's {nodes} nodes, which Slurm may place unevenly; "
+                        f"the plan counts GPUs per node: use --gpus-per-node=N")
+    raise UserError(f"{option}={value}: GPUs per task or socket do not say how many GPUs each node gets, and the plan "
+                    "counts GPUs per node: use --gpus-per-node=N")
 
 
 def script_directives(script: str | None) -> list[str]:
@@ -213,8 +302,8 @@ def header_options(script: str | None) -> tuple[list[str], list[str]]:
 
 
 def directive_value(script: str | None, *names: str) -> str | None:
-    """The value of an option in a batch script's #SBATCH header (the first one), or None (also for a header that
-    sbatch would refuse: sbatch says so itself)."""
+    """The value of an option in a batch script's #SBATCH header (the last one, as sbatch reads it), or None (also
+    for a header that sbatch would refuse: sbatch says so itself)."""
     try:
         return option_value(header_options(script)[0], *names)
     except UserError:

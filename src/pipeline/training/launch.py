@@ -126,6 +126,21 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
 
 
+def check_placement(req: LaunchRequest, alloc: Allocation, nodes: int) -> None:
+    """A real launch (not a dry run, not a submission's plan) runs on the nodes it is on: outside any allocation one
+    machine (``--nodes 2`` waited for ever for a second node that nothing starts), inside one the allocation's count
+    (``--nodes`` would override Slurm's and the rendezvous would wait for nodes that are not there, or leave some
+    out)."""
+    if not alloc.in_slurm and nodes > 1:
+        raise UserError(f"--nodes {nodes} outside any Slurm allocation: nothing starts the other {nodes - 1} node(s) "
+                        f"and the launch would wait for them for ever; submit it (isambard_sbatch --nodes={nodes} "
+                        "pipeline_training_submit.sbatch ...), run it inside an allocation of that size, or plan it "
+                        "with --dry-run")
+    if alloc.in_slurm and req.nodes is not None and req.nodes != alloc.nodes:
+        raise UserError(f"--nodes {req.nodes} inside Slurm job {alloc.job_id}, which has {alloc.nodes} node(s): the "
+                        "node count comes from the allocation; drop --nodes (or allocate that many)")
+
+
 def default_run_dir(cfg: TrainingConfig, config_path: str) -> Path:
     raw = cfg.logger.wandb_exp_name
     if raw is not None and str(raw).strip() == "":
