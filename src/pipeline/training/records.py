@@ -235,18 +235,58 @@ def claim_save(save: str | Path | None, run_dir: Path, cfg: TrainingConfig) -> P
 WRITER_LOCK = ".writer.lock"
 
 
+def _writer_record() -> dict[str, Any]:
+    env = os.environ
+    return {"slurm_job_id": env.get("SLURM_JOB_ID"), "slurm_step_id": env.get("SLURM_STEP_ID"),
+            "slurm_node_id": env.get("SLURM_NODEID"), "slurm_restart_count": env.get("SLURM_RESTART_COUNT") or "0",
+            "host": env.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+            "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def same_writer(holder: dict, me: dict) -> bool:
+    """Whether the launch ``me`` belongs to the training that holds the run directory's lock (``holder``; both as
+    :func:`_writer_record` writes them). The same Slurm job is not enough: a second launch inside one ``salloc``
+    shares the job id. The same writer is a later incarnation of the job (a requeue keeps the id and counts
+    ``SLURM_RESTART_COUNT`` up; the killed incarnation's lock can outlive it on a shared file system), or another
+    node's launcher of the same job step (same step id, another node id). Anything else - no step, another step,
+    the same node of the same step - is a second training."""
+    job = me.get("slurm_job_id")
+    if not job or str(holder.get("slurm_job_id")) != str(job):
+        return False
+    if str(holder.get("slurm_restart_count") or "0") != str(me.get("slurm_restart_count") or "0"):
+        return True
+    step = me.get("slurm_step_id")
+    node = holder.get("slurm_node_id")
+    return (step is not None and str(holder.get("slurm_step_id")) == str(step)
+            and node is not None and str(node) != str(me.get("slurm_node_id")))
+
+
 def claim_run_dir(run_dir: Path) -> int | None:
     """One writer per run directory. Takes an exclusive ``flock`` on ``<run_dir>/.writer.lock`` and returns its file
     descriptor, inheritable, so the lock lives on in torchrun / ft_launcher after the launcher execs into it (and
     with it, torchrun's restarts of the ranks); it ends when that process tree ends. A second launch while the lock
-    is held is refused (UserError naming the holder: its Slurm job, or host and pid); the launchers of the same Slurm
-    job (the other nodes of a multi-node job, a requeued job: it keeps its id) are the same writer and return None.
-    Before this, a relaunch on a live run "resumed" and both wrote (progress.ndjson read 8, 10, 11, 9, 12, ...)."""
+    is held is refused (UserError naming the holder: its Slurm job and step, host and pid); the launchers of the same
+    training (:func:`same_writer`: the other nodes of one job step, a requeued job's next incarnation) return None.
+    Before this, a relaunch on a live run "resumed" and both wrote (progress.ndjson read 8, 10, 11, 9, 12, ...); and
+    before the step was part of the rule, a second launch inside the same ``salloc`` rewrote the live run's records."""
     import fcntl
 
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / WRITER_LOCK
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    me = _writer_record()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -256,18 +296,19 @@ def claim_run_dir(run_dir: Path) -> int | None:
             holder = json.loads(raw)
         except ValueError:
             holder = {}
-        job = os.environ.get("SLURM_JOB_ID")
-        if job and str(holder.get("slurm_job_id")) == job:
-            return None  # this job's own writer (another node's launcher, or a requeue's previous incarnation)
-        who = (f"Slurm job {holder['slurm_job_id']} (host {holder.get('host')}, pid {holder.get('pid')})"
-               if holder.get("slurm_job_id") else f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}")
+        holder = holder if isinstance(holder, dict) else {}
+        if same_writer(holder, me):
+            return None  # this training's own writer (another node's launcher, or a requeue's previous incarnation)
+        pid = holder.get("pid", "?")
+        alive = " (alive)" if holder.get("host") == me["host"] and _pid_alive(pid) else ""
+        where = f"pid {pid}{alive} on host {holder.get('host', '?')}"
+        who = (f"Slurm job {holder['slurm_job_id']} step {holder.get('slurm_step_id') or '(none)'} ({where})"
+               if holder.get("slurm_job_id") else where)
         raise UserError(f"run directory {run_dir} is being written by {who}, started {holder.get('started', '?')}: "
                         "one training per run directory; wait for it (or cancel it), or use another run "
                         "(logger.wandb_exp_name / --run-dir)") from None
-    record = {"slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname(), "pid": os.getpid(),
-              "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     os.set_inheritable(fd, True)
     return fd
 
