@@ -39,3 +39,35 @@ def test_second_launch_in_the_same_salloc_is_refused(tmp_path, monkeypatch):
     finally:
         os.close(fd)
     assert isinstance(_claim(tmp_path, monkeypatch, SLURM_JOB_ID="77"), int)  # released: the next launch writes
+
+
+def _plan(run_dir, model="tiny-qwen3-moe", mode="sft", allow=False):
+    from pipeline.training.launch import LaunchRequest, plan_launch
+
+    return plan_launch(LaunchRequest(config="configs/local/tiny_moe_sft.yaml", model=model, mode=mode, disable_ft=True,
+                                     path_checks=False, run_dir=run_dir, allow_config_change=allow,
+                                     overrides=(f"checkpoint.save={run_dir / 'checkpoints'}",)))
+
+
+def _record(plan):
+    records.write_launch_records(plan.run_dir, cfg=plan.cfg, spec=plan.spec, mode=plan.request.mode, peft=None,
+                                 cluster=plan.cluster, alloc=plan.alloc, nodes=plan.nodes, plan=plan.preflight,
+                                 command=["pipeline_training_launch.sh"], launch_cmd=plan.command(), view=plan.view)
+
+
+def test_run_identity_includes_model_and_mode(tmp_path, monkeypatch):
+    # A qwen3 run relaunched as tiny-nemotronh-moe (same config) said "already finished" and rewrote launch.json,
+    # or loaded qwen3 weights into NemotronH; another --mode resumed the run as if it were the same one.
+    from tests.helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    run_dir = (tmp_path / "run").resolve()
+    _record(_plan(run_dir))
+    assert _plan(run_dir).preflight.ok  # the same run relaunching
+    for allow in (False, True):  # no weights carry over to another model: refused even with --allow-config-change
+        with pytest.raises(UserError, match="holds a run of model 'tiny-qwen3-moe', not 'tiny-nemotronh-moe'"):
+            _plan(run_dir, model="tiny-nemotronh-moe", allow=allow)
+    with pytest.raises(UserError, match=r"launch.mode: 'sft' -> 'pretrain'"):
+        _plan(run_dir, mode="pretrain")
+    assert _plan(run_dir, mode="pretrain", allow=True).preflight.ok
+    assert records.read_json(run_dir / "launch.json")["model"] == "tiny-qwen3-moe"  # untouched by the refusals

@@ -175,16 +175,17 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
                             # its launcher checks the paths when the job starts (isambard_sbatch does the same)
                             path_checks=src is None)
         launch = plan_launch(req)
-        return launch.cfg, launch.run_dir, launch.preflight
+        return launch.cfg, launch.run_dir, launch.preflight, {"model": launch.spec.name, "mode": req.mode,
+                                                              "peft": req.peft}
 
     try:
         with _at_root():
-            cfg, run_dir, plan = resolve(ov)
+            cfg, run_dir, plan, identity = resolve(ov)
             if phase.tokens is not None:
                 gbs, seq = cfg.train.global_batch_size, cfg.model.seq_length
                 if gbs and seq:  # unset or mistyped: the preflight names it
                     ov["train.train_iters"] = max(1, math.ceil(phase.tokens / (gbs * seq)))
-                    cfg, run_dir, plan = resolve(ov)
+                    cfg, run_dir, plan, identity = resolve(ov)
     except UserError as exc:
         job.problems.append(str(exc).splitlines()[0])
         return job
@@ -195,7 +196,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     if allow_config_change:
         job.args.insert(3, "--allow-config-change")
     job.problems += list(plan.problems)
-    job.identity_diff = check_run_identity(job.run_dir, cfg, allow_change=True)
+    job.identity_diff = check_run_identity(job.run_dir, cfg, allow_change=True, launch=identity)
     if job.identity_diff and not allow_config_change:
         keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(job.identity_diff.items())[:6])
         job.problems.append(f"run directory {job.run_dir} holds a run with a different config ({keys}): it is not "

@@ -126,9 +126,17 @@ def config_diff(old: dict, new: dict, ignore: tuple[str, ...] = IDENTITY_IGNORED
             if a.get(k) != b.get(k) and not k.startswith(ignore)}
 
 
-def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = False) -> dict[str, tuple[Any, Any]]:
+LAUNCH_IDENTITY = ("model", "mode", "peft")  # launch.json's part of the identity: what the config does not say
+
+
+def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = False,
+                       launch: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """Refuse (UserError, exit 2) to resume, or to call finished, a run directory whose recorded ``config.yaml``
-    differs from ``cfg``: a relaunch with other overrides under the same run name is another run. Returns the
+    differs from ``cfg``: a relaunch with other overrides under the same run name is another run. ``launch`` (the
+    ``model``, ``mode`` and ``peft`` of this launch) is compared with the recorded ``launch.json`` as well, as
+    ``launch.model`` and so on: a finished qwen3 run relaunched as another model said "already finished" and
+    rewrote launch.json, and an unfinished one loaded its weights into the other architecture. Another model is
+    refused even with ``allow_change`` (no weights carry over); another mode or peft passes with it. Returns the
     differing keys (empty when the config is the same or the directory is new); ``allow_change`` lets them pass."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -139,6 +147,15 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
         raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's recorded config is "
                         "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
     diff = config_diff(old if isinstance(old, dict) else {}, cfg.to_dict())
+    recorded = _recorded_launch(Path(run_dir)) if launch is not None else None
+    if recorded is not None:
+        for key in LAUNCH_IDENTITY:
+            if recorded.get(key) != launch.get(key):
+                diff[f"launch.{key}"] = (recorded.get(key), launch.get(key))
+    if "launch.model" in diff:
+        a, b = diff["launch.model"]
+        raise UserError(f"run directory {run_dir} holds a run of model {a!r}, not {b!r}: its checkpoints and records "
+                        f"are that model's; give this run a new name (logger.wandb_exp_name=NEW or --run-dir)")
     if diff and not allow_change:
         shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
         more = f" (+{len(diff) - 8} more)" if len(diff) > 8 else ""
@@ -146,6 +163,23 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
                         "resumed or finished with this one: give this run a new name (logger.wandb_exp_name=NEW) or "
                         "pass --allow-config-change to continue it with the new config")
     return diff
+
+
+def _recorded_launch(run_dir: Path) -> dict[str, Any] | None:
+    """launch.json as recorded, or None when there is none (a directory from before launch records); a record that
+    is not a JSON object is corrupt (UserError)."""
+    path = run_dir / "launch.json"
+    if not path.is_file():
+        return None
+    try:
+        rec = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's launch record is "
+                        "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
+    if not isinstance(rec, dict):
+        raise UserError(f"{path} is not a JSON object: the run directory's launch record is corrupt; use a new run "
+                        "name (logger.wandb_exp_name=NEW) or remove the directory")
+    return rec
 
 
 # ---- checkpoint ownership: one run per checkpoint.save ----------------------------------------------------
