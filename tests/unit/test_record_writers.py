@@ -71,3 +71,58 @@ def test_run_identity_includes_model_and_mode(tmp_path, monkeypatch):
         _plan(run_dir, mode="pretrain")
     assert _plan(run_dir, mode="pretrain", allow=True).preflight.ok
     assert records.read_json(run_dir / "launch.json")["model"] == "tiny-qwen3-moe"  # untouched by the refusals
+
+
+# ---- readers of progress, events and summaries: a line with wrong field types is skipped, as broken JSON is -----
+def test_a_progress_line_missing_time_does_not_stop_the_run_finishing(tmp_path):
+    # One line without `time`: the end-of-run summary raised KeyError, so training exited 0 without TRAINING_DONE
+    # (what upload-all --poll and the requeue chain wait for).
+    log = records.ProgressLog(tmp_path, tokens_per_step=10)
+    log.log(1, {"loss": 2.0})
+    (tmp_path / "progress.ndjson").open("a").write('{"step": 2, "loss": 1.9, "tokens": 20}\n'
+                                                   '{"step": 3, "time": "x", "loss": 1.8}\n'
+                                                   '{"step": true, "time": 1.0, "loss": 1.7}\n')
+    log.log(4, {"loss": 1.5})
+    summary = records.finish_completed(tmp_path, None, log, 4, 1.0)
+    assert (tmp_path / records.DONE_MARKER).read_text() == "4\n"
+    assert [r["step"] for r in log.records()] == [1, 4] and summary["logged_steps"] == 2
+    assert summary["first_loss"] == 2.0 and summary["final_loss"] == 1.5
+
+
+def test_junk_field_types_in_a_runs_records_do_not_crash_status_or_csv(tmp_path, monkeypatch, capsys):
+    from pipeline.cli.experiment import main
+    from pipeline.experiment import spec
+    from pipeline.experiment.plan import plan_experiment
+    from tests.helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    path = "configs/experiments/tiny_lr_batch_sweep.yaml"
+    plans = plan_experiment(spec.load(path), allow_config_change=True)
+    run_dir = plans[0].jobs[0].run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "progress.ndjson").write_text('{"step": 1, "time": 0.5, "loss": 3.0, "tokens": 8}\n'
+                                             '{"step": 2, "time": "late", "loss": 2.0, "tokens": "many"}\n'
+                                             '{"step": 3, "time": 1.5, "loss": [1], "tokens": 24}\n'
+                                             '{"step": 4, "time": 2.5, "loss": 2.5, "tokens": 32}\n')
+    (run_dir / "events.ndjson").write_text('{"event": "job", "t": 100.0, "submit": 90.0, "start": 95.0}\n'
+                                           '{"event": "attempt", "t": 101.0}\n{"event": "ready", "t": 102.0}\n'
+                                           '{"event": "step", "t": 103.0, "step": 1, "seconds": "abc"}\n'
+                                           '{"event": "step", "t": 1e308, "step": 2, "seconds": 1.0}\n'
+                                           '{"event": "step", "t": NaN, "step": 3, "seconds": 1.0}\n'
+                                           '{"event": "save", "t": 104.0, "step": "4", "seconds": 1.0}\n'
+                                           '{"event": "step", "t": 105.0, "step": 4, "seconds": 1.0}\n')
+    (run_dir / "metrics_summary.json").write_text('{"status": 7, "final_step": "abc", "tokens": "x", "train_seconds": '
+                                                  '"slow", "tokens_per_second": "fast", "final_loss": "low", '
+                                                  '"goodput": "all of it"}')
+    assert main(["status", path, "--no-plots"]) == 0
+    board = capsys.readouterr().out
+    row = next(ln for ln in board.splitlines() if ln.startswith(plans[0].run.label))
+    assert " 4/20 " in row and " 2.5000 " in row  # the last good line; the bad ones skipped
+    out = tmp_path / "r.csv"
+    assert main(["csv", path, "--output", str(out)]) == 0
+    first = out.read_text().splitlines()[1].split(",")
+    assert first[0] == plans[0].run.label
+    (run_dir / "metrics_summary.json").write_text('{"status": "completed", "final_step": 4, "goodput": '
+                                                  '{"total_seconds": "long", "goodput": 0.5}}')
+    assert main(["csv", path, "--output", str(out)]) == 0

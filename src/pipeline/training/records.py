@@ -399,17 +399,7 @@ class ProgressLog:
         append_line(self.path, json.dumps(rec))
 
     def records(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        by_step: dict[int, dict] = {}
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill mid-write
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                by_step[rec["step"]] = rec  # a later line for the same step supersedes an earlier one
-        return [by_step[k] for k in sorted(by_step)]
+        return read_progress(self.run_dir)
 
     def summarize(self, status: str, final_step: int, train_seconds: float | None = None) -> dict:
         recs = [r for r in self.records() if isinstance(r.get("loss"), (int, float))]
@@ -442,6 +432,81 @@ class ProgressLog:
             summary["goodput"] = split
         write_json(self.run_dir / "metrics_summary.json", summary)
         return summary
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def progress_ok(rec: Any) -> bool:
+    """A progress.ndjson line with the field types :meth:`ProgressLog.log` writes: ``step`` and ``tokens`` integers
+    >= 0, ``time`` a finite number >= 0, ``loss`` a number or the text of a non-finite one. A line with a wrong or
+    missing field is skipped, as a line cut by a kill is (one line without ``time`` crashed the end-of-run summary,
+    so training exited 0 without TRAINING_DONE; junk types crashed ``experiment status`` and ``csv``)."""
+    if not isinstance(rec, dict):
+        return False
+    step, tokens, t, loss = rec.get("step"), rec.get("tokens", 0), rec.get("time"), rec.get("loss")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return False
+    if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0):
+        return False
+    if not (_number(t) and t >= 0):
+        return False
+    return loss is None or _number(loss) or loss in ("nan", "inf", "-inf")
+
+
+def read_progress(run_dir: Path | None) -> list[dict]:
+    """progress.ndjson, one record per step (a later line for a step supersedes an earlier one: a redone step), lines
+    that are not JSON or fail :func:`progress_ok` skipped. The one reader of the file (the run's summary, the
+    experiment board and its CSV)."""
+    path = Path(run_dir) / "progress.ndjson" if run_dir is not None else None
+    if path is None or not path.is_file():
+        return []
+    by_step: dict[int, dict] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a line cut by a kill mid-write
+        if progress_ok(rec):
+            by_step[rec["step"]] = rec
+    return [by_step[k] for k in sorted(by_step)]
+
+
+# metrics_summary.json's fields and their types (``num``: a finite number); others are kept as they are
+_SUMMARY_TYPES = {"status": "str", "final_step": "int", "first_loss": "num", "final_loss": "num", "best_loss": "num",
+                  "loss_decreased": "bool", "logged_steps": "int", "tokens": "int", "train_seconds": "num",
+                  "seconds_per_step": "num", "tokens_per_second": "num", "goodput": "dict"}
+
+
+def _typed(v: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "num":
+        return _number(v)
+    return isinstance(v, dict)
+
+
+def read_summary(run_dir: Path | None) -> dict:
+    """metrics_summary.json, or {} when it is absent or unreadable; a field of a wrong type is left out (as if it
+    were not written), and so is a goodput part that is not a finite number (``goodput.split``'s own fields)."""
+    try:
+        s = read_json(Path(run_dir) / "metrics_summary.json") if run_dir is not None else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(s, dict):
+        return {}
+    out = {k: v for k, v in s.items() if k not in _SUMMARY_TYPES or v is None or _typed(v, _SUMMARY_TYPES[k])}
+    if isinstance(out.get("goodput"), dict):
+        g = out["goodput"]
+        bad = [k for k, v in g.items() if k not in ("jobs", "submitted", "ended") and v is not None and not _number(v)]
+        jobs_ok = isinstance(g.get("jobs", []), list)
+        out["goodput"] = None if bad or not jobs_ok else g
+    return out
 
 
 def _num(v: Any) -> Any:
@@ -502,8 +567,8 @@ def finish_preempted(run_dir: Path, progress: ProgressLog, step: int, iters: int
 def finish_completed(run_dir: Path, save: str | Path | None, progress: ProgressLog, step: int,
                      seconds: float) -> dict:
     progress.clock.end("completed", step)
+    mark_done(run_dir, save, step)  # first: the run's completion never waits on reading its own records
     summary = progress.summarize("completed", step, seconds)
-    mark_done(run_dir, save, step)
     print(f"training finished: {step} iterations; loss {summary['first_loss']} -> {summary['final_loss']}; "
           f"checkpoints in {save}; records in {run_dir}", flush=True)
     print(goodput.line(summary.get("goodput")), flush=True)
