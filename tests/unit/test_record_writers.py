@@ -85,7 +85,7 @@ def test_a_progress_line_missing_time_does_not_stop_the_run_finishing(tmp_path):
     log.log(4, {"loss": 1.5})
     summary = records.finish_completed(tmp_path, None, log, 4, 1.0)
     assert (tmp_path / records.DONE_MARKER).read_text() == "4\n"
-    assert [r["step"] for r in log.records()] == [1, 4] and summary["logged_steps"] == 2
+    assert [r["step"] for r in log.records()] == [1, 2, 4] and summary["logged_steps"] == 3  # wrong types skipped
     assert summary["first_loss"] == 2.0 and summary["final_loss"] == 1.5
 
 
@@ -126,3 +126,53 @@ def test_junk_field_types_in_a_runs_records_do_not_crash_status_or_csv(tmp_path,
     (run_dir / "metrics_summary.json").write_text('{"status": "completed", "final_step": 4, "goodput": '
                                                   '{"total_seconds": "long", "goodput": 0.5}}')
     assert main(["csv", path, "--output", str(out)]) == 0
+
+
+# ---- launcher flags in an experiment file: modelled by the planner or refused ------------------------------------
+EXP = """
+name: f
+base: {config: configs/local/tiny_moe_sft.yaml, model: tiny-qwen3-moe, mode: sft, flags: FLAGS}
+grid: {optimizer.lr: [1.0e-3, 2.0e-3]}
+"""
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("[--run-dir, /tmp/x]", "--run-dir is not an experiment flag: the experiment names each run's directory"),
+    ("[--run-dir=/tmp/x]", "--run-dir is not an experiment flag"),
+    ("[--nodes, '2']", "--nodes is not an experiment flag: use base.nodes"),
+    ("[--frobnicate]", "'--frobnicate' is not a launcher flag the planner models"),
+    ("[--peft, dora]", "--peft 'dora' is not one of: lora"),
+    ("[--peft]", "--peft needs a value"),
+    ("[--max-restarts, lots]", "--max-restarts 'lots' must be an integer"),
+    ("[--disable-ft, --disable-ft]", "--disable-ft is given twice"),
+])
+def test_experiment_flags_the_planner_does_not_model_are_refused(tmp_path, flags, message):
+    # flags: [--run-dir, X] was passed to both jobs of a sweep unplanned: one run directory, the second run failed
+    from pipeline.experiment import spec
+
+    p = tmp_path / "f.yaml"
+    p.write_text(EXP.replace("FLAGS", flags))
+    with pytest.raises(UserError, match=rf"base.flags: {message}") as err:
+        spec.load(p)
+    assert "\n" not in str(err.value)
+
+
+def test_experiment_flags_that_are_modelled_reach_the_plan(tmp_path, monkeypatch):
+    from pipeline.experiment import spec
+    from pipeline.experiment.plan import plan_run
+    from tests.helpers import ROOT
+
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    p = tmp_path / "f.yaml"
+    p.write_text(EXP.replace("FLAGS", "[--disable-ft, --max-restarts, '0', --cluster, local_cpu]"))
+    exp = spec.load(p, root=ROOT)
+    monkeypatch.chdir(ROOT)
+    a, b = (plan_run(exp, r) for r in exp.runs)
+    # planned (only the data, which this checkout may not have prepared, can be missing)
+    assert all("dataset.dataset_root" in x for x in a.problems + b.problems), (a.problems, b.problems)
+    assert a.jobs[0].run_dir is not None and "--max-restarts" in a.jobs[0].args
+    assert a.jobs[0].run_dir != b.jobs[0].run_dir  # each run its own directory
+    p.write_text(EXP.replace("base: {", "base: {cluster: isambard_gh200, ").replace("FLAGS", "[--cluster, local_cpu]"))
+    exp = spec.load(p, root=ROOT)
+    assert any("base.cluster 'isambard_gh200' and base.flags --cluster 'local_cpu' differ" in x
+               for x in plan_run(exp, exp.runs[0]).problems)

@@ -112,6 +112,20 @@ def _directives(script: str) -> list[str]:
     return script_directives(str(paths.repo_root() / script))
 
 
+def _cluster(exp: Experiment) -> str | None:
+    """The cluster profile the runs are planned for: base.cluster, else a --cluster in base.flags; both differing is
+    refused (the job would run on the flag's)."""
+    flag = flag_value(exp.base.flags, "--cluster")
+    if exp.base.cluster and flag and flag != exp.base.cluster:
+        raise UserError(f"base.cluster {exp.base.cluster!r} and base.flags --cluster {flag!r} differ: give one")
+    return exp.base.cluster or flag
+
+
+def _max_restarts(exp: Experiment) -> int | None:
+    value = flag_value(exp.base.flags, "--max-restarts")
+    return int(value) if value is not None else None
+
+
 def _pipeline_flags(exp: Experiment) -> list[str]:
     flags = list(exp.base.flags)
     if exp.base.cluster and not has_flag(flags, "--cluster"):
@@ -169,8 +183,9 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     def resolve(overrides: dict[str, Any]):
         words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
         req = LaunchRequest(config=exp.base.config, model=exp.base.model, mode=exp.base.mode, overrides=tuple(words),
-                            disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=exp.base.cluster,
+                            disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=_cluster(exp),
                             peft=flag_value(exp.base.flags, "--peft"), allow_config_change=True,
+                            max_restarts=_max_restarts(exp),
                             # a phase after another starts from its checkpoint, which exists once that phase ran:
                             # its launcher checks the paths when the job starts (isambard_sbatch does the same)
                             path_checks=src is None)

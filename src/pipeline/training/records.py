@@ -419,7 +419,8 @@ class ProgressLog:
         # Throughput from consecutive lines of the same attempt (``time`` restarts at 0 in a resumed or requeued
         # attempt, so a pair whose time goes back spans a restart and is left out).
         span = steps = 0.0
-        for a, b in zip(recs, recs[1:]):
+        timed = [r for r in recs if "time" in r]
+        for a, b in zip(timed, timed[1:]):
             dt, ds = b["time"] - a["time"], b["step"] - a["step"]
             if isinstance(dt, (int, float)) and dt > 0 and ds > 0:
                 span += dt
@@ -439,13 +440,14 @@ def _number(v: Any) -> bool:
 
 
 def progress_ok(rec: Any) -> bool:
-    """A progress.ndjson line with the field types :meth:`ProgressLog.log` writes: ``step`` and ``tokens`` integers
-    >= 0, ``time`` a finite number >= 0, ``loss`` a number or the text of a non-finite one. A line with a wrong or
-    missing field is skipped, as a line cut by a kill is (one line without ``time`` crashed the end-of-run summary,
-    so training exited 0 without TRAINING_DONE; junk types crashed ``experiment status`` and ``csv``)."""
+    """A progress.ndjson line with the field types :meth:`ProgressLog.log` writes: ``step`` an integer >= 0 (required),
+    ``tokens`` an integer >= 0, ``time`` a finite number >= 0, ``loss`` a number or the text of a non-finite one. A
+    line with a field of the wrong type is skipped, as a line cut by a kill is (junk types crashed ``experiment
+    status`` and ``csv``); a missing ``time`` or ``tokens`` leaves the line out of the throughput only (one line
+    without ``time`` crashed the end-of-run summary, so training exited 0 without TRAINING_DONE)."""
     if not isinstance(rec, dict):
         return False
-    step, tokens, t, loss = rec.get("step"), rec.get("tokens", 0), rec.get("time"), rec.get("loss")
+    step, tokens, t, loss = rec.get("step"), rec.get("tokens", 0), rec.get("time", 0), rec.get("loss")
     if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
         return False
     if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0):
