@@ -176,3 +176,27 @@ def test_experiment_flags_that_are_modelled_reach_the_plan(tmp_path, monkeypatch
     exp = spec.load(p, root=ROOT)
     assert any("base.cluster 'isambard_gh200' and base.flags --cluster 'local_cpu' differ" in x
                for x in plan_run(exp, exp.runs[0]).problems)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("garbage\n", "holds 'garbage', not an iteration number"),
+    ("\xff\xfe", "is unreadable or not text"),
+    ("40\n", "names iteration 40, but iter_0000040 does not exist (iterations there: 20)"),
+])
+def test_a_corrupt_checkpoint_tracker_fails_the_preflight(tmp_path, monkeypatch, text, message):
+    # It passed the preflight and then failed in every restart (each start reads it).
+    from pipeline.training.launch import LaunchRequest, plan_launch
+    from tests.helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    save = tmp_path / "ckpt"
+    req = LaunchRequest(config="configs/local/tiny_moe_sft.yaml", model="tiny-qwen3-moe", mode="sft", disable_ft=True,
+                        run_dir=tmp_path / "run", overrides=(f"checkpoint.save={save}",))
+    first = plan_launch(req)
+    records.claim_save(first.cfg.checkpoint.save, first.run_dir, first.cfg)  # this run's own save, as a launch does
+    (save / "iter_0000020").mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_bytes(text.encode("latin-1"))
+    plan = plan_launch(req)
+    assert not plan.preflight.ok
+    assert any(p.startswith("checkpoint.save: ") and message in p for p in plan.preflight.problems), \
+        plan.preflight.problems
