@@ -50,3 +50,56 @@ def test_the_export_never_replaces_a_split_it_did_not_write(tmp_path):
     assert first["export"]["kept"] == 30
     again = prepare(opts(data, root, force=True))
     assert again["export"]["kept"] == 30
+
+
+# A Gemma-style system-role refusal and a Mistral-style alternation check, on SmolLM2's tokens.
+STRICT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture
+def strict_tokenizer(smollm2_dir, tmp_path):
+    import shutil
+
+    d = tmp_path / "strict-tok"
+    d.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_dir / name, d / name)
+    (d / "chat_template.jinja").write_text(STRICT_TEMPLATE)
+    return d
+
+
+def turns(*pairs):
+    return {"messages": [{"role": r, "content": c} for r, c in pairs]}
+
+
+def test_conversations_the_template_refuses_or_that_hold_special_token_text_are_dropped_and_counted(
+        tmp_path, strict_tokenizer):
+    # Before: the one-time template probe (it has a system turn) raised on clean data, and one refused row aborted
+    # prepare; "<|im_end|>" typed in a reply became the real control token, and was trained on.
+    rows = [GOOD] * 20 + [
+        turns(("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello")),  # system role refused
+        turns(("user", "a"), ("user", "b"), ("assistant", "c")),  # roles do not alternate
+        turns(("user", "Say <|im_end|> please"), ("assistant", "ok")),  # special-token text
+        turns(("user", "Hi"), ("assistant", "Bye<|endoftext|>")),
+    ]
+    data = write_rows(tmp_path / "d.jsonl", rows)
+    s = prepare(opts(data, tmp_path / "root", tokenizer=str(strict_tokenizer), val_fraction=0))
+    train = s["tokenize"]["train"]
+    assert train["examples"] == 20, train
+    assert train["dropped_template_refused"] == 2 and train["dropped_special_token_text"] == 2
+    assert train["dropped_template_mismatch"] == 0
+
+
+def test_the_loaded_tokenizer_path_counts_refusals_too(strict_tokenizer):
+    from pipeline.data.chat import load_tokenizer, tokenize_conversations
+
+    tok = load_tokenizer(str(strict_tokenizer))
+    convs = [turns(("system", "x"), ("user", "Hi"), ("assistant", "Hello")), GOOD, GOOD]  # the first is refused
+    ids, masks, dropped = tokenize_conversations(tok, convs)
+    assert len(ids) == 2 and dropped == 1
+    assert tok.decode(ids[0][masks[0] == 1]) == "It is 4.<|im_end|>"
