@@ -4,6 +4,7 @@ export replaces only its own splits, rows a chat template refuses are dropped an
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,54 @@ def test_the_loaded_tokenizer_path_counts_refusals_too(strict_tokenizer):
     ids, masks, dropped = tokenize_conversations(tok, convs)
     assert len(ids) == 2 and dropped == 1
     assert tok.decode(ids[0][masks[0] == 1]) == "It is 4.<|im_end|>"
+
+
+# ---- pretraining corpora: non-UTF-8 files counted, long documents encoded in pieces, names that fit -------------
+def _tokenize(src, out, name="corpus"):
+    from pipeline.data.indexed import tokenize_corpus
+
+    return tokenize_corpus(str(src), "smollm2-135m", out, name, quiet=True, workers=1)
+
+
+def test_a_latin1_text_file_is_skipped_and_counted_not_replaced(tmp_path, caplog):
+    # Decoded with errors="replace", every accented letter became U+FFFD, silently.
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_text("plain text " * 20)
+    (d / "b.txt").write_bytes("café crème à la française ".encode("latin-1") * 10)
+    with caplog.at_level("WARNING"):
+        res = _tokenize(d, tmp_path / "out")
+    assert res["documents"] == 1 and res["skipped_non_utf8_files"] == 1 and res["skipped_binary_files"] == 0
+    assert "skipped 1 file(s) that are not UTF-8" in caplog.text and "b.txt" in caplog.text
+
+
+def test_a_document_over_the_bound_is_encoded_in_pieces_as_one_document(tmp_path, monkeypatch, tokenizer):
+    # One 24 MB document aborted tokenize with the Rust tokenizer's out-of-memory error; the bound is 1 Mi characters,
+    # lowered here so the test stays small. The pieces are cut after a newline: the ids are the whole document's.
+    import numpy as np
+
+    from pipeline.data import workers
+    from pipeline.data.indexed import read_index
+
+    monkeypatch.setattr(workers, "MAX_ENCODE_CHARS", 500)
+    d = tmp_path / "corpus"
+    d.mkdir()
+    doc = "".join(f"Line {i}: some words, and more words.\n" for i in range(400))  # ~15,000 characters
+    (d / "big.txt").write_text(doc)
+    (d / "small.txt").write_text("short one")
+    res = _tokenize(d, tmp_path / "out")
+    assert res["documents"] == 2
+    _, lengths, _, _ = read_index(Path(res["prefix"] + ".idx"))
+    tokens = np.fromfile(res["prefix"] + ".bin", dtype=np.dtype(res["dtype"]))
+    want = [tokenizer(t, add_special_tokens=False)["input_ids"] + [res["eod_id"]] for t in (doc, "short one")]
+    assert lengths.tolist() == [len(w) for w in want]  # big.txt, then small.txt
+    assert tokens.tolist() == want[0] + want[1]
+
+
+def test_a_300_character_output_name_is_one_line(tmp_path, capsys):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_text("text")
+    assert main(["tokenize", str(d), "smollm2-135m", "n" * 300]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 300 bytes, more than 200" in err[0], err
