@@ -225,3 +225,22 @@ def test_the_scripts_own_exclude_is_kept_when_the_log_has_entries(tmp_path, monk
     script.write_text("#!/bin/bash\n#SBATCH --exclude=a;b\nhostname\n")
     with pytest.raises(UserError, match="invalid --exclude value 'a;b'"):
         sbatch_cli.build_submission([str(script)])
+
+
+@pytest.mark.parametrize("command, rest", [("--list-bad", []), ("--mark-bad", ["nid000001", "x"]),
+                                           ("--unmark-bad", ["nid000001"]), ("--prune-bad", [])])
+def test_a_directory_as_the_bad_node_log_is_one_line_and_makes_no_lock_beside_it(tmp_path, monkeypatch, command,
+                                                                                    rest):
+    """BAD_NODES_LOG=/ was a traceback (no name to put .lock beside); BAD_NODES_LOG=/tmp made /tmp.lock (issue 34)."""
+    from pipeline.cli.badnodes import run_command
+    from pipeline.slurm.badnodes import from_env
+
+    monkeypatch.setenv("BAD_NODES_LOG", "/")
+    with pytest.raises(UserError, match=r"BAD_NODES_LOG='/' does not name a file"):
+        run_command(from_env(), command, rest)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setenv("BAD_NODES_LOG", str(logs))
+    with pytest.raises(UserError, match=f"the bad-node log {logs} is a directory"):
+        run_command(from_env(), command, rest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]  # no logs.lock

@@ -18,8 +18,9 @@ from pipeline.data.chat import locate_spans, tokenize_conversations
 from pipeline.data.prepare import PrepareOptions, prepare
 
 # Replies that a search finds in the template first, or twice, or not as themselves.
+# (A reply holding "<|im_end|>" itself is dropped and counted, decision 71: see the test after this one.)
 HOSTILE_REPLIES = ["a", "b", "i", "m", "s", "t", "n", "e", "d", "c", "assistant", "im_end", "im_start", "user",
-                   "<|im_end|>", "system", "\n", " ", "   ", "\n\n", "You are", "a" * 3, "Hello.", "<", "|", ">"]
+                   "system", "\n", " ", "   ", "\n\n", "You are", "a" * 3, "Hello.", "<", "|", ">"]
 
 
 def conversation(reply: str, question: str = "Pick one: a, b, c or d?") -> dict:
@@ -38,6 +39,14 @@ def test_each_reply_is_masked_as_itself(tokenizer, reply):
     # every masked token lies after the last "<|im_start|>assistant" of the render: the reply's own turn
     turn = int(np.flatnonzero(ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>"))[-1])
     assert np.flatnonzero(masks[0]).min() > turn + 1
+
+
+@pytest.mark.parametrize("reply", ["<|im_end|>", "done<|im_end|>", "<|endoftext|>x"], ids=repr)
+def test_a_reply_holding_special_token_text_is_dropped_not_trained_on(tokenizer, reply):
+    """The tokenizer turns the text into the real control token: the reply's turn would end early (issue 34)."""
+    ids, masks, dropped = tokenize_conversations(tokenizer, [conversation(reply), conversation("b")])
+    assert dropped == 1 and len(ids) == 1
+    assert tokenizer.decode(ids[0][masks[0] == 1]) == "b<|im_end|>"
 
 
 def test_repeated_replies_and_a_reply_equal_to_the_question(tokenizer):

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.parser import Parser, positive_int
+from pipeline.cli.parser import Parser, path_arg, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
@@ -66,7 +66,7 @@ def build_parser() -> Parser:
                    help="the model the data is for (registry name: nano, super, smollm2-135m, ...): its tokenizer and "
                         "pad multiple are used unless given (default on the local CPU profile: smollm2-135m; "
                         "required on a GPU profile)")
-    p.add_argument("--dataset-root", type=Path,
+    p.add_argument("--dataset-root", type=path_arg,
                    help="output root (default: <profile data_root or $PIPELINE_DATA_ROOT>/<org>__<name>)")
     p.add_argument("--pad-seq-to-mult", type=int,
                    help="pad every sequence to this multiple (CP: >= 2*CP; default: the model's, else 1)")
@@ -89,10 +89,11 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     t = sub.add_parser("tokenize", help="pretraining corpus -> Megatron .bin/.idx")
-    t.add_argument("dataset_root", help="corpus: a folder of text files, or JSONL/Parquet (file or folder)")
+    t.add_argument("dataset_root", type=_corpus_arg,
+                   help="corpus: a folder of text files, or JSONL/Parquet (file or folder)")
     t.add_argument("tokenizer")
     t.add_argument("output_name")
-    t.add_argument("--output-dir", type=Path,
+    t.add_argument("--output-dir", type=path_arg,
                    help="default: DATASET_ROOT/OUTPUT_NAME (or $PIPELINE_DATA_ROOT/OUTPUT_NAME for a file)")
     t.add_argument("--text-field", default="text")
     t.add_argument("--docs-per-part", type=int, default=2000)
@@ -107,7 +108,7 @@ def build_parser() -> Parser:
     t.add_argument("--quiet", action="store_true")
 
     k = sub.add_parser("pack", help="pack an already tokenised export")
-    k.add_argument("dataset_root", type=Path)
+    k.add_argument("dataset_root", type=path_arg)
     k.add_argument("tokenizer")
     k.add_argument("seq_length", type=int)
     k.add_argument("pad_seq_to_mult", type=int, nargs="?", default=1)
@@ -119,6 +120,12 @@ def build_parser() -> Parser:
     k.add_argument("--force", action="store_true")
     k.add_argument("--quiet", action="store_true")
     return parser
+
+
+def _corpus_arg(text: str) -> str:
+    """tokenize's corpus: a path (not empty) or a hub id, kept as written."""
+    path_arg(text)
+    return text
 
 
 def _registry_names() -> set[str]:

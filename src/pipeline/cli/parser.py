@@ -30,6 +30,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def path_arg(text: str):
+    """An argparse ``type`` for a path the command writes or reads as a root: an empty one is refused (``Path("")`` is
+    the current directory: ``--dataset-root ""`` overwrote an unrelated training.jsonl there, exit 0)."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path is the current directory; name the directory (e.g. '.')")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a path cannot hold a NUL character")
+    return Path(text)
+
+
 WATCH_MAX_SECONDS = 86400.0
 
 

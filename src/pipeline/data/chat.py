@@ -155,15 +155,36 @@ def render_direct(template, messages: list[dict[str, Any]], special: dict) -> st
     return template.render(messages=messages, tools=None, documents=None, add_generation_prompt=False, **special)
 
 
-def template_matches_transformers(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> bool:
+def template_errors() -> tuple[type[BaseException], ...]:
+    """What a chat template raises when it refuses a conversation: its own ``raise_exception`` (a Gemma-style
+    "System role not supported", a Mistral-style alternation check) is jinja2's TemplateError; transformers adds
+    ValueError / TypeError for shapes it rejects. A refused conversation is dropped and counted, never fatal."""
+    import jinja2
+
+    return (jinja2.exceptions.TemplateError, ValueError, TypeError)
+
+
+def template_matches_transformers(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> bool | None:
     """The one-time check: the direct render of ``messages`` equals transformers' own rendering function
     (``render_jinja_template``, what ``apply_chat_template(tokenize=False)`` calls) with the same special tokens.
-    Imports only ``transformers.utils.chat_template_utils`` (~0.6 s, no torch); run in a worker."""
+    None when both refuse the conversation (the template does not take that shape: no evidence either way); a
+    refusal by one of the two only is a mismatch. Imports only ``transformers.utils.chat_template_utils`` (~0.6 s,
+    no torch); run in a worker."""
     from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
-    theirs, _ = render_jinja_template(conversations=[_normalize_chat_messages(messages)], chat_template=chat_template,
-                                      add_generation_prompt=False, **special)
-    return render_direct(compile_template(chat_template), messages, special) == theirs[0]
+    errors = template_errors()
+    try:
+        theirs = render_jinja_template(conversations=[_normalize_chat_messages(messages)],
+                                       chat_template=chat_template, add_generation_prompt=False, **special)[0][0]
+    except errors:
+        theirs = None
+    try:
+        ours = render_direct(compile_template(chat_template), messages, special)
+    except errors:
+        ours = None
+    if theirs is None and ours is None:
+        return None
+    return ours == theirs
 
 
 def tokenizer_files(name_or_path: str | Path) -> dict | None:
@@ -251,6 +272,7 @@ class ChatEncoder:
         self.hf, self.name, self.tokenizer_file = hf, name, tokenizer_file
         self.chat_template = chat_template if chat_template is not None else getattr(hf, "chat_template", None)
         self.eos_id = eos_id if eos_id is not None else getattr(hf, "eos_token_id", None)
+        self._special_texts: list[str] | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer, check: list[dict] | None = None, name: str | None = None) -> ChatEncoder:
@@ -258,7 +280,11 @@ class ChatEncoder:
         template = _template(tokenizer)
         special = tokenizer.special_tokens_map  # computed per access in transformers: once here
         if template is not None and check is not None:
-            if render_direct(template, check, special) != tokenizer.apply_chat_template(check, tokenize=False):
+            try:
+                same = render_direct(template, check, special) == tokenizer.apply_chat_template(check, tokenize=False)
+            except template_errors():  # the template refuses this conversation: no evidence, so transformers renders
+                same = False
+            if not same:
                 template = None
         return cls(tokenizer.backend_tokenizer, template, special, tokenizer.eos_token or "", hf=tokenizer, name=name)
 
@@ -307,14 +333,36 @@ class ChatEncoder:
     def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
         return locate_spans(self.render_text(messages), messages, self.eos, self.render_text)
 
-    def encode(self, conversations: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """(flat int32 token ids, flat int8 unrolled loss mask, int64 per-conversation lengths, template mismatches).
+    def special_texts(self) -> list[str]:
+        """The text of the tokenizer's special tokens (``<|im_end|>``, ``<|endoftext|>``, ...)."""
+        if self._special_texts is None:
+            try:
+                added = self.backend.get_added_tokens_decoder().values()
+            except AttributeError:
+                added = []
+            self._special_texts = sorted({t.content for t in added if t.special and t.content}, key=len, reverse=True)
+        return self._special_texts
+
+    def holds_special_text(self, messages: list[dict[str, Any]]) -> bool:
+        """Whether a message's content holds a special token's text: the tokenizer would turn it into the real
+        control token (a ``<|im_end|>`` typed in a reply ends the turn early, and is trained on)."""
+        texts = self.special_texts()
+        return bool(texts) and any(isinstance(m.get("content"), str) and any(t in m["content"] for t in texts)
+                                   for m in messages)
+
+    def encode(self, conversations: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+        """(flat int32 token ids, flat int8 unrolled loss mask, int64 per-conversation lengths, drops).
+
+        ``drops`` counts the conversations left out, by reason (every key present): ``template_mismatch`` (a turn
+        that cannot be located exactly), ``template_refused`` (the chat template raises on it), and
+        ``special_token_text`` (content holding a special token's text, :meth:`holds_special_text`).
 
         Sub-batches of ENCODE_SUB_BATCH conversations: render sub-batch k+1 (Python) while the Rust tokenizer
         encodes sub-batch k (it releases the GIL), and turn each sub-batch into flat arrays before the next one,
         so no more than two sub-batches of encodings (which hold offsets and strings per token) are alive.
         """
-        mismatched = 0
+        drops = dict.fromkeys(DROP_REASONS, 0)
+        errors = template_errors()
         ids_parts, mask_parts, len_parts = [], [], []
 
         def finish(encs, spans):
@@ -339,9 +387,16 @@ class ChatEncoder:
             for start in range(0, len(conversations), ENCODE_SUB_BATCH):
                 texts, spans = [], []
                 for conv in conversations[start:start + ENCODE_SUB_BATCH]:
-                    r = self.render(conv["messages"])
+                    if self.holds_special_text(conv["messages"]):
+                        drops["special_token_text"] += 1
+                        continue
+                    try:
+                        r = self.render(conv["messages"])
+                    except errors:
+                        drops["template_refused"] += 1
+                        continue
                     if r is None:
-                        mismatched += 1
+                        drops["template_mismatch"] += 1
                         continue
                     texts.append(r[0])
                     spans.append(r[1])
@@ -352,8 +407,12 @@ class ChatEncoder:
             if pending is not None:
                 finish(pending[0].result(), pending[1])
         if not len_parts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int64), mismatched
-        return np.concatenate(ids_parts), np.concatenate(mask_parts), np.concatenate(len_parts), mismatched
+            return np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int64), drops
+        return np.concatenate(ids_parts), np.concatenate(mask_parts), np.concatenate(len_parts), drops
+
+
+# Why :meth:`ChatEncoder.encode` leaves a conversation out (counted as ``dropped_<reason>`` by the tokenize stage).
+DROP_REASONS = ("template_mismatch", "template_refused", "special_token_text")
 
 
 # Markers that stand for each assistant reply in the probe render: private-use characters, which no template
@@ -404,13 +463,15 @@ def locate_spans(text: str, messages: list[dict[str, Any]], eot: str, render_fn
 
 
 def tokenize_conversations(tokenizer, conversations: list[dict]) -> tuple[list[np.ndarray], list[np.ndarray], int]:
-    """Token ids and (unrolled) loss masks for each conversation; returns also the template-mismatch count.
+    """Token ids and (unrolled) loss masks for each conversation; returns also how many were left out (a template
+    mismatch or refusal, special-token text: :meth:`ChatEncoder.encode`).
 
     Assistant spans are mapped to token positions with ``char_to_token`` instead of materialising every
     token's offsets. The tokenize stage uses :meth:`ChatEncoder.encode` (flat arrays) directly.
     """
     enc = ChatEncoder.from_tokenizer(tokenizer, conversations[0]["messages"] if conversations else None)
-    flat_ids, flat_mask, lengths, mismatched = enc.encode(conversations)
+    flat_ids, flat_mask, lengths, drops = enc.encode(conversations)
+    mismatched = sum(drops.values())
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     ids_out = [flat_ids[offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(lengths))]

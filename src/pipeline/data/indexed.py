@@ -72,6 +72,7 @@ def read_index(path: Path) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray
 
 
 _OUTPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_OUTPUT_NAME = 200  # bytes: + "_text_document.idx" and a temporary's suffix stay under NAME_MAX (255)
 
 
 def _with(prefix: Path, ext: str) -> Path:
@@ -82,6 +83,9 @@ def _with(prefix: Path, ext: str) -> Path:
 
 def check_output_name(output_name: str) -> None:
     """OUTPUT_NAME is a file name inside the output folder, never a path (``../../escape`` wrote outside it)."""
+    if isinstance(output_name, str) and len(output_name.encode()) > MAX_OUTPUT_NAME:  # a longer file name fails
+        raise UserError(f"output name {output_name[:40]!r}... has {len(output_name.encode())} bytes, more than "
+                        f"{MAX_OUTPUT_NAME}: the files <name>_text_document.bin/.idx must fit a file name (255 bytes)")
     if not isinstance(output_name, str) or not _OUTPUT_NAME.match(output_name) or output_name in (".", ".."):
         raise UserError(f"output name {output_name!r} must be a file name (letters, digits, '.', '_', '-'; starting "
                         "with a letter or digit), not a path: the files are written to OUTPUT_DIR/<name>_text_document"
@@ -136,7 +140,8 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     if eod is None:
         raise UserError(f"tokenizer '{tokenizer_name}' has no EOS token to separate documents")
     dtype = optimal_dtype(len(tok))
-    texts = iter_texts(source, field=text_field, exclude=out_dir, glob=glob)
+    skipped: dict = {}
+    texts = iter_texts(source, field=text_field, exclude=out_dir, glob=glob, counts=skipped)
     if limit:
         texts = itertools.islice(texts, limit)
     workers = wk.resolve_workers(workers)
@@ -182,7 +187,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     write_index(_with(prefix, ".idx"), dtype, lengths_arr)
     result = {"documents": int(len(lengths_arr)), "tokens": int(lengths_arr.sum()),
               "tokens_without_eod": int(lengths_arr.sum() - len(lengths_arr)), "dtype": dtype.name,
-              "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix), "fingerprint": fp}
+              "eod_id": int(eod), "tokenizer": tokenizer_name, "prefix": str(prefix), **skipped, "fingerprint": fp}
     write_json(count_path, result)
     shutil.rmtree(parts_dir)  # also removes temporaries a killed run left behind
     log.info("tokenize: %d documents, %d tokens -> %s.{bin,idx} (count in %s)", result["documents"],

@@ -385,24 +385,37 @@ def load_conversations(dataset: str, split: str = "train", limit: int | None = N
 
 
 def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude: Path | None = None,
-               glob: str | None = None) -> Iterable[str]:
+               glob: str | None = None, counts: dict | None = None) -> Iterable[str]:
     """Documents of a pretraining corpus: rows with a ``text`` field, or the text files of a folder
-    (:func:`text_files`, or those ``glob`` matches; binary ones skipped and counted; ``exclude``: an output folder
-    inside it)."""
+    (:func:`text_files`, or those ``glob`` matches; ``exclude``: an output folder inside it). Binary files (NUL
+    bytes) and files that are not UTF-8 (a Latin-1 corpus: decoding with replacement turned every accented letter
+    into U+FFFD, silently) are skipped, logged and counted in ``counts`` (``skipped_binary_files``,
+    ``skipped_non_utf8_files``)."""
     p = Path(dataset)
     if glob is not None and not p.is_dir():
         raise UserError(f"--glob chooses the files of a corpus folder, and {dataset} is not a folder")
     if glob is not None or is_text_folder(p):
-        binary = 0
+        binary, not_utf8 = 0, []
         for f in text_files(p, exclude, glob):
             data = f.read_bytes()
             if is_binary(data[:8192]):
                 binary += 1
                 continue
-            yield data.decode("utf-8", errors="replace")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                not_utf8.append(f)
+                continue
+            yield text
+        log = logging.getLogger(__name__)
         if binary:
-            logging.getLogger(__name__).warning("%s: skipped %d binary file(s) (NUL bytes) among the text files",
-                                                dataset, binary)
+            log.warning("%s: skipped %d binary file(s) (NUL bytes) among the text files", dataset, binary)
+        if not_utf8:
+            log.warning("%s: skipped %d file(s) that are not UTF-8 (first: %s); convert them, e.g. iconv -f latin1 "
+                        "-t utf-8", dataset, len(not_utf8), not_utf8[0])
+        if counts is not None:
+            counts["skipped_binary_files"] = binary
+            counts["skipped_non_utf8_files"] = len(not_utf8)
         return
     for row in iter_raw_rows(dataset, split):
         if isinstance(row, dict) and isinstance(row.get(field), str):

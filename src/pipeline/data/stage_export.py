@@ -84,6 +84,7 @@ def stage_export(opts: ExportOptions, timer: Timer, fp: dict | None = None, pool
         old = reuse_if_current(stats_path, fp, "stage export", root)
         if old is not None:
             return old
+    _refuse_foreign_splits(root, stats_path)
     with timer.stage("export"):
         from pipeline.data.sources import unread_files
 
@@ -105,6 +106,7 @@ def stage_export(opts: ExportOptions, timer: Timer, fp: dict | None = None, pool
         is_val[perm[:n_val]] = True
         splits = {"train": [x for x, v in zip(lines, is_val.tolist()) if not v],
                   "validation": [x for x, v in zip(lines, is_val.tolist()) if v]}
+        write_json(stats_path, {"dataset": opts.dataset, "writing": True})  # the splits are this stage's from now on
         for split, name in SPLIT_FILES.items():
             write_bytes(root / name, b"\n".join(splits[split]) + b"\n" if splits[split] else b"")
         out = {"dataset": opts.dataset, "rows_in": stats["rows_in"], "kept": len(lines), "dropped": dropped,
@@ -113,3 +115,18 @@ def stage_export(opts: ExportOptions, timer: Timer, fp: dict | None = None, pool
     log.info("stage export: %d rows in, %d kept (%d train, %d validation), dropped %s -> %s",
              out["rows_in"], out["kept"], out["train"], out["validation"], dropped or "none", root)
     return out
+
+
+def _refuse_foreign_splits(root: Path, stats_path: Path) -> None:
+    """The export replaces only the splits it wrote: a ``training.jsonl`` / ``validation.jsonl`` in the root with no
+    export marker beside it (``export_stats.json``, written before the splits and rewritten after them) is someone
+    else's file, and is refused in one line (``--dataset-root ""`` overwrote an unrelated training.jsonl in the
+    current directory, exit 0)."""
+    from pipeline.data.fingerprint import read_marker
+
+    if read_marker(stats_path) is not None:
+        return
+    for name in SPLIT_FILES.values():
+        if (root / name).exists() or (root / name).is_symlink():
+            raise UserError(f"{root / name} exists and was not written by an export ({stats_path.name} is missing "
+                            "or unreadable): not replacing it; choose another --dataset-root, or move the file away")

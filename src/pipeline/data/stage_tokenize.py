@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.common.errors import UserError, exc_line
 from pipeline.common.io import atomic_path, write_json
 from pipeline.data import packed_parquet
+from pipeline.data.chat import DROP_REASONS
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
 from pipeline.data.stage_base import SPLIT_FILES, SPLITS, Timer, log, progress, slices, tokenized_dir
 
@@ -59,7 +60,7 @@ def _write_chunk(path: Path, parts: list[tuple]) -> dict:
         raise UserError(f"{path.name} would hold {int(offsets[-1]):,} tokens, more than one Parquet list column "
                         f"can ({packed_parquet.MAX_LIST_VALUES:,}); use a smaller --chunk-size")
     counts = {"examples": len(lengths), "tokens": int(offsets[-1]), "loss_tokens": int(np.count_nonzero(mask)),
-              "dropped_template_mismatch": int(sum(p[3] for p in parts))}
+              **{f"dropped_{r}": int(sum(p[3][r] for p in parts)) for r in DROP_REASONS}}
     table = pa.Table.from_arrays([packed_parquet.list_column(offsets, ids), packed_parquet.list_column(offsets, mask)],
                                  names=["input_ids", "loss_mask"])
     table = table.replace_schema_metadata({"pipeline_counts": json.dumps(counts)})

@@ -112,6 +112,20 @@ def _directives(script: str) -> list[str]:
     return script_directives(str(paths.repo_root() / script))
 
 
+def _cluster(exp: Experiment) -> str | None:
+    """The cluster profile the runs are planned for: base.cluster, else a --cluster in base.flags; both differing is
+    refused (the job would run on the flag's)."""
+    flag = flag_value(exp.base.flags, "--cluster")
+    if exp.base.cluster and flag and flag != exp.base.cluster:
+        raise UserError(f"base.cluster {exp.base.cluster!r} and base.flags --cluster {flag!r} differ: give one")
+    return exp.base.cluster or flag
+
+
+def _max_restarts(exp: Experiment) -> int | None:
+    value = flag_value(exp.base.flags, "--max-restarts")
+    return int(value) if value is not None else None
+
+
 def _pipeline_flags(exp: Experiment) -> list[str]:
     flags = list(exp.base.flags)
     if exp.base.cluster and not has_flag(flags, "--cluster"):
@@ -169,22 +183,24 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     def resolve(overrides: dict[str, Any]):
         words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
         req = LaunchRequest(config=exp.base.config, model=exp.base.model, mode=exp.base.mode, overrides=tuple(words),
-                            disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=exp.base.cluster,
+                            disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=_cluster(exp),
                             peft=flag_value(exp.base.flags, "--peft"), allow_config_change=True,
+                            max_restarts=_max_restarts(exp),
                             # a phase after another starts from its checkpoint, which exists once that phase ran:
                             # its launcher checks the paths when the job starts (isambard_sbatch does the same)
                             path_checks=src is None)
         launch = plan_launch(req)
-        return launch.cfg, launch.run_dir, launch.preflight
+        return launch.cfg, launch.run_dir, launch.preflight, {"model": launch.spec.name, "mode": req.mode,
+                                                              "peft": req.peft}
 
     try:
         with _at_root():
-            cfg, run_dir, plan = resolve(ov)
+            cfg, run_dir, plan, identity = resolve(ov)
             if phase.tokens is not None:
                 gbs, seq = cfg.train.global_batch_size, cfg.model.seq_length
                 if gbs and seq:  # unset or mistyped: the preflight names it
                     ov["train.train_iters"] = max(1, math.ceil(phase.tokens / (gbs * seq)))
-                    cfg, run_dir, plan = resolve(ov)
+                    cfg, run_dir, plan, identity = resolve(ov)
     except UserError as exc:
         job.problems.append(str(exc).splitlines()[0])
         return job
@@ -195,7 +211,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     if allow_config_change:
         job.args.insert(3, "--allow-config-change")
     job.problems += list(plan.problems)
-    job.identity_diff = check_run_identity(job.run_dir, cfg, allow_change=True)
+    job.identity_diff = check_run_identity(job.run_dir, cfg, allow_change=True, launch=identity)
     if job.identity_diff and not allow_config_change:
         keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(job.identity_diff.items())[:6])
         job.problems.append(f"run directory {job.run_dir} holds a run with a different config ({keys}): it is not "

@@ -299,6 +299,48 @@ def _strs(x: Any, where: str) -> tuple[str, ...]:
     return tuple(str(a) for a in x)
 
 
+# The launcher flags an experiment may set, each modelled by the planner (plan.py passes it to the LaunchRequest it
+# plans with): True for a flag that takes a value. Any other launcher flag is refused, naming its place in the file.
+LAUNCHER_FLAGS = {"--disable-ft": False, "--peft": True, "--cluster": True, "--max-restarts": True}
+FLAG_INSTEAD = {
+    "--run-dir": "the experiment names each run's directory (from the run's name); rename the experiment or its runs",
+    "--nodes": "use base.nodes", "--model": "use base.model", "--mode": "use base.mode",
+    "--allow-config-change": "pass it to `submit`", "--dry-run": "use `render`",
+    "--no-path-checks": "the planner checks the paths each phase can check when it is planned",
+}
+
+
+def launcher_flags(flags: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``base.flags`` checked: only the flags of :data:`LAUNCHER_FLAGS`, each once, with its value. Before, a flag the
+    planner did not model was passed to the job unplanned: ``flags: [--run-dir, X]`` put every run of a sweep in one
+    run directory (the second failed; ``status`` showed nothing for the first)."""
+    seen: set[str] = set()
+    i = 0
+    while i < len(flags):
+        word = flags[i]
+        name, eq, value = word.partition("=")
+        if name in FLAG_INSTEAD:
+            raise UserError(f"{where}: {name} is not an experiment flag: {FLAG_INSTEAD[name]}")
+        if name not in LAUNCHER_FLAGS:
+            raise UserError(f"{where}: {word!r} is not a launcher flag the planner models (valid: "
+                            f"{', '.join(LAUNCHER_FLAGS)}; Hydra overrides go in base.overrides)")
+        if name in seen:
+            raise UserError(f"{where}: {name} is given twice")
+        seen.add(name)
+        if LAUNCHER_FLAGS[name] and not eq:
+            if i + 1 >= len(flags) or flags[i + 1].startswith("--"):
+                raise UserError(f"{where}: {name} needs a value")
+            value, i = flags[i + 1], i + 1
+        elif not LAUNCHER_FLAGS[name] and eq:
+            raise UserError(f"{where}: {name} takes no value")
+        if name == "--peft" and value != "lora":
+            raise UserError(f"{where}: --peft {value!r} is not one of: lora")
+        if name == "--max-restarts" and not re.fullmatch(r"[0-9]{1,4}", value):
+            raise UserError(f"{where}: --max-restarts {value!r} must be an integer from 0 to 9999")
+        i += 1
+    return flags
+
+
 def _overrides(x: Any, where: str) -> dict[str, Any]:
     d = _mapping(x, where)
     for k in d:
@@ -348,7 +390,7 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
         raise UserError(f"{path}: base.nodes must be a positive integer (got {nodes!r})")
     base = Base(config=str(b["config"]), model=str(b["model"]), mode=str(b["mode"]), nodes=nodes,
                 cluster=str(b["cluster"]) if b.get("cluster") else None,
-                flags=_strs(b.get("flags"), f"{path}: base.flags"),
+                flags=launcher_flags(_strs(b.get("flags"), f"{path}: base.flags"), f"{path}: base.flags"),
                 sbatch=_strs(b.get("sbatch"), f"{path}: base.sbatch"),
                 overrides=_overrides(b.get("overrides"), f"{path}: base.overrides"))
     phases, explicit = _phases(raw.get("phases"), path)

@@ -10,7 +10,6 @@ written by ``submit`` into ``$PIPELINE_RUNS_DIR/_experiments/<experiment>/``.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -134,26 +133,17 @@ def _jobcomp_file() -> Path | None:
 
 # ---- run records -------------------------------------------------------------------------------------------
 def progress(run_dir: Path | None) -> list[dict]:
-    """progress.ndjson, one record per step (a later line for a step supersedes an earlier one)."""
-    if run_dir is None or not (run_dir / "progress.ndjson").exists():
-        return []
-    by_step: dict[int, dict] = {}
-    for line in (run_dir / "progress.ndjson").read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            by_step[rec["step"]] = rec
-    return [by_step[k] for k in sorted(by_step)]
+    """progress.ndjson, one record per step, lines with wrong field types skipped (the records module reads it)."""
+    from pipeline.training.records import read_progress
+
+    return read_progress(run_dir)
 
 
 def summary(run_dir: Path | None) -> dict:
-    try:
-        s = read_json(run_dir / "metrics_summary.json") if run_dir is not None else {}
-    except (OSError, ValueError):
-        s = {}
-    return s if isinstance(s, dict) else {}
+    """metrics_summary.json with its fields of a wrong type left out (the records module reads it)."""
+    from pipeline.training.records import read_summary
+
+    return read_summary(run_dir)
 
 
 def verified_exports(save: Path | None) -> list[int]:
@@ -178,7 +168,8 @@ def coherence_summary(report: Path | None) -> dict:
     results = data.get("results") if isinstance(data, dict) else None
     if not results or not isinstance(results[0], dict):
         return {}
-    return dict(results[0].get("summary") or {})
+    summ = results[0].get("summary")
+    return dict(summ) if isinstance(summ, dict) else {}
 
 
 @dataclass

@@ -122,12 +122,17 @@ class BadNodeLog:
             return
         except OSError as exc:
             raise UserError(f"cannot read the bad-node log {self.path}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):  # a directory: "cannot read", below
+        if stat.S_ISDIR(st.st_mode):  # before any lock file is made beside it (BAD_NODES_LOG=/tmp made /tmp.lock)
+            example = os.path.join(self.path, "bad_nodes.log")
+            raise UserError(f"the bad-node log {self.path} is a directory; point BAD_NODES_LOG (or the profile's "
+                            f"bad_nodes_log) at a file, e.g. {example}")
+        if not stat.S_ISREG(st.st_mode):
             raise UserError(f"the bad-node log {self.path} is not a regular file; point BAD_NODES_LOG (or the "
                             "profile's bad_nodes_log) at one")
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
+        self._require_regular()
         target = self.target
         lock = target.with_name(target.name + ".lock")
         try:
@@ -329,4 +334,7 @@ def from_env(root: Path | None = None) -> BadNodeLog:
         raise UserError(f"BAD_NODES_TTL_DAYS={ttl!r} is not a number") from None
     if not math.isfinite(ttl_days) or ttl_days <= 0:
         raise UserError(f"BAD_NODES_TTL_DAYS={ttl!r} must be a finite number of days > 0 (default 7)")
+    if "\0" in path or Path(os.path.realpath(path)).name in ("", ".", ".."):  # "/" has no name to put a .lock beside
+        raise UserError(f"BAD_NODES_LOG={path[:80]!r} does not name a file; point it at one, e.g. "
+                        "$HOME/bad_nodes.log")
     return BadNodeLog(Path(path), ttl_days)

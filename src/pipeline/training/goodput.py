@@ -30,6 +30,7 @@ that nothing was missed or counted twice, not a remainder by construction. Stand
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -124,9 +125,31 @@ def read_events(run_dir: Path) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill mid-write
-        if isinstance(rec, dict) and isinstance(rec.get("t"), (int, float)) and isinstance(rec.get("event"), str):
+        if event_ok(rec):
             out.append(rec)
     return out
+
+
+MAX_T = 1e11  # seconds since the epoch (the year 5138): a later or non-finite time is not one this clock wrote
+
+
+def _time(v: Any, optional: bool = False) -> bool:
+    if v is None:
+        return optional
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < MAX_T
+
+
+def event_ok(rec: Any) -> bool:
+    """An events.ndjson line with the field types this module writes. Lines with a wrong type are skipped, as a
+    line cut by a kill is: a ``t`` of ``"x"``, ``1e308`` or NaN, a step's ``seconds`` of ``"abc"``, a ``step`` that
+    is no integer crashed ``experiment status`` and the run's own summary."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("event"), str) or not _time(rec.get("t")):
+        return False
+    if any(k in rec and not _time(rec[k], optional=True) for k in ("submit", "eligible", "start", "seconds")):
+        return False
+    if "step" in rec and (not isinstance(rec["step"], int) or isinstance(rec["step"], bool)):
+        return False
+    return "status" not in rec or isinstance(rec["status"], str)
 
 
 @dataclass

@@ -119,7 +119,8 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     cfg = finalize_config(cfg, spec, run_dir, req.config)
     from pipeline.training.records import check_run_identity, check_save_owner
 
-    check_run_identity(run_dir, cfg, allow_change=req.allow_config_change)  # another config never resumes a run
+    check_run_identity(run_dir, cfg, allow_change=req.allow_config_change,  # another config never resumes a run,
+                       launch={"model": spec.name, "mode": req.mode, "peft": req.peft})  # nor another model
     check_save_owner(cfg.checkpoint.save, run_dir, cfg, allow_change=req.allow_config_change)  # nor another's save
     preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft)
     view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None

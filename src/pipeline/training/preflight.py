@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile
 from pipeline.config.models import ModelSpec
 from pipeline.config.parallel import Layout, node_local_problems
@@ -459,6 +460,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
         elif not p.is_dir() or not ((p / TRACKER).exists() or (p / "config.json").exists()):
             plan.problems.append(f"checkpoint.pretrained_checkpoint {pre} is neither a checkpoints/ folder ({TRACKER})"
                                  " nor a model folder (config.json)")
+    plan.problems += _tracker_problems(cfg)
     if not spec.is_local and mode in ("sft", "cpt") or (not spec.is_local and peft):
         ckpt = cfg.checkpoint.pretrained_checkpoint or cfg.checkpoint.load
         if ckpt is None:
@@ -467,6 +469,34 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
         elif not Path(ckpt).exists():
             plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
                                  f"import {spec.import_hf_id}, or fix checkpoint.pretrained_checkpoint")
+
+
+def _tracker_problems(cfg: TrainingConfig) -> list[str]:
+    """A checkpoints folder the run resumes from or starts from whose ``latest_checkpointed_iteration.txt`` is not an
+    iteration number, or names an iteration that is not there: every start reads it, so a corrupt one passed the
+    preflight and then failed in every restart."""
+    from pipeline.checkpoint.layout import TRACKER, iter_dir, iter_dirname, list_iterations, read_tracker
+
+    out, seen = [], set()
+    ck = cfg.checkpoint
+    for key, value in (("checkpoint.save", ck.save), ("checkpoint.load", ck.load),
+                       ("checkpoint.pretrained_checkpoint", ck.pretrained_checkpoint)):
+        if not value or not (Path(str(value)) / TRACKER).exists():
+            continue
+        folder = Path(str(value))
+        if folder.resolve() in seen:
+            continue
+        seen.add(folder.resolve())
+        try:
+            n = read_tracker(folder)
+        except UserError as exc:
+            out.append(f"{key}: {exc}")
+            continue
+        if n and not iter_dir(folder, n).is_dir():
+            have = ", ".join(map(str, list_iterations(folder)[-5:])) or "none"
+            out.append(f"{key}: {folder / TRACKER} names iteration {n}, but {iter_dirname(n)} does not exist "
+                       f"(iterations there: {have}): write one of them into it, or remove it to start afresh")
+    return out
 
 
 def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:

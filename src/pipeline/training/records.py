@@ -126,9 +126,17 @@ def config_diff(old: dict, new: dict, ignore: tuple[str, ...] = IDENTITY_IGNORED
             if a.get(k) != b.get(k) and not k.startswith(ignore)}
 
 
-def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = False) -> dict[str, tuple[Any, Any]]:
+LAUNCH_IDENTITY = ("model", "mode", "peft")  # launch.json's part of the identity: what the config does not say
+
+
+def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = False,
+                       launch: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """Refuse (UserError, exit 2) to resume, or to call finished, a run directory whose recorded ``config.yaml``
-    differs from ``cfg``: a relaunch with other overrides under the same run name is another run. Returns the
+    differs from ``cfg``: a relaunch with other overrides under the same run name is another run. ``launch`` (the
+    ``model``, ``mode`` and ``peft`` of this launch) is compared with the recorded ``launch.json`` as well, as
+    ``launch.model`` and so on: a finished qwen3 run relaunched as another model said "already finished" and
+    rewrote launch.json, and an unfinished one loaded its weights into the other architecture. Another model is
+    refused even with ``allow_change`` (no weights carry over); another mode or peft passes with it. Returns the
     differing keys (empty when the config is the same or the directory is new); ``allow_change`` lets them pass."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -139,6 +147,15 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
         raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's recorded config is "
                         "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
     diff = config_diff(old if isinstance(old, dict) else {}, cfg.to_dict())
+    recorded = _recorded_launch(Path(run_dir)) if launch is not None else None
+    if recorded is not None:
+        for key in LAUNCH_IDENTITY:
+            if recorded.get(key) != launch.get(key):
+                diff[f"launch.{key}"] = (recorded.get(key), launch.get(key))
+    if "launch.model" in diff:
+        a, b = diff["launch.model"]
+        raise UserError(f"run directory {run_dir} holds a run of model {a!r}, not {b!r}: its checkpoints and records "
+                        f"are that model's; give this run a new name (logger.wandb_exp_name=NEW or --run-dir)")
     if diff and not allow_change:
         shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
         more = f" (+{len(diff) - 8} more)" if len(diff) > 8 else ""
@@ -146,6 +163,23 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
                         "resumed or finished with this one: give this run a new name (logger.wandb_exp_name=NEW) or "
                         "pass --allow-config-change to continue it with the new config")
     return diff
+
+
+def _recorded_launch(run_dir: Path) -> dict[str, Any] | None:
+    """launch.json as recorded, or None when there is none (a directory from before launch records); a record that
+    is not a JSON object is corrupt (UserError)."""
+    path = run_dir / "launch.json"
+    if not path.is_file():
+        return None
+    try:
+        rec = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's launch record is "
+                        "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
+    if not isinstance(rec, dict):
+        raise UserError(f"{path} is not a JSON object: the run directory's launch record is corrupt; use a new run "
+                        "name (logger.wandb_exp_name=NEW) or remove the directory")
+    return rec
 
 
 # ---- checkpoint ownership: one run per checkpoint.save ----------------------------------------------------
@@ -235,18 +269,58 @@ def claim_save(save: str | Path | None, run_dir: Path, cfg: TrainingConfig) -> P
 WRITER_LOCK = ".writer.lock"
 
 
+def _writer_record() -> dict[str, Any]:
+    env = os.environ
+    return {"slurm_job_id": env.get("SLURM_JOB_ID"), "slurm_step_id": env.get("SLURM_STEP_ID"),
+            "slurm_node_id": env.get("SLURM_NODEID"), "slurm_restart_count": env.get("SLURM_RESTART_COUNT") or "0",
+            "host": env.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+            "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def same_writer(holder: dict, me: dict) -> bool:
+    """Whether the launch ``me`` belongs to the training that holds the run directory's lock (``holder``; both as
+    :func:`_writer_record` writes them). The same Slurm job is not enough: a second launch inside one ``salloc``
+    shares the job id. The same writer is a later incarnation of the job (a requeue keeps the id and counts
+    ``SLURM_RESTART_COUNT`` up; the killed incarnation's lock can outlive it on a shared file system), or another
+    node's launcher of the same job step (same step id, another node id). Anything else - no step, another step,
+    the same node of the same step - is a second training."""
+    job = me.get("slurm_job_id")
+    if not job or str(holder.get("slurm_job_id")) != str(job):
+        return False
+    if str(holder.get("slurm_restart_count") or "0") != str(me.get("slurm_restart_count") or "0"):
+        return True
+    step = me.get("slurm_step_id")
+    node = holder.get("slurm_node_id")
+    return (step is not None and str(holder.get("slurm_step_id")) == str(step)
+            and node is not None and str(node) != str(me.get("slurm_node_id")))
+
+
 def claim_run_dir(run_dir: Path) -> int | None:
     """One writer per run directory. Takes an exclusive ``flock`` on ``<run_dir>/.writer.lock`` and returns its file
     descriptor, inheritable, so the lock lives on in torchrun / ft_launcher after the launcher execs into it (and
     with it, torchrun's restarts of the ranks); it ends when that process tree ends. A second launch while the lock
-    is held is refused (UserError naming the holder: its Slurm job, or host and pid); the launchers of the same Slurm
-    job (the other nodes of a multi-node job, a requeued job: it keeps its id) are the same writer and return None.
-    Before this, a relaunch on a live run "resumed" and both wrote (progress.ndjson read 8, 10, 11, 9, 12, ...)."""
+    is held is refused (UserError naming the holder: its Slurm job and step, host and pid); the launchers of the same
+    training (:func:`same_writer`: the other nodes of one job step, a requeued job's next incarnation) return None.
+    Before this, a relaunch on a live run "resumed" and both wrote (progress.ndjson read 8, 10, 11, 9, 12, ...); and
+    before the step was part of the rule, a second launch inside the same ``salloc`` rewrote the live run's records."""
     import fcntl
 
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / WRITER_LOCK
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    me = _writer_record()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -256,18 +330,19 @@ def claim_run_dir(run_dir: Path) -> int | None:
             holder = json.loads(raw)
         except ValueError:
             holder = {}
-        job = os.environ.get("SLURM_JOB_ID")
-        if job and str(holder.get("slurm_job_id")) == job:
-            return None  # this job's own writer (another node's launcher, or a requeue's previous incarnation)
-        who = (f"Slurm job {holder['slurm_job_id']} (host {holder.get('host')}, pid {holder.get('pid')})"
-               if holder.get("slurm_job_id") else f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}")
+        holder = holder if isinstance(holder, dict) else {}
+        if same_writer(holder, me):
+            return None  # this training's own writer (another node's launcher, or a requeue's previous incarnation)
+        pid = holder.get("pid", "?")
+        alive = " (alive)" if holder.get("host") == me["host"] and _pid_alive(pid) else ""
+        where = f"pid {pid}{alive} on host {holder.get('host', '?')}"
+        who = (f"Slurm job {holder['slurm_job_id']} step {holder.get('slurm_step_id') or '(none)'} ({where})"
+               if holder.get("slurm_job_id") else where)
         raise UserError(f"run directory {run_dir} is being written by {who}, started {holder.get('started', '?')}: "
                         "one training per run directory; wait for it (or cancel it), or use another run "
                         "(logger.wandb_exp_name / --run-dir)") from None
-    record = {"slurm_job_id": os.environ.get("SLURM_JOB_ID"), "host": socket.gethostname(), "pid": os.getpid(),
-              "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     os.set_inheritable(fd, True)
     return fd
 
@@ -324,17 +399,7 @@ class ProgressLog:
         append_line(self.path, json.dumps(rec))
 
     def records(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        by_step: dict[int, dict] = {}
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill mid-write
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                by_step[rec["step"]] = rec  # a later line for the same step supersedes an earlier one
-        return [by_step[k] for k in sorted(by_step)]
+        return read_progress(self.run_dir)
 
     def summarize(self, status: str, final_step: int, train_seconds: float | None = None) -> dict:
         recs = [r for r in self.records() if isinstance(r.get("loss"), (int, float))]
@@ -354,7 +419,8 @@ class ProgressLog:
         # Throughput from consecutive lines of the same attempt (``time`` restarts at 0 in a resumed or requeued
         # attempt, so a pair whose time goes back spans a restart and is left out).
         span = steps = 0.0
-        for a, b in zip(recs, recs[1:]):
+        timed = [r for r in recs if "time" in r]
+        for a, b in zip(timed, timed[1:]):
             dt, ds = b["time"] - a["time"], b["step"] - a["step"]
             if isinstance(dt, (int, float)) and dt > 0 and ds > 0:
                 span += dt
@@ -367,6 +433,82 @@ class ProgressLog:
             summary["goodput"] = split
         write_json(self.run_dir / "metrics_summary.json", summary)
         return summary
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def progress_ok(rec: Any) -> bool:
+    """A progress.ndjson line with the field types :meth:`ProgressLog.log` writes: ``step`` an integer >= 0 (required),
+    ``tokens`` an integer >= 0, ``time`` a finite number >= 0, ``loss`` a number or the text of a non-finite one. A
+    line with a field of the wrong type is skipped, as a line cut by a kill is (junk types crashed ``experiment
+    status`` and ``csv``); a missing ``time`` or ``tokens`` leaves the line out of the throughput only (one line
+    without ``time`` crashed the end-of-run summary, so training exited 0 without TRAINING_DONE)."""
+    if not isinstance(rec, dict):
+        return False
+    step, tokens, t, loss = rec.get("step"), rec.get("tokens", 0), rec.get("time", 0), rec.get("loss")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return False
+    if not (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0):
+        return False
+    if not (_number(t) and t >= 0):
+        return False
+    return loss is None or _number(loss) or loss in ("nan", "inf", "-inf")
+
+
+def read_progress(run_dir: Path | None) -> list[dict]:
+    """progress.ndjson, one record per step (a later line for a step supersedes an earlier one: a redone step), lines
+    that are not JSON or fail :func:`progress_ok` skipped. The one reader of the file (the run's summary, the
+    experiment board and its CSV)."""
+    path = Path(run_dir) / "progress.ndjson" if run_dir is not None else None
+    if path is None or not path.is_file():
+        return []
+    by_step: dict[int, dict] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a line cut by a kill mid-write
+        if progress_ok(rec):
+            by_step[rec["step"]] = rec
+    return [by_step[k] for k in sorted(by_step)]
+
+
+# metrics_summary.json's fields and their types (``num``: a finite number); others are kept as they are
+_SUMMARY_TYPES = {"status": "str", "final_step": "int", "first_loss": "num", "final_loss": "num", "best_loss": "num",
+                  "loss_decreased": "bool", "logged_steps": "int", "tokens": "int", "train_seconds": "num",
+                  "seconds_per_step": "num", "tokens_per_second": "num", "goodput": "dict"}
+
+
+def _typed(v: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "num":
+        return _number(v)
+    return isinstance(v, dict)
+
+
+def read_summary(run_dir: Path | None) -> dict:
+    """metrics_summary.json, or {} when it is absent or unreadable; a field of a wrong type is left out (as if it
+    were not written), and so is a goodput part that is not a finite number (``goodput.split``'s own fields)."""
+    try:
+        s = read_json(Path(run_dir) / "metrics_summary.json") if run_dir is not None else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(s, dict):
+        return {}
+    out = {k: v for k, v in s.items() if k not in _SUMMARY_TYPES or v is None or _typed(v, _SUMMARY_TYPES[k])}
+    if isinstance(out.get("goodput"), dict):
+        g = out["goodput"]
+        bad = [k for k, v in g.items() if k not in ("jobs", "submitted", "ended") and v is not None and not _number(v)]
+        jobs_ok = isinstance(g.get("jobs", []), list)
+        out["goodput"] = None if bad or not jobs_ok else g
+    return out
 
 
 def _num(v: Any) -> Any:
@@ -427,8 +569,8 @@ def finish_preempted(run_dir: Path, progress: ProgressLog, step: int, iters: int
 def finish_completed(run_dir: Path, save: str | Path | None, progress: ProgressLog, step: int,
                      seconds: float) -> dict:
     progress.clock.end("completed", step)
+    mark_done(run_dir, save, step)  # first: the run's completion never waits on reading its own records
     summary = progress.summarize("completed", step, seconds)
-    mark_done(run_dir, save, step)
     print(f"training finished: {step} iterations; loss {summary['first_loss']} -> {summary['final_loss']}; "
           f"checkpoints in {save}; records in {run_dir}", flush=True)
     print(goodput.line(summary.get("goodput")), flush=True)
