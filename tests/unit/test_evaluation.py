@@ -171,3 +171,18 @@ def test_the_board_csv_and_plot_show_each_runs_evaluations(tmp_path, monkeypatch
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     board = status.board(Exp(), [st], written)
     assert f"  {line}; eval plot {png}" in board
+
+
+def test_the_login_planner_without_lm_eval_leaves_the_tasks_to_the_job(monkeypatch, tmp_path):
+    """isambard_sbatch's check in the login node's planner (no lm-eval there: requirements/planner.txt) plans the
+    job and says the tasks are checked when it starts; it used to fail with an ImportError traceback."""
+    from pipeline.evaluation import plan as eval_plan
+    from pipeline.evaluation import tasks
+
+    monkeypatch.setattr(tasks, "harness_installed", lambda: False)
+    monkeypatch.setattr(eval_plan, "harness_installed", lambda: False)
+    monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))
+    (tmp_path / "hf").mkdir()
+    plan = eval_plan.plan_evaluate(EvalRun(model=str(tmp_path / "hf"), tasks="hellaswag"))
+    assert plan.ok, plan.problems
+    assert any("the job checks that its tasks' data is reachable" in n for n in plan.notes)

@@ -12,7 +12,7 @@ from pipeline.config.cluster import job_env, resolve_profile
 from pipeline.config.models import spec_for
 from pipeline.config.parallel import Layout
 from pipeline.env.runtimes import invisible_paths
-from pipeline.evaluation.tasks import check_tasks
+from pipeline.evaluation.tasks import check_tasks, harness_installed
 
 MODULE = ["-m", "pipeline.cli.evaluation"]
 MAX_LENGTH = 2048  # the context a request is cut to for the memory estimate (the harness: the model's, at most)
@@ -38,6 +38,9 @@ def plan_evaluate(cfg, *, nodes: int | None = None, cluster: str | None = None, 
         plan.problems.append(f"model {cfg.model} does not exist (an export's hf/ folder or a hub id ORG/NAME)")
     if check_data:
         plan.problems += check_tasks(cfg.task_names, tuple(cfg.tasks_path), profile)
+        if not harness_installed():
+            plan.notes.append("lm-eval is not installed here (the login node's planner): the job checks that its "
+                              "tasks' data is reachable before it loads the model")
     checked = [("model", cfg.model)] if local_path(str(cfg.model)) else []
     checked += [("tasks path", p) for p in cfg.tasks_path]
     plan.problems += invisible_paths(resolve_profile(cluster), checked)

@@ -124,8 +124,9 @@ def evaluate(cfg: EvalRun) -> dict[str, Any]:
     model = HFLM(pretrained=cfg.model, batch_size=cfg.batch_size, device=None if multi else device,
                  parallelize=multi, dtype="bfloat16" if device == "cuda" else "float32")
     folders = [str(local_tasks_dir()), *map(str, cfg.tasks_path)]
-    local_only = all(t in TaskManager(include_path=folders, include_defaults=False).all_tasks for t in cfg.task_names)
-    manager = TaskManager(include_path=folders, include_defaults=not local_only)
+    manager = TaskManager(include_path=folders, include_defaults=False)  # seconds; the built-in index: a minute
+    if not all(t in manager.all_tasks for t in cfg.task_names):
+        manager = TaskManager(include_path=folders, include_defaults=True)
     limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
     out = lm_eval.simple_evaluate(model=model, tasks=list(cfg.task_names), num_fewshot=cfg.num_fewshot,
                                   batch_size=cfg.batch_size, limit=limit, task_manager=manager, log_samples=False,

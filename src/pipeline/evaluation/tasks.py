@@ -114,12 +114,22 @@ def _source(name: str, index: dict, local_folders: list[Path], seen: frozenset =
     return TaskSource(name, False, dataset or "(the task's own download)")
 
 
+def harness_installed() -> bool:
+    """lm-eval is importable here (the venv and the container; not the login node's planner)."""
+    import importlib.util
+
+    return importlib.util.find_spec("lm_eval") is not None
+
+
 def check_tasks(tasks: tuple[str, ...], tasks_paths: tuple[Path, ...], profile) -> list[str]:
     """The problems of a task list here (one line each, empty when every task can run): an unknown task (with the
-    nearest names), a task whose data is on the hub where the hub is offline. Reads task files only."""
+    nearest names), a task whose data is on the hub where the hub is offline. Reads task files only. Without lm-eval
+    (the login node's planner) only the folders are checked: the job checks the tasks before it loads the model."""
     for p in tasks_paths:
         if not p.is_dir():
             return [f"--tasks-path {p} is not a folder of task YAML files"]
+    if not harness_installed():
+        return []
     folders = [local_tasks_dir(), *tasks_paths]
     index = _entries(folders, defaults=False)
     if not all(t in index for t in tasks):
