@@ -5,7 +5,9 @@
 #   bash pipeline_quickstart.sh            # SmolLM2-135M-Instruct SFT on the chatterbot corpus (~3-4 min, 2 cores)
 #   bash pipeline_quickstart.sh --tiny     # the same chain with a tiny random-initialised MoE model (~1 min)
 #
-# Each step is one of the five pipelines' own commands, exactly as you would type them; run it again and
+# The last step evaluates the export with lm-evaluation-harness on the local task pipeline_smoke (its data ships in
+# configs/eval/tasks/: it checks the evaluation path, not model quality; EVAL_LIMIT questions, default 8).
+# Each step is one of the pipelines' own commands, exactly as you would type them; run it again and
 # every finished step is skipped with a message. Knobs: pipeline_env_config.env (PIPELINE_DATA_ROOT,
 # PIPELINE_RUNS_DIR, WANDB_DIR, ...); W&B runs offline unless WANDB_API_KEY is set.
 set -euo pipefail
@@ -14,7 +16,7 @@ export PIPELINE_ROOT
 cd "$PIPELINE_ROOT"
 
 MODEL=smollm2-135m; CONFIG=configs/local/smollm2_quickstart_sft.yaml; HF_MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
-SEQ=256; MAX_TOKENS=64; EXTRA_COHERENCE=()
+SEQ=256; MAX_TOKENS=64; EXTRA_COHERENCE=(); EVAL_LIMIT="${EVAL_LIMIT:-8}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tiny) MODEL=tiny-nemotronh-moe; CONFIG=configs/local/tiny_moe_sft.yaml; HF_MODEL=pipeline/tiny-nemotronh-moe
@@ -52,6 +54,12 @@ if [[ -f "$HF_DIR/coherence/coherence_hf.json" ]]; then
 else
   step "coherence test" python pipeline_coherence_test.py "$HF_DIR" --max-tokens "$MAX_TOKENS" "${EXTRA_COHERENCE[@]}"
 fi
+if [[ -f "$HF_DIR/eval/pipeline_smoke.json" ]]; then
+  echo; echo "=== quickstart: evaluation ==="
+  echo "already done: $HF_DIR/eval/pipeline_smoke.json (delete it to rerun)"
+else
+  step "evaluation" python pipeline_eval_harness.py "$HF_DIR" --tasks pipeline_smoke --limit "$EVAL_LIMIT"
+fi
 
 cat <<EOT
 
@@ -61,6 +69,7 @@ training run       $RUN_DIR  (config.yaml, manifest.json, progress.ndjson, metri
 checkpoints        $CKPT  (latest: iter $ITER)
 Hugging Face model $HF_DIR  (verification.json)
 coherence report   $HF_DIR/coherence/coherence_hf.md  (and .json)
+evaluation         $HF_DIR/eval/pipeline_smoke.json  (lm-eval results on the local task: the path, not quality)
 W&B (offline)      $WANDB_DIR/wandb/  (upload later: wandb sync $WANDB_DIR/wandb/offline-run-*)
 step times         $(printf '%s; ' "${TIMES[@]}")
 EOT

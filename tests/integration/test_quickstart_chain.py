@@ -37,6 +37,11 @@ def test_quickstart_tiny_chain_and_rerun(pipeline_env, tmp_path):
     assert len(rows) == 8 and {"prompt", "response", "response_length", "empty"} <= set(rows[0])
     assert (hf / "coherence" / "coherence_hf.md").exists()
     assert list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    ev = json.loads((hf / "eval" / "pipeline_smoke.json").read_text())  # the quickstart ends with an evaluation
+    assert ev["harness"]["n-samples"]["pipeline_smoke"]["effective"] == 8
+    assert ev["summary"]["iteration"] == 40 and ev["summary"]["tasks"]["pipeline_smoke"]["metric"] == "acc"
+    assert ev["summary"]["wandb_dir"].startswith(str(tmp_path / "wandb"))
+    assert "eval iter 40 pipeline_smoke: acc " in res.stdout
     assert "=== quickstart: done ===" in res.stdout
 
     again = run(["bash", "pipeline_quickstart.sh", "--tiny"], env=pipeline_env, check=True)
@@ -45,6 +50,7 @@ def test_quickstart_tiny_chain_and_rerun(pipeline_env, tmp_path):
     assert "training already finished" in out
     assert "already exported and verified" in out
     assert "already done:" in out  # coherence
+    assert f"already done: {hf / 'eval' / 'pipeline_smoke.json'}" in out  # the evaluation
 
 
 def test_pretrain_on_indexed_corpus(pipeline_env, tmp_path):

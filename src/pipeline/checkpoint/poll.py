@@ -3,7 +3,13 @@ polling while training runs (the AutoExperiment seed's marker/lock scheme).
 
     <ckpt>/converted_checkpoints/iter_NNNNNNN.done     written (atomically) after a verified export
     <ckpt>/converted_checkpoints/iter_NNNNNNN.failed   verification failed: not retried automatically
-    <ckpt>/in_progress_checkpoints/iter_NNNNNNN.lock   held while converting (pid, host, time)
+    <ckpt>/in_progress_checkpoints/iter_NNNNNNN.lock   held while converting or evaluating (pid, host, time)
+    <ckpt>/evaluated_checkpoints/iter_NNNNNNN.<tasks>.done     with ``--eval TASKS``: written after the results
+    <ckpt>/evaluated_checkpoints/iter_NNNNNNN.<tasks>.failed   the evaluation failed: not retried automatically
+
+With an ``evaluate`` callable every converted iteration is also evaluated once, under the same lock and after its
+export verified (an iteration converted before ``--eval`` was asked for is evaluated by the next pass); a killed
+evaluation leaves its lock and no marker, so it is redone like a killed conversion.
 
 Only iterations the tracker names as complete are touched, so a checkpoint still being written is never
 read. A poller killed mid-conversion leaves a lock whose process is gone: the next poller on the same host
@@ -26,6 +32,7 @@ from pipeline.common.io import write_json
 
 log = logging.getLogger(__name__)
 DONE_DIR = "converted_checkpoints"
+EVAL_DIR = "evaluated_checkpoints"
 TRAINING_DONE = layout.TRAINING_DONE
 
 
@@ -33,37 +40,62 @@ def training_finished(ckpt: Path) -> bool:
     return (ckpt / TRAINING_DONE).exists() or (ckpt.parent / TRAINING_DONE).exists()
 
 
-def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
-    """One pass: convert every complete, unconverted, unlocked iteration. Returns (converted, failed)."""
+def eval_marker(ckpt: Path, it: int, key: str, state: str) -> Path:
+    return ckpt / EVAL_DIR / f"{layout.iter_dirname(it)}.{key}.{state}"
+
+
+def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600,
+                    evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval"
+                    ) -> tuple[list[int], list[int]]:
+    """One pass: convert every complete, unconverted, unlocked iteration (and evaluate every converted one not
+    evaluated yet, with ``evaluate``). Returns (converted, failed); a failed evaluation counts as failed."""
     done_dir = ckpt / DONE_DIR
     converted, failed = [], []
     for it in layout.complete_iterations(ckpt):
         name = layout.iter_dirname(it)
-        if (done_dir / f"{name}.done").exists() or (done_dir / f"{name}.failed").exists():
+        if (done_dir / f"{name}.failed").exists():
+            continue
+        need_convert = not (done_dir / f"{name}.done").exists()
+        need_eval = evaluate is not None and not any(eval_marker(ckpt, it, eval_key, s).exists()
+                                                     for s in ("done", "failed"))
+        if not (need_convert or need_eval):
             continue
         lock = Lock(iteration_lock_path(ckpt, it), lock_ttl)
         if not lock.acquire():
-            log.info("%s is being converted by another process, skipping", name)
+            log.info("%s is being converted or evaluated by another process, skipping", name)
             continue
         try:
-            try:
-                record = convert(layout.iter_dir(ckpt, it))
-            except Exception as exc:
-                log.error("conversion of %s failed: %s", name, exc)
-                write_json(done_dir / f"{name}.failed", {"iteration": it, "error": str(exc),
-                                                        "record": getattr(exc, "record", None)})
-                failed.append(it)
-                continue
-            write_json(done_dir / f"{name}.done", {"iteration": it, "time": time.time(), **record})
-            converted.append(it)
-            log.info("converted %s", name)
+            if need_convert:
+                try:
+                    record = convert(layout.iter_dir(ckpt, it))
+                except Exception as exc:
+                    log.error("conversion of %s failed: %s", name, exc)
+                    write_json(done_dir / f"{name}.failed", {"iteration": it, "error": str(exc),
+                                                            "record": getattr(exc, "record", None)})
+                    failed.append(it)
+                    continue
+                write_json(done_dir / f"{name}.done", {"iteration": it, "time": time.time(), **record})
+                converted.append(it)
+                log.info("converted %s", name)
+            if need_eval and evaluate is not None:
+                try:
+                    summary = evaluate(layout.iter_dir(ckpt, it))
+                except Exception as exc:
+                    log.error("evaluation of %s failed: %s", name, exc)
+                    write_json(eval_marker(ckpt, it, eval_key, "failed"), {"iteration": it, "error": str(exc)})
+                    failed.append(it)
+                    continue
+                write_json(eval_marker(ckpt, it, eval_key, "done"), {"iteration": it, "time": time.time(),
+                                                                     "summary": summary})
+                log.info("evaluated %s (%s)", name, eval_key)
         finally:
             lock.release()
     return converted, failed
 
 
 def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, interval: float = 60.0,
-               idle_timeout: float | None = None, lock_ttl: float = 3600) -> tuple[list[int], list[int]]:
+               idle_timeout: float | None = None, lock_ttl: float = 3600,
+               evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval") -> tuple[list[int], list[int]]:
     all_conv, all_failed = [], []
     last_new = last_status = time.time()
     from pipeline.common.log import progress_interval
@@ -71,7 +103,7 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
     status_every = progress_interval()
     while True:
         finished_before = training_finished(ckpt)
-        conv, failed = convert_pending(ckpt, convert, lock_ttl)
+        conv, failed = convert_pending(ckpt, convert, lock_ttl, evaluate, eval_key)
         all_conv += conv
         all_failed += failed
         if conv or failed:

@@ -10,7 +10,9 @@
          node; `import nano` fetches the model the Nano config starts from (its -Base-BF16); the default output
          is the cluster profile's megatron_models_dir/<HF name>, where the shipped configs look
   upload-all CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--poll] [--interval S] [--coherence]
-         convert every complete iteration exactly once; with --poll keep watching until training ends
+         [--eval TASKS [--eval-limit N] [--eval-num-fewshot K] [--eval-batch-size B] [--eval-tasks-path DIR]]
+         convert every complete iteration exactly once; with --poll keep watching until training ends; with
+         --eval, lm-evaluation-harness on each verified export, once (hf/eval/<tasks>.json)
 
 Every action takes --dry-run [--nodes N] [--json]: the plan (world size, nodes, layout, memory per GPU per
 phase, launch line) without a GPU, container or Megatron Bridge; exit 2 when it cannot run, one line per problem.
@@ -102,8 +104,26 @@ def build_parser() -> Parser:
     u.add_argument("--interval", type=SECONDS, default=60.0, help="seconds between polls")
     u.add_argument("--idle-timeout", type=SECONDS, help="stop polling after this many seconds without a new checkpoint")
     u.add_argument("--coherence", action="store_true", help="run the coherence test on each export")
+    u.add_argument("--eval", metavar="TASKS", help="evaluate each verified export on these lm-eval tasks "
+                   "(comma-separated; pipeline_smoke is the local one), once per iteration")
+    u.add_argument("--eval-limit", type=float, help="--eval: examples per task")
+    u.add_argument("--eval-num-fewshot", type=int, help="--eval: few-shot examples (default: each task's own)")
+    u.add_argument("--eval-batch-size", type=int, default=8)
+    u.add_argument("--eval-tasks-path", action="append", type=Path, default=[], metavar="DIR",
+                   help="--eval: a folder of task YAMLs to add (repeatable)")
     u.add_argument("--push-to-hub", action="store_true")
     return parser
+
+
+def eval_run(args, hf: Path):
+    """upload-all's evaluation of one export (``--eval TASKS``), None without --eval."""
+    if not getattr(args, "eval", None):
+        return None
+    from pipeline.evaluation.run import EvalRun
+
+    return EvalRun(model=str(hf), tasks=args.eval, tasks_path=tuple(args.eval_tasks_path),
+                   num_fewshot=args.eval_num_fewshot, batch_size=args.eval_batch_size, limit=args.eval_limit,
+                   quiet=True)
 
 
 def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
@@ -113,6 +133,17 @@ def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later
     nodes = args.nodes if args.nodes is not None else nodes
     if args.action == "import":
         return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest)
+    plan = _plan_export(args, rest, nodes, inputs_later)
+    cfg = eval_run(args, args.ckpt_dir / "iter_0000000" / "hf")
+    if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
+        from pipeline.evaluation.tasks import check_tasks
+
+        cfg.check()
+        plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile())
+    return plan
+
+
+def _plan_export(args, rest: list[str], nodes: int | None, inputs_later: bool) -> jobs.JobPlan:
     return jobs.plan_export(args.ckpt_dir, args.hf_model, tp=args.tp, pp=args.pp, ep=args.ep,
                             iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest,
                             inputs_later=inputs_later, strict=not args.not_strict,
@@ -232,8 +263,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.poll and not layout.list_iterations(args.ckpt_dir) and layout.read_tracker(args.ckpt_dir) is None:
         raise UserError(f"{args.ckpt_dir} holds no iter_NNNNNNN checkpoints (is it the run's checkpoints/ folder? "
                         "--poll waits for the first one)")
+    evaluate = None
+    if args.eval:
+        from pipeline.evaluation.run import run as run_eval
+        from pipeline.evaluation.tasks import parse_tasks, results_name
+
+        def evaluate(iter_path: Path) -> dict:
+            cfg = eval_run(args, iter_path / "hf")
+            return run_eval(cfg) if cfg is not None else {}
+
+    key = results_name(parse_tasks(args.eval)).removesuffix(".json") if args.eval else "eval"
     conv, failed = upload_all(args.ckpt_dir, convert, poll=args.poll, interval=args.interval,
-                              idle_timeout=args.idle_timeout)
+                              idle_timeout=args.idle_timeout, evaluate=evaluate, eval_key=key)
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")
     return 1 if failed else 0
 

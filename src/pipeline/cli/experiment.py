@@ -193,9 +193,10 @@ def cmd_status(exp: spec.Experiment, only: list[str] | None, watch: float | None
             statuses += board.removed_runs(exp, plans)
         plots = {}
         if not no_plots:
-            from pipeline.experiment.plots import write_plots
+            from pipeline.experiment.plots import write_eval_plots, write_plots
 
             plots = write_plots(exp, plans)
+            plots.update(write_eval_plots(exp, statuses))
         text = board.board(exp, statuses, plots)
         if watch is not None and sys.stdout.isatty():
             print("\033[2J\033[H", end="")
@@ -213,12 +214,13 @@ def cmd_csv(exp: spec.Experiment, changed: bool, output: Path | None) -> int:
     keys = list(dict.fromkeys(k for rp in plans for k in (rp.run.values if changed else rp.run.overrides)))
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["run", *keys, *board.RESULT_COLUMNS])
+    columns = [*board.RESULT_COLUMNS, *board.eval_columns(statuses)]  # one column per task metric evaluated
+    w.writerow(["run", *keys, *columns])
     for rp, st in zip(plans, statuses):
         fields = rp.run.values if changed else rp.run.overrides
         res = board.result_row(rp, st)
-        w.writerow([rp.run.label, *(fields.get(k, "") for k in keys), *("" if res[c] is None else res[c]
-                                                                          for c in board.RESULT_COLUMNS)])
+        w.writerow([rp.run.label, *(fields.get(k, "") for k in keys), *("" if res.get(c) is None else res[c]
+                                                                          for c in columns)])
     out = output or planning.state_dir(exp) / ("results.changed.csv" if changed else "results.csv")
     write_output_text(out, buf.getvalue())
     print(f"{len(plans)} row(s) -> {out}", file=sys.stderr if str(out) == "/dev/stdout" else sys.stdout)

@@ -28,7 +28,8 @@ ENV_ACTIONS = ("setup", "validate")  # pipeline_env_submit.sbatch runs pipeline_
 PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
 # the job script -> its pipeline's CLI, whose plan_from_argv parses the job's arguments and plans it
 GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint",
-                   "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence"}
+                   "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence",
+                   "pipeline_eval_submit.sbatch": "pipeline.cli.evaluation"}
 PIPELINE_SCRIPTS = (TRAINING_SCRIPT, DATA_SCRIPT, ENV_SCRIPT, *GPU_JOB_SCRIPTS)
 
 

@@ -34,7 +34,7 @@ from pipeline.env.runtimes import invisible_paths
 MODULE = ["-m", "pipeline.cli.coherence"]
 
 
-def _hf_size(model: str) -> tuple[float, int, str] | None:
+def hf_size(model: str) -> tuple[float, int, str] | None:
     """(billions of parameters, vocab, where from) of an HF model: the registry, else a local folder's safetensors
     sizes (BF16 on disk: 2 bytes per parameter; FP32 exports count double, which errs on the safe side); a folder
     without its weights yet (a job that waits for the export) from the registry model it is exported from
@@ -150,7 +150,7 @@ def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[s
                                      f"or the hub id {spec.hf_id}")
             elif not inputs_later and not Path(m).exists() and ("/" not in m or m.startswith((".", "/"))):
                 plan.problems.append(f"model {m} does not exist (a local HF directory or a hub id ORG/NAME)")
-        size = _hf_size(cfg.model)
+        size = hf_size(cfg.model)
         if size is None:
             plan.notes.append(f"no size facts for {cfg.model}: memory not estimated")
             return plan

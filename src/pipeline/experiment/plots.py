@@ -70,3 +70,37 @@ def write_plots(exp: Experiment, plans: list[RunPlan]) -> dict[str, Path]:
     written["__overlay__"] = write_bytes(state_dir(exp) / "loss_curves.png", _png(fig))
     plt.close(fig)
     return written
+
+
+def write_eval_plots(exp: Experiment, statuses) -> dict[str, Path]:
+    """One PNG per run with evaluations (``eval/<label>.png`` beside ``loss/``): each task's headline metric
+    against the step (the iteration, offset by its phase's start, as the loss curves). Returns {"<label>:eval":
+    path}."""
+    runs = [s for s in statuses if getattr(s, "evals", None)]
+    if not runs:
+        return {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: dict[str, Path] = {}
+    for s in runs:
+        series: dict[str, list[tuple[int, float]]] = {}
+        for e in s.evals:
+            for task, h in e["tasks"].items():
+                if isinstance(h, dict) and isinstance(h.get("value"), (int, float)):
+                    series.setdefault(f"{task} {h.get('metric')}", []).append((e["step"], float(h["value"])))
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, pts in series.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set(title=f"{exp.name}.{s.label}: evaluation", xlabel="step", ylabel="metric")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        written[f"{s.label}:eval"] = write_bytes(state_dir(exp) / "eval" / f"{s.label}.png", _png(fig))
+        plt.close(fig)
+    return written

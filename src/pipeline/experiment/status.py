@@ -198,6 +198,38 @@ class RunStatus:
     rows: list[PhaseRow]
     verdict: str
     removed: bool = False  # submitted, but no longer in the experiment file
+    evals: list[dict] = field(default_factory=list)  # every finished evaluation of its checkpoints (run_evals)
+
+
+def run_evals(rp: RunPlan) -> list[dict]:
+    """The lm-eval results of a run's checkpoints (``iter_N/hf/eval/*.json``, written by ``upload-all --eval`` or
+    ``pipeline_eval_harness.py``), oldest first; each with its phase and ``step`` (the iteration offset by the
+    phase's start, the loss curves' axis)."""
+    from pipeline.evaluation.run import read_results
+
+    out, seen = [], set()
+    for job in rp.jobs:
+        if job.kind != "train" or job.save is None or job.save.resolve() in seen:
+            continue
+        seen.add(job.save.resolve())
+        for s in read_results(job.save):
+            out.append({**s, "phase": job.phase, "step": (s["iteration"] or 0) + job.start_iter})
+    return sorted(out, key=lambda s: s["step"])
+
+
+def eval_line(evals: list[dict]) -> str:
+    """The latest result of a run, one line: its iteration and each task's headline metric."""
+    last = evals[-1]
+    tasks = "; ".join(f"{t} {h.get('metric')} {h.get('value'):.4f}" for t, h in last["tasks"].items()
+                      if isinstance(h, dict) and isinstance(h.get("value"), (int, float)))
+    n = len({e["step"] for e in evals})
+    return f"eval (latest, {last['phase']} iter {last['iteration']}): {tasks or '-'} ({n} iteration(s) evaluated)"
+
+
+def eval_columns(statuses: list[RunStatus]) -> list[str]:
+    """The results CSV's evaluation columns: one per task metric any run reported (of its latest evaluation)."""
+    keys = {k for s in statuses for e in s.evals for k in e["metrics"]}
+    return ["eval_iteration", *(f"eval_{k.replace('/', '_')}" for k in sorted(keys))] if keys else []
 
 
 def _tokens_per_s(recs: list[dict], s: dict) -> float | None:
@@ -248,7 +280,7 @@ def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
             elif job.kind == "coherence":
                 row.coherence = coherence_summary(job.output)
             rows.append(row)
-        out.append(RunStatus(label=rp.run.label, rows=rows, verdict=verdict(rows)))
+        out.append(RunStatus(label=rp.run.label, rows=rows, verdict=verdict(rows), evals=run_evals(rp)))
     return out
 
 
@@ -338,6 +370,9 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
             logs = [r.log for r in s.rows if r.log]
             gone = " (submitted, but no longer in the experiment file" + (f"; log {logs[-1]}" if logs else "") + ")"
         lines.append(f"{s.label}: {s.verdict}{curve}{gone}")
+        if s.evals:
+            plot = f"; eval plot {plots[s.label + ':eval']}" if plots and s.label + ":eval" in plots else ""
+            lines.append(f"  {eval_line(s.evals)}{plot}")
         for r in s.rows:
             if r.goodput:
                 lines.append(f"  {r.phase} time: {goodput.line(r.goodput)}")
@@ -391,4 +426,10 @@ def result_row(rp: RunPlan, st: RunStatus) -> dict[str, Any]:
     for k in ("num_prompts", "empty_pct", "truncated_pct", "repetitive_pct", "template_leak_pct",
               "mean_response_tokens"):
         row[f"coherence_{k}"] = coh.get(k)
+    latest: dict[str, float] = {}
+    for e in st.evals:  # each metric from the latest evaluation that reported it
+        latest.update(e["metrics"])
+    if st.evals:
+        row["eval_iteration"] = st.evals[-1]["iteration"]
+        row.update({f"eval_{k.replace('/', '_')}": v for k, v in latest.items()})
     return row

@@ -1,0 +1,100 @@
+"""pipeline_eval_harness.py MODEL [--tasks T1,T2] [--num-fewshot N] [--batch-size B] [--limit N] [options]
+
+Benchmark evaluation of a Hugging Face export with lm-evaluation-harness (its Python API: simple_evaluate on its
+HFLM model class). Results go beside the model (MODEL/eval/<tasks>.json: the harness's own result format plus our
+summary, written atomically) and to W&B (offline without an API key): the headline metric of each task as a
+series over the iteration, a table per iteration. One line per task in the log.
+
+Tasks: the local task pipeline_smoke (data in the checkout: checks the path, not model quality), a folder of your
+own task YAMLs (--tasks-path DIR), or the harness's built-in tasks where the cluster profile's hub is online; a
+task whose data this machine cannot reach is refused before any model loads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pipeline.checkpoint.plan import JobPlan, print_plan, refuse
+from pipeline.cli.parser import Parser
+from pipeline.common.argv import strip_options
+from pipeline.common.errors import cli_main
+from pipeline.common.log import setup_logging
+from pipeline.config.cluster import apply_job_env
+from pipeline.evaluation.plan import plan_evaluate
+from pipeline.evaluation.run import EvalRun, run
+from pipeline.evaluation.tasks import SMOKE_TASK
+
+
+def _limit(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+
+
+def add_eval_options(p: Parser) -> None:
+    """The evaluation options (also upload-all's, after its --eval TASKS)."""
+    p.add_argument("--tasks-path", action="append", type=Path, default=[], metavar="DIR",
+                   help="a folder of lm-eval task YAMLs to add (repeatable)")
+    p.add_argument("--num-fewshot", type=int, help="few-shot examples per question (default: each task's own)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--limit", type=_limit, help="examples per task (a fraction in (0, 1): of each task's)")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="pipeline_eval_harness.py", description=__doc__)
+    p.add_argument("model", help="a Hugging Face export (an iteration's hf/) or hub id")
+    p.add_argument("--tasks", default=SMOKE_TASK, help=f"comma-separated task names (default {SMOKE_TASK})")
+    add_eval_options(p)
+    p.add_argument("--device", help="default: cuda when present, else cpu")
+    p.add_argument("--output-dir", type=Path, help="default: MODEL/eval/")
+    p.add_argument("--wandb-project", default=os.environ.get("EVAL_WANDB_PROJECT", "pipeline-evals"))
+    p.add_argument("--no-wandb", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (GPUs, memory per GPU, launch line, the tasks' data) and exit; 2 when it "
+                        "cannot run. Needs no GPU or container (the login node's planner)")
+    p.add_argument("--nodes", type=int, help="with --dry-run outside an allocation: the node count Slurm will give")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON object")
+    return p
+
+
+PLAN_FLAGS = ("--dry-run", "--json")
+
+
+def _parse(argv: list[str], nodes: int | None = None, inputs_later: bool = False
+           ) -> tuple[EvalRun, JobPlan, bool, bool]:
+    args = vars(build_parser().parse_args(argv))
+    dry_run, given_nodes, as_json = args.pop("dry_run"), args.pop("nodes"), args.pop("json")
+    args["tasks_path"] = tuple(args["tasks_path"])
+    cfg = EvalRun(**args)
+    cfg.check()
+    plan = plan_evaluate(cfg, nodes=given_nodes if given_nodes is not None else nodes,
+                         argv=strip_options(argv, PLAN_FLAGS, ("--nodes",)), inputs_later=inputs_later)
+    return cfg, plan, dry_run, as_json
+
+
+def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> JobPlan:
+    """The plan of ``pipeline_eval_harness.py ARGS`` (isambard_sbatch's submit-time check)."""
+    return _parse(argv, nodes, inputs_later)[1]
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg, plan, dry_run, as_json = _parse(argv)
+    setup_logging(quiet=cfg.quiet)
+    if dry_run:
+        return print_plan(plan, as_json)
+    refuse(plan)  # before any model loads: an unreachable task's data, a missing model, a model that does not fit
+    apply_job_env(plan.env)
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmark evaluation of Hugging Face exports with lm-evaluation-harness (tasks, plan, run)."""
