@@ -187,3 +187,16 @@ def test_summary_lists_the_latest_capture_per_rank(tmp_path):
     assert [(c["rank"], c["steps"]) for c in caps] == [(0, [12, 13]), (1, [2, 3])]
     progress = records.ProgressLog(tmp_path, tokens_per_step=1)
     assert progress.summarize("completed", 4)["profile"] == caps
+
+
+def test_profiling_a_resumed_run_is_the_same_run(tmp_path):
+    """Tracing some steps of a relaunch changes no result: the profiling keys are not the run's identity (like W&B's
+    directory), so a resume with them is not refused as another config."""
+    import yaml
+
+    base = {"train": {"train_iters": 8}, "logger": {"wandb_exp_name": "r"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TrainingConfig.from_dict(base).to_dict()))
+    profiled = {**base, "profiling": {"use_pytorch_profiler": True, "profile_step_start": 5, "profile_step_end": 7}}
+    assert records.check_run_identity(tmp_path, TrainingConfig.from_dict(profiled)) == {}
+    assert records.config_identity(TrainingConfig.from_dict(profiled)) == records.config_identity(
+        TrainingConfig.from_dict(base))

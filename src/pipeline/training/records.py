@@ -115,9 +115,10 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
 
 # ---- run identity: one run directory, one resolved config ----------------------------------------------
 # Keys that legitimately differ between launches of the same run (a requeue, an auto-requeue successor, a
-# continuation from another shell): where W&B writes its files ($WANDB_DIR), and the tests' fault injection,
-# which describes an attempt, not the run. Everything else is the run's identity.
-IDENTITY_IGNORED = ("logger.wandb_save_dir", "pipeline.local.fault_inject_")
+# continuation from another shell): where W&B writes its files ($WANDB_DIR), the tests' fault injection, and the
+# profiler's settings (which steps of this launch to trace: they change no result), which describe an attempt, not
+# the run. Everything else is the run's identity.
+IDENTITY_IGNORED = ("logger.wandb_save_dir", "pipeline.local.fault_inject_", "profiling.")
 
 
 def config_diff(old: dict, new: dict, ignore: tuple[str, ...] = IDENTITY_IGNORED) -> dict[str, tuple[Any, Any]]:
