@@ -421,10 +421,12 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     capture = profiling.Capture.for_rank(cfg.profiling, rank, run_dir, cuda=torch.cuda.is_available())
     recorder = profiling.Recorder(capture, cuda=torch.cuda.is_available()) if capture is not None else None
     if capture is not None:
+        memory = ""
+        if capture.memory:
+            memory = (" (memory: CUDA allocator history + profile_memory)" if capture.snapshot else
+                      " (memory: the profiler's profile_memory; CUDA's allocator history needs a GPU)")
         log.info("profiler: rank %d records steps %d-%d with torch.profiler%s -> %s", rank, capture.first,
-                 capture.last, {True: " (memory: CUDA allocator history + profile_memory)" if capture.snapshot
-                                else " (memory: the profiler's profile_memory; CUDA's allocator history needs a GPU)",
-                                False: ""}[capture.memory], capture.trace)
+                 capture.last, memory, capture.trace)
 
     progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=rank == 0)
     progress.clock.attempt()
@@ -528,7 +530,7 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
                        + fault_tolerance.callbacks(ft, cfg))
     if recorder is not None:
         # The backward pass as its own range: Trainer.training_step ends in accelerator.backward(loss), which no
-        # callback brackets. An empty range outside the window (Recorder.span).
+        # callback brackets. No range outside the window (Recorder.span).
         backward = trainer.accelerator.backward
 
         def ranged_backward(loss, **kw):
