@@ -97,9 +97,29 @@ def op_build_config(req: dict) -> dict:
                                                      "_uses_packed_sequence_metadata")(container)),
         "checked": [c["key"] for c in checked],
         "mismatches": mismatches,
-        "container_types": {k: type(getattr(container, k)).__name__ for k in ("model", "dataset", "peft", "ft")},
+        "container_types": {k: type(getattr(container, k)).__name__
+                            for k in ("model", "dataset", "peft", "ft", "profiling")},
         "extra": {k: _norm(_getattr_path(container, k)) for k in req.get("read_back", [])},
+        # Bridge's own validation of a section (its finalize(), which ConfigContainer.validate() calls)
+        "finalized": {k: _finalize(getattr(container, k)) for k in req.get("finalize", [])},
+        # where the Bridge engine looks for each rank's trace, read from this real container
+        "bridge_trace": {str(r): _bridge_trace(container, r) for r in req.get("trace_ranks", [])},
     }
+
+
+def _bridge_trace(container, rank: int):
+    from pipeline.training.engines.megatron_bridge import bridge_trace
+
+    path = bridge_trace(container, rank)
+    return None if path is None else str(path)
+
+
+def _finalize(section) -> dict:
+    try:
+        section.finalize()
+    except Exception as exc:
+        return {"ok": False, **_err(exc)}
+    return {"ok": True}
 
 
 def _bridge_function(module: str, name: str):
@@ -550,9 +570,56 @@ def op_nan_message(req: dict) -> dict:
     return out
 
 
+# ---- j: Bridge's torch-profiler schedule: which steps it records (issue 35) ------------------------------------
+def op_profiling_window(req: dict) -> dict:
+    """Bridge 0.6.2's own profiler functions (megatron/bridge/training/profiling.py: initialize_pytorch_profiler,
+    handle_profiling_step, handle_profiling_stop) in train.py's order: prof.start() before the loop; per iteration
+    handle_profiling_step(step) at its start, the step's work (here a range named after the 1-based iteration and
+    a tiny matmul, a stand-in for train_step), step += 1, handle_profiling_stop(step). The trace Bridge's handler
+    writes (<tensorboard_dir>/../torch_profile/rank-0.json.gz) is read back for the iterations it holds."""
+    import gzip
+
+    import torch
+    import torch.distributed as dist
+    from megatron.bridge.training.config import ProfilingConfig
+    from megatron.bridge.training.profiling import (
+        handle_profiling_step,
+        handle_profiling_stop,
+        initialize_pytorch_profiler,
+    )
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{req['port']}", rank=0, world_size=1)
+    out = []
+    for w in req["windows"]:
+        cfg = ProfilingConfig(use_pytorch_profiler=True, profile_step_start=w["start"], profile_step_end=w["end"],
+                              profile_ranks=[0])
+        cfg.finalize()
+        tb = Path(w["tensorboard_dir"])
+        prof = initialize_pytorch_profiler(cfg, str(tb))
+        prof.start()
+        step = 0
+        while step < req["iters"]:
+            handle_profiling_step(cfg, step, 0, prof)
+            with torch.profiler.record_function(f"iteration_{step + 1}"):
+                torch.ones(8, 8) @ torch.ones(8, 8)
+            step += 1
+            handle_profiling_stop(cfg, step, 0, prof, None)
+        trace = tb / ".." / "torch_profile" / "rank-0.json.gz"
+        recorded = []
+        if trace.is_file():
+            with gzip.open(trace, "rt") as f:
+                events = json.load(f)["traceEvents"]
+            recorded = sorted({int(e["name"].split("_")[1]) for e in events
+                               if str(e.get("name", "")).startswith("iteration_")})
+        out.append({"start": w["start"], "end": w["end"], "recorded": recorded, "trace": os.path.normpath(trace),
+                    "written": trace.is_file()})
+    return {"windows": out}
+
+
 OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
        "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records,
-       "nan_message": op_nan_message}
+       "nan_message": op_nan_message, "profiling_window": op_profiling_window}
 
 
 def main() -> int:

@@ -384,3 +384,72 @@ def test_megatrons_real_nan_error_is_recognised(harness):
     # the unit test's copy has the real message's shape
     shape = r["nan"]["message"].split(": Unexpected result ")[1]
     assert NAN_ERROR.endswith(shape), (NAN_ERROR, r["nan"]["message"])
+
+
+# ---- j: profiling: the typed fields in Bridge's ProfilingConfig, and the steps its torch profiler records (issue 35) -
+PROFILING = ["profiling.use_pytorch_profiler=true", "profiling.profile_step_start=2", "profiling.profile_step_end=4",
+             "profiling.profile_ranks=[0,3]", "profiling.record_memory_history=true",
+             "profiling.memory_snapshot_path=/scratch/run/snapshot.pickle",
+             "profiling.pytorch_profiler_collect_shapes=true"]
+
+
+def test_profiling_fields_reach_bridges_profiling_config_and_its_window(harness, tmp_path):
+    """The suite's typed profiling fields, through the dry run's plan (preflight passed) and build_config on the real
+    recipe and override code, land in Bridge 0.6.2's own ProfilingConfig, which Bridge's validation (finalize)
+    accepts; a window the preflight refuses, Bridge's finalize refuses too. The engine's profiling_overrides point
+    logger.tensorboard_dir at <run_dir>/tb, and Bridge's real profiler functions, run in train.py's order, then
+    write their trace to <run_dir>/torch_profile/rank-0.json.gz (where the local engine writes its own), holding
+    exactly the steps pipeline.training.profiling.window says: the local engine's rule is Bridge's."""
+    import socket
+
+    from pipeline.cli.train import plan_from_argv
+    from pipeline.config.schema import TrainingConfig
+    from pipeline.training import profiling
+    from pipeline.training.engines.megatron_bridge import profiling_overrides
+
+    cfg = our_config("nano", "sft", None, overrides=PROFILING)
+    run_dir = tmp_path / "run"
+    extra = profiling_overrides(TrainingConfig.from_dict(cfg), run_dir)
+    assert extra == [f"logger.tensorboard_dir={run_dir / 'tb'}"]
+    bad = {**cfg, "profiling": {**cfg["profiling"], "profile_step_start": 5, "profile_step_end": 3}}
+    base = [QUICKSTART, "--model", "nano", "--mode", "sft", "--dry-run", "--no-path-checks", "--nodes", "16"]
+    plan = plan_from_argv([*base, "profiling.profile_step_start=5", "profiling.profile_step_end=3"]).preflight
+    assert not plan.ok and any("profiling.profile_step_end(3) must be >= profiling.profile_step_start(5)" in p
+                               for p in plan.problems), plan.problems
+    fields = ["use_pytorch_profiler", "profile_step_start", "profile_step_end", "profile_ranks",
+              "record_memory_history", "memory_snapshot_path", "pytorch_profiler_collect_shapes", "use_nsys_profiler"]
+    read_back = [f"profiling.{f}" for f in fields] + ["logger.tensorboard_dir"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    windows = [{"start": a, "end": b, "tensorboard_dir": str(tmp_path / f"w{a}_{b}" / "tb")}
+               for a, b in ((0, 3), (1, 3), (5, 8))]
+    windows.insert(0, {"start": 2, "end": 4, "tensorboard_dir": str(run_dir / "tb")})
+    good, refused, win = drive(harness, [
+        {"op": "build_config", "id": "profiling", "cfg": cfg, "model": "nano", "mode": "sft", "extra_overrides": extra,
+         "read_back": read_back, "finalize": ["profiling"], "trace_ranks": [0, 1]},
+        {"op": "build_config", "id": "refused", "cfg": bad, "model": "nano", "mode": "sft", "finalize": ["profiling"]},
+        {"op": "profiling_window", "windows": windows, "iters": 8, "port": port}])
+    assert "error" not in good, f"{good['error']} at {good['where']}\n{good.get('trace', '')}"
+    assert good["container_types"]["profiling"] == "ProfilingConfig"
+    assert not good["mismatches"], good["mismatches"]
+    assert {k for k in good["checked"] if k.startswith("profiling.")} == {
+        f"profiling.{f}" for f in fields if f != "use_nsys_profiler"}
+    assert good["extra"] == {
+        "profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 2, "profiling.profile_step_end": 4,
+        "profiling.profile_ranks": [0, 3], "profiling.record_memory_history": True,
+        "profiling.memory_snapshot_path": "/scratch/run/snapshot.pickle",
+        "profiling.pytorch_profiler_collect_shapes": True, "profiling.use_nsys_profiler": False,
+        "logger.tensorboard_dir": str(run_dir / "tb")}
+    assert good["finalized"] == {"profiling": {"ok": True}}
+    assert "error" not in refused and refused["finalized"]["profiling"]["ok"] is False
+    assert "profile_step_end (3) must be >= profile_step_start (5)" in refused["finalized"]["profiling"]["error"]
+
+    assert "error" not in win, f"{win['error']} at {win['where']}\n{win.get('trace', '')}"
+    for w in win["windows"]:
+        first, last = profiling.window(w["start"], w["end"])
+        assert w["written"] and w["recorded"] == list(range(first, last + 1)), w
+    assert win["windows"][0]["recorded"] == [2, 3]
+    # the trace is where the local engine writes its own, and where the Bridge engine looks for it
+    assert win["windows"][0]["trace"] == str(profiling.trace_path(run_dir, 0))
+    assert good["bridge_trace"] == {"0": str(profiling.trace_path(run_dir, 0)), "1": None}

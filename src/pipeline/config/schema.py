@@ -211,6 +211,29 @@ class DistConfig:
 
 
 @dataclass
+class ProfilingConfig:
+    """Megatron Bridge 0.6.2's ``ProfilingConfig`` (megatron.bridge.training.config), field for field; the local
+    engine honours the PyTorch-profiler ones on the same steps (pipeline.training.profiling, docs/profiling.md)."""
+
+    use_pytorch_profiler: bool | None = _f("record a torch.profiler trace of the step window (Bridge default false)")
+    profile_step_start: int | None = _f("first step the torch profiler records (1-based, as progress.ndjson counts; "
+                                        "Bridge default 10)")
+    profile_step_end: int | None = _f("the step after the last one recorded: steps start .. end-1, as Bridge's "
+                                      "torch-profiler schedule records them (Bridge default 12)")
+    profile_ranks: list[int] | None = _f("global ranks that record (Bridge default [0]; [] = every rank)")
+    record_memory_history: bool | None = _f("memory over the window: CUDA's allocator history and a snapshot, on "
+                                            "CPU the profiler's profile_memory (Bridge default false)")
+    memory_snapshot_path: str | None = _f("CUDA memory snapshot pickle, _RANK added before the extension "
+                                          "(local default <run_dir>/torch_profile/memory_snapshot.pickle)")
+    pytorch_profiler_collect_shapes: bool | None = _f("record operator input shapes in the torch trace")
+    pytorch_profiler_collect_callstack: bool | None = _f("record Python call stacks in the torch trace")
+    use_nsys_profiler: bool | None = _f("Megatron Bridge under nsys: cudaProfilerStart/Stop at the window "
+                                        "(GPU only; not with use_pytorch_profiler)")
+    record_shapes: bool | None = _f("nsys: record shapes in the NVTX ranges (emit_nvtx)")
+    nvtx_ranges: bool | None = _f("nsys: Megatron's NVTX range annotations")
+
+
+@dataclass
 class LocalEngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = _f("local engine weight dtype (CPU: float32)", "float32")
     autocast: Literal["off", "bf16", "auto"] = _f(
@@ -248,6 +271,7 @@ class TrainingConfig:
     ft: FtConfig = field(default_factory=FtConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     mixed_precision: Any = _f("Bridge's mixed-precision recipe (a name such as bf16_mixed, or its fields)")
     env_vars: dict[str, str] = field(default_factory=dict, metadata={"doc": "environment variables for the ranks "
                                                                             "(strings or numbers)"})
@@ -349,6 +373,15 @@ def check_value(tp: Any, value: Any, key: str) -> str | None:
         if isinstance(value, (dict, list)):
             return f"{key}={shown} must be a string, not a {'mapping' if isinstance(value, dict) else 'list'}"
         return f"{key}={shown} must be a string (quote it: {key}='{value}')"
+    if typing.get_origin(tp) is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            return f"{key}={shown} must be a list, e.g. {key}=[0,1]"
+        for i, v in enumerate(value):
+            problem = check_value(item, v, f"{key}[{i}]")
+            if problem:
+                return problem
+        return None
     if typing.get_origin(tp) is dict:
         if not isinstance(value, dict):
             return f"{key}={shown} must be a mapping"

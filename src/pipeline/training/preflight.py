@@ -34,6 +34,7 @@ from pipeline.config.models import ModelSpec
 from pipeline.config.parallel import Layout, node_local_problems
 from pipeline.config.schema import TrainingConfig
 from pipeline.data.packing import check_pad_multiple
+from pipeline.training import profiling
 
 GB = 1e9
 OVERHEAD_GB = 5.0
@@ -230,6 +231,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
     recompute = m.recompute_granularity
     plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
     _hazards(cfg, plan, local)
+    _check_profiling(cfg, plan, local)
     _check_bridge_keys(cfg, spec, mode, peft, plan)
     _check_suite_keys(cfg, plan)
     plan.memory_budget_gb = cluster.memory_budget_gb
@@ -400,6 +402,14 @@ def _check_suite_keys(cfg: TrainingConfig, plan: Plan) -> None:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
         hint = f" (did you mean '{close[0]}'?)" if close else f" (its keys: {', '.join(known)})"
         plan.problems.append(f"'{key}' is not a config key: the pipeline section is the suite's own{hint}")
+
+
+def _check_profiling(cfg: TrainingConfig, plan: Plan, local: bool) -> None:
+    """The profiling window and ranks (training/profiling.py): what Bridge asserts on the GPU node, and a window
+    that would record nothing."""
+    problems, warnings = profiling.check(cfg, train_iters=plan.train_iters, world=plan.world, local=local)
+    plan.problems += problems
+    plan.warnings += warnings
 
 
 def _hazards(cfg: TrainingConfig, plan: Plan, local: bool) -> None:

@@ -7,8 +7,11 @@
   preflight.json        the plan the preflight computed
   view.json             the typed view the engines read (training/views.py): parallel layout, batch, data paths
   progress.ndjson       one line per logged step (loss, grad norm, learning rate, tokens, time)
-  events.ndjson         the run's timeline: launches, attempts, steps, saves, ends (training/goodput.py)
-  metrics_summary.json  first/final/best loss, steps, time, throughput, status, and where the time went (goodput)
+  events.ndjson         the run's timeline: launches, attempts, steps, saves, ends (training/goodput.py), and
+                        each profiler capture (``profile``: rank, steps, trace path; training/profiling.py)
+  metrics_summary.json  first/final/best loss, steps, time, throughput, status, where the time went (goodput),
+                        and the profiler traces (``profile``)
+  torch_profile/        rank-N.json.gz: torch.profiler traces of the profiling window (both engines)
   TRAINING_DONE         completion marker (also written beside checkpoint.save, where upload-all --poll looks)
   FAILED_NAN            the run stopped on a NaN; restarts refuse to run
   SAVE_AND_EXIT         a request file: checkpoint at the next step boundary and exit (for a requeue)
@@ -112,9 +115,10 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
 
 # ---- run identity: one run directory, one resolved config ----------------------------------------------
 # Keys that legitimately differ between launches of the same run (a requeue, an auto-requeue successor, a
-# continuation from another shell): where W&B writes its files ($WANDB_DIR), and the tests' fault injection,
-# which describes an attempt, not the run. Everything else is the run's identity.
-IDENTITY_IGNORED = ("logger.wandb_save_dir", "pipeline.local.fault_inject_")
+# continuation from another shell): where W&B writes its files ($WANDB_DIR), the tests' fault injection, and the
+# profiler's settings (which steps of this launch to trace: they change no result), which describe an attempt, not
+# the run. Everything else is the run's identity.
+IDENTITY_IGNORED = ("logger.wandb_save_dir", "pipeline.local.fault_inject_", "profiling.")
 
 
 def config_diff(old: dict, new: dict, ignore: tuple[str, ...] = IDENTITY_IGNORED) -> dict[str, tuple[Any, Any]]:
@@ -428,9 +432,13 @@ class ProgressLog:
         if span > 0 and steps > 0:
             summary["seconds_per_step"] = round(span / steps, 3)
             summary["tokens_per_second"] = round(steps * self.tokens_per_step / span, 1)
-        split = goodput.split(goodput.read_events(self.run_dir))
+        events = goodput.read_events(self.run_dir)
+        split = goodput.split(events)
         if split is not None:
             summary["goodput"] = split
+        traces = profile_records(events)
+        if traces:
+            summary["profile"] = traces
         write_json(self.run_dir / "metrics_summary.json", summary)
         return summary
 
@@ -509,6 +517,25 @@ def read_summary(run_dir: Path | None) -> dict:
         jobs_ok = isinstance(g.get("jobs", []), list)
         out["goodput"] = None if bad or not jobs_ok else g
     return out
+
+
+PROFILE_EVENT = "profile"
+
+
+def record_profile(run_dir: Path, capture: dict[str, Any]) -> None:
+    """A profiler capture (``training/profiling.py``: rank, steps, trace path, memory) as a ``profile`` event in
+    events.ndjson; any rank writes its own (one line, appended)."""
+    append_line(Path(run_dir) / goodput.EVENTS, json.dumps({"event": PROFILE_EVENT, "t": round(time.time(), 3),
+                                                            **capture}))
+
+
+def profile_records(events: list[dict]) -> list[dict]:
+    """The captures of a run's events, the latest per rank (a restart that records the window again replaces it)."""
+    by_rank: dict[Any, dict] = {}
+    for ev in events:
+        if ev.get("event") == PROFILE_EVENT and isinstance(ev.get("trace"), str):
+            by_rank[ev.get("rank")] = {k: v for k, v in ev.items() if k not in ("event", "t")}
+    return [by_rank[k] for k in sorted(by_rank, key=lambda r: (not isinstance(r, int), r if isinstance(r, int) else 0))]
 
 
 def _num(v: Any) -> Any:

@@ -13,6 +13,7 @@ transformers' PyTorch fallback (attention layers do); Megatron's THD path resets
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -28,7 +29,7 @@ from pipeline.common.errors import UserError
 from pipeline.common.mappings import flatten
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.config.schema import TrainingConfig
-from pipeline.training import fault_tolerance, records
+from pipeline.training import fault_tolerance, profiling, records
 from pipeline.training.views import RunView, read_view
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,8 @@ def restore_weights(model, iter_path: Path) -> None:
 
 
 # ---- callbacks ---------------------------------------------------------------------------------------------
-def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: records.ProgressLog, state: dict):
+def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: records.ProgressLog, state: dict,
+               recorder: profiling.Recorder | None = None):
     from transformers import TrainerCallback
 
     class CheckpointLayout(TrainerCallback):
@@ -297,7 +299,47 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
             progress.clock.save_end(st.global_step)
             return control
 
-    return [CheckpointLayout(), Records(), SaveAndExit(), ProgressLines(), Timeline()]
+    first = [_profile_callback(run_dir, recorder)] if recorder is not None else []
+    return first + [CheckpointLayout(), Records(), SaveAndExit(), ProgressLines(), Timeline()]
+
+
+def _profile_callback(run_dir: Path, recorder: profiling.Recorder):
+    from transformers import TrainerCallback
+
+    class Profile(TrainerCallback):
+        """torch.profiler over the profiling window (training/profiling.py): started at its first step, stopped and
+        written at its last (or at the run's end inside it), the capture recorded in events.ndjson. First in the
+        list, so the trace's export counts in the window's last step (events.ndjson), not the next one."""
+
+        def on_step_begin(self, args, st, control, **kw):
+            recorder.begin(st.global_step + 1)
+            return control
+
+        def on_pre_optimizer_step(self, args, st, control, **kw):
+            recorder.open("optimizer")
+            return control
+
+        def on_optimizer_step(self, args, st, control, **kw):
+            recorder.close("optimizer")
+            return control
+
+        def on_step_end(self, args, st, control, **kw):
+            final = st.global_step >= st.max_steps or bool(control.should_training_stop)
+            self.written(recorder.end(st.global_step, final=final), st.global_step)
+            return control
+
+        def on_train_end(self, args, st, control, **kw):
+            self.written(recorder.finish(), st.global_step)
+            return control
+
+        @staticmethod
+        def written(rec, step):
+            if rec is not None:
+                records.record_profile(run_dir, rec)
+                log.info("profiler: steps %d-%d of rank %d written to %s (%.1f s)", rec["steps"][0],
+                         rec["steps"][1], rec["rank"], rec["trace"], rec["export_seconds"])
+
+    return Profile()
 
 
 def _all_ranks_any(flag: bool) -> bool:
@@ -376,6 +418,15 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     ignored = [f"+{k}" for k in flatten(cfg.extra)]
     if ignored and rank == 0:
         log.warning("the local engine ignores keys added for Megatron Bridge: %s", ", ".join(ignored))
+    capture = profiling.Capture.for_rank(cfg.profiling, rank, run_dir, cuda=torch.cuda.is_available())
+    recorder = profiling.Recorder(capture, cuda=torch.cuda.is_available()) if capture is not None else None
+    if capture is not None:
+        memory = ""
+        if capture.memory:
+            memory = (" (memory: CUDA allocator history + profile_memory)" if capture.snapshot else
+                      " (memory: the profiler's profile_memory; CUDA's allocator history needs a GPU)")
+        log.info("profiler: rank %d records steps %d-%d with torch.profiler%s -> %s", rank, capture.first,
+                 capture.last, memory, capture.trace)
 
     progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=rank == 0)
     progress.clock.attempt()
@@ -456,7 +507,8 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         nan_step = cfg.pipeline.local.fault_inject_nan_step
 
         def compute_loss(self, model, inputs, return_outputs=False, **kw):
-            out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
+            with recorder.span("forward") if recorder is not None else contextlib.nullcontext():
+                out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
             if self.nan_step is not None and self.state.global_step + 1 >= int(self.nan_step):
                 # Fault injection for the NaN guard's tests (pipeline.local.fault_inject_nan_step).
                 out = (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
@@ -474,8 +526,18 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
                        data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                              else tokenizer.eos_token_id),
                        processing_class=tokenizer,
-                       callbacks=_callbacks(run_dir, save, spec, mode, progress, state)
+                       callbacks=_callbacks(run_dir, save, spec, mode, progress, state, recorder)
                        + fault_tolerance.callbacks(ft, cfg))
+    if recorder is not None:
+        # The backward pass as its own range: Trainer.training_step ends in accelerator.backward(loss), which no
+        # callback brackets. No range outside the window (Recorder.span).
+        backward = trainer.accelerator.backward
+
+        def ranged_backward(loss, **kw):
+            with recorder.span("backward"):
+                return backward(loss, **kw)
+
+        trainer.accelerator.backward = ranged_backward
     resume = str(layout.iter_dir(save, latest)) if latest is not None else None
     if resume:
         restore_weights(model, Path(resume))

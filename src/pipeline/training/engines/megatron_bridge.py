@@ -16,6 +16,10 @@ module adds what both engines share, so a Bridge run behaves like a local one fo
   NaN            megatron-core's own NaN/Inf check raises RuntimeError; this engine writes ``FAILED_NAN`` (which
                  stops restarts) and re-raises
   ft_launcher    NVRx fault tolerance inside Megatron (``launch_overrides``), on a real ``FaultToleranceConfig``
+  profiling      the typed ``profiling.*`` fields reach Bridge's ``ProfilingConfig``; with the torch profiler on and
+                 ``logger.tensorboard_dir`` unset, it is pointed at ``<run_dir>/tb`` so Bridge's trace
+                 (``<tensorboard_dir>/../torch_profile/rank-N.json.gz``) lands where the local engine writes its
+                 own; each profiled rank records its trace in events.ndjson at the end (training/profiling.py)
 
 Bridge's ``pretrain()`` needs CUDA. The hooks run on Bridge's real callback machinery and ``build_config`` on its
 real recipes in the Bridge harness (tests/bridge); the end of a run with stand-ins for ``pretrain()`` in
@@ -36,7 +40,7 @@ from pathlib import Path
 from pipeline import bridge
 from pipeline.checkpoint import layout
 from pipeline.config.schema import TrainingConfig
-from pipeline.training import records
+from pipeline.training import profiling, records
 from pipeline.training.views import read_view
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,45 @@ def launch_overrides(environ: Mapping[str, str]) -> list[str]:
     return []
 
 
+def profiling_overrides(cfg: TrainingConfig, run_dir: Path) -> list[str]:
+    """With the torch profiler on and no ``logger.tensorboard_dir``: ``<run_dir>/tb``, so Bridge writes the trace to
+    ``<run_dir>/torch_profile/rank-N.json.gz`` (its ``<tensorboard_dir>/../torch_profile``), where the local engine
+    writes its own; the recipes' default is ``./nemo_experiments/default/tb_logs`` in the job's working directory."""
+    if cfg.profiling.use_pytorch_profiler and not cfg.logger.tensorboard_dir:
+        return [f"logger.tensorboard_dir={Path(run_dir) / 'tb'}"]
+    return []
+
+
+def bridge_trace(container, rank: int) -> Path | None:
+    """The trace Bridge 0.6.2's torch profiler writes on this rank (``initialize_pytorch_profiler``'s handler), or
+    None when this rank does not profile (its ``should_profile_rank``: an empty list is every rank)."""
+    p = getattr(container, "profiling", None)
+    tb = getattr(getattr(container, "logger", None), "tensorboard_dir", None)
+    if p is None or not getattr(p, "use_pytorch_profiler", False) or not tb:
+        return None
+    ranks = list(getattr(p, "profile_ranks", []) or [])
+    if ranks and rank not in ranks:
+        return None
+    return Path(os.path.normpath(f"{tb}/../{profiling.TRACE_DIR}")) / f"rank-{rank}.json.gz"
+
+
+def record_bridge_trace(run_dir: Path, container, rank: int, resumed_from: int) -> dict | None:
+    """This rank's trace, once Bridge has written it, as a ``profile`` event. Bridge's schedule counts from the
+    attempt's first step, so a run resumed from iteration R records steps R + window."""
+    trace = bridge_trace(container, rank)
+    if trace is None or not trace.is_file():
+        return None
+    p = container.profiling
+    steps = profiling.window(int(p.profile_step_start), int(p.profile_step_end))
+    rec = {"rank": rank, "steps": [resumed_from + steps[0], resumed_from + steps[1]] if steps else None,
+           "trace": str(trace), "memory": None, "engine": "megatron_bridge"}
+    if getattr(p, "record_memory_history", False):
+        base, ext = os.path.splitext(str(p.memory_snapshot_path))
+        rec.update(memory="cuda_memory_history", snapshot=f"{base}_{rank}{ext}")
+    records.record_profile(run_dir, rec)
+    return rec
+
+
 class RankHooks:
     """What the suite's Bridge callback (``bridge.StepRecords``) calls on this rank: the run's timeline and
     progress lines, and the save-request watcher (when Megatron's exit-signal handler is on)."""
@@ -133,7 +176,7 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
             records.print_already_finished(iters, save)
         return 0
     container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"),
-                                    launch_overrides(os.environ))
+                                    launch_overrides(os.environ) + profiling_overrides(cfg, run_dir))
     pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
     return run_rank(run_dir, container, save=save, iters=iters, tokens_per_step=view.batch.tokens_per_iter,
                     pretrain=pretrain, rank=rank, world=world)
@@ -147,8 +190,8 @@ def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, t
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
     progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer)
     progress.clock.attempt()
+    latest = layout.latest_complete(Path(save)) if save else None
     if writer:
-        latest = layout.latest_complete(Path(save)) if save else None
         progress.start(latest or 0)  # Megatron resumes from `load` (= save): steps after it are redone
     hooks = RankHooks(run_dir, container, progress, writer)
     if hooks.watcher is None and rank == 0:
@@ -180,6 +223,7 @@ def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, t
         raise
     finally:
         hooks.stop()
+        record_bridge_trace(run_dir, container, rank, latest or 0)
     step = layout.read_tracker(Path(save)) if save else hooks.last_step
     if not writer:
         return 0
