@@ -48,8 +48,9 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-# ---- test tiers (tests/tiers.py): a required tier never skips; the summary counts every tier ----------------
+# ---- test tiers (tests/tiers.py): a required tier never skips; the summary counts every tier and its time ------
 _OUTCOMES: dict[str, tuple[tuple[str, ...], str]] = {}
+_SECONDS: dict[str, float] = {}  # per test: its set-up, call and tear-down, summed (a module fixture's build included)
 
 
 def _tiers_of(item) -> tuple[str, ...]:
@@ -88,6 +89,7 @@ def pytest_runtest_makereport(item, call):
     prev = _OUTCOMES.get(item.nodeid, (tiers, "passed"))[1]
     now = "failed" if rep.failed or prev == "failed" else "skipped" if rep.skipped else prev
     _OUTCOMES[item.nodeid] = (tiers, now)
+    _SECONDS[item.nodeid] = _SECONDS.get(item.nodeid, 0.0) + rep.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -97,9 +99,11 @@ def pytest_terminal_summary(terminalreporter):
     tr = terminalreporter
     tr.section("test tiers")
     for tier in (*TIERS, "untiered"):
-        rows = [o for t, o in _OUTCOMES.values() if (tier in t if tier != "untiered" else not t)]
+        ids = [i for i, (t, _) in _OUTCOMES.items() if (tier in t if tier != "untiered" else not t)]
+        rows = [_OUTCOMES[i][1] for i in ids]
         counts = ", ".join(f"{rows.count(o)} {o}" for o in ("passed", "failed", "skipped"))
         note = " (required)" if tier in required else ""
         if tier == "gpu" and gpu_exemption():
             note = f"; {gpu_exemption()}"
-        tr.write_line(f"tier {tier}: {counts}{note}")
+        # tests run one after another: a tier's wall time is its tests' time, the tiers' add up to pytest's
+        tr.write_line(f"tier {tier}: {counts}{note}; wall {sum(_SECONDS.get(i, 0.0) for i in ids):.1f} s")

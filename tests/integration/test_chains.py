@@ -22,13 +22,22 @@ TRAIN = ["pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml", "
          "checkpoint.save_interval=1000"]
 
 
+@pytest.mark.timeout(1800)  # a loaded machine (load 12 on 2 cores: ~14 s a step) slows it, never changes it
 def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
+    """Each chain ends itself: run A's first link, preempted, saves and its successor resumes and finishes; the
+    link that finishes a run cancels its own successor and leaves nothing queued under the run's job name. Run B
+    writes its log where --output puts it, a path with a space (cut at the space, the stop line was never found
+    and the finished run's successor ran on). The limit is 30 minutes so that the sbatch's time-limit warning
+    (USR1 300 s before it) never meets a run on a loaded machine: only the scancel here preempts (the real
+    warning has its own test, test_slurm.py::test_real_time_limit_checkpoints_requeues_and_finishes)."""
     prepare_chat(senv)
     env = {**senv, "PIPELINE_AUTO_REQUEUE": "1"}
-    a1 = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=30", "logger.wandb_exp_name=chain_a",
+    logs_b = tmp_path / "team logs"
+    logs_b.mkdir()
+    a1 = submit(env, "--nodes=1", "--time=30", *TRAIN, "train.train_iters=30", "logger.wandb_exp_name=chain_a",
                 "+pipeline.local.fault_inject_step_sleep=0.3")
-    b1 = submit(env, "--nodes=1", "--time=10", *TRAIN, "train.train_iters=60", "logger.wandb_exp_name=chain_b",
-                "+pipeline.local.fault_inject_step_sleep=0.8")
+    b1 = submit(env, "--nodes=1", "--time=30", f"--output={logs_b}/training-%j.out", *TRAIN, "train.train_iters=60",
+                "logger.wandb_exp_name=chain_b", "+pipeline.local.fault_inject_step_sleep=0.8")
     for job, name in ((a1, "chain_a"), (b1, "chain_b")):
         assert f"JobName=training-{name}" in run(["scontrol", "show", "job", job, "-o"], env=env).stdout
     _wait_for_step(tmp_path / "runs" / "chain_a", 5)
@@ -43,14 +52,19 @@ def test_two_runs_auto_requeue_chains_side_by_side(senv, tmp_path):
             break
         time.sleep(1)
     assert overlap, (job_state(env, a2), job_state(env, b1))
-    assert wait_job(env, a2) == "COMPLETED" and wait_job(env, b1) == "COMPLETED"
-    for _first, last, name, iters in ((a1, a2, "chain_a", 30), (b1, b1, "chain_b", 60)):
-        log = job_log("training", last)
+    assert wait_job(env, a2, timeout=1500) == "COMPLETED" and wait_job(env, b1, timeout=1500) == "COMPLETED"
+    logs = {"chain_a": job_log("training", a2), "chain_b": (logs_b / f"training-{b1}.out").read_text()}
+    assert "time-limit warning" not in logs["chain_b"], logs["chain_b"][-2000:]  # B finished in its first link
+    for name, iters in (("chain_a", 30), ("chain_b", 60)):
+        log = logs[name]
         assert "[after training is done]" in log and "cancelling successor" in log, log[-2000:]
         nxt = re.search(r"successor job (\d+)", log).group(1)
         assert wait_job(env, nxt) == "CANCELLED"
         assert json.loads((tmp_path / "runs" / name / "metrics_summary.json").read_text())["final_step"] == iters
-    assert "resuming from" in job_log("training", a2)
+    assert "resuming from" in logs["chain_a"]
+    time.sleep(3)
+    for name in ("chain_a", "chain_b"):  # the chain is over: no link of either run left in the queue
+        assert run(["squeue", "-h", "-n", f"training-{name}"], env=env).stdout.strip() == ""
 
 
 def test_spent_requeue_budget_ends_failed_and_says_how_to_continue(senv, tmp_path):

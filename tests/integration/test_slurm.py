@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -102,73 +101,6 @@ def _wait_for_step(run_dir: Path, step: int, timeout: float = 300):
                 return
         time.sleep(0.5)
     raise AssertionError(f"training never reached step {step}")
-
-
-def test_prelimit_signal_checkpoints_requeues_and_finishes(senv, tmp_path):
-    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
-         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
-    job = submit(senv, "--nodes=1", "--time=10", "pipeline_training_submit.sbatch", "configs/local/tiny_moe_sft.yaml",
-                 "tiny-qwen3-moe", "sft", "--disable-ft", "train.train_iters=150", "checkpoint.save_interval=1000")
-    run_dir = tmp_path / "runs" / "tiny_moe_sft"
-    _wait_for_step(run_dir, 20)
-    # exactly what --signal=B:USR1@S delivers before the time limit: USR1 to the batch shell
-    run(["scancel", "--batch", "--signal=USR1", job], env=senv, check=True)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if (run_dir / "TRAINING_DONE").exists() and job_state(senv, job) == "COMPLETED":
-            break
-        time.sleep(2)
-    log = job_log("training", job)
-    assert "requeueing job" in log
-    assert re.search(r"saved checkpoint at iteration \d+ of 150 and exited for requeue", log)
-    assert "resuming from" in log
-    summary = json.loads((run_dir / "metrics_summary.json").read_text())
-    assert summary["status"] == "completed" and summary["final_step"] == 150
-    steps = [json.loads(x)["step"] for x in (run_dir / "progress.ndjson").read_text().splitlines()]
-    assert steps[-1] == 150 and len(set(steps)) == 150  # every step logged once: resumed, not restarted
-
-
-def test_auto_requeue_chain_stops_after_completion(senv, tmp_path):
-    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
-         "--limit", "600", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
-    env = {**senv, "PIPELINE_AUTO_REQUEUE": "1"}
-    name = f"chain-{os.getpid()}"
-    first = submit(env, "--nodes=1", "--time=10", f"--job-name={name}", "pipeline_training_submit.sbatch",
-                   "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft",
-                   "train.train_iters=120", "checkpoint.save_interval=1000")
-    run_dir = tmp_path / "runs" / "tiny_moe_sft"
-    _wait_for_step(run_dir, 10)
-    run(["scancel", "--batch", "--signal=USR1", first], env=env, check=True)  # preempt the first link
-    assert wait_job(env, first) == "COMPLETED"
-    second = re.search(r"successor job (\d+)", job_log("training", first)).group(1)
-    assert wait_job(env, second) == "COMPLETED", job_log("training", second)
-    log2 = job_log("training", second)
-    assert "resuming from" in log2 and "[after training is done]" in log2
-    third = re.search(r"successor job (\d+)", log2).group(1)
-    assert "cancelling successor" in log2
-    assert wait_job(env, third) == "CANCELLED"
-    time.sleep(3)
-    assert run(["squeue", "-h", "-n", name], env=env).stdout.strip() == ""
-    assert json.loads((run_dir / "metrics_summary.json").read_text())["final_step"] == 120
-
-
-def test_auto_requeue_chain_reads_a_log_path_with_spaces(senv, tmp_path):
-    """The stop line is looked for in the job's own log, wherever --output put it: a path with a space used to be
-    cut at the space, the finished run's successor was never cancelled and ran after training had finished."""
-    run(["python", "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus", "--seq-length", "256",
-         "--limit", "200", "--quiet"], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True)
-    logs = tmp_path / "team logs"
-    logs.mkdir()
-    first = submit({**senv, "PIPELINE_AUTO_REQUEUE": "1"}, "--nodes=1", "--time=10", f"--job-name=sp-{os.getpid()}",
-                   f"--output={logs}/training-%j.out", "pipeline_training_submit.sbatch",
-                   "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft", "train.train_iters=4",
-                   "checkpoint.save_interval=1000")
-    assert wait_job(senv, first) == "COMPLETED"
-    log = (logs / f"training-{first}.out").read_text()
-    assert "[after training is done]" in log
-    successor = re.search(r"successor job (\d+)", log).group(1)
-    assert "cancelling successor" in log
-    assert wait_job(senv, successor) == "CANCELLED"
 
 
 def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, run
+from tests.tiers import TIERS
 
 LOCAL_SLURM = ROOT / "tests" / "slurm" / "local_slurm.sh"
 DEFAULT_PORTS = (16817, 17001, 17002, 17003, 17004)  # the ports the script used before it chose free ones
@@ -139,9 +140,10 @@ def test_a_required_tier_fails_where_it_would_skip(tmp_path):
     assert local.returncode == 0, local.stdout[-3000:]
     assert "test tier slurm cannot start: cannot create the cluster's base directory /dev/null/pslurm" in local.stdout
     lines = local.stdout.strip().splitlines()
-    summary = "tier slurm: 0 passed, 0 failed, 1 skipped"
-    assert summary in lines and re.match(r"=+ 1 skipped", lines[-1]), lines[-8:]
-    assert lines.index(summary) < len(lines) - 1
+    summary = [i for i, line in enumerate(lines) if re.fullmatch(r"tier slurm: 0 passed, 0 failed, 1 skipped; wall "
+                                                                  r"\d+\.\d s", line)]
+    assert summary and re.match(r"=+ 1 skipped", lines[-1]), lines[-8:]
+    assert summary[0] < len(lines) - 1
     ci = pytest_in_subprocess({**env, "CI": "true"}, test)
     assert ci.returncode == 1, ci.stdout[-3000:]
     assert "test tier slurm cannot start: cannot create the cluster's base directory" in ci.stdout
@@ -154,7 +156,8 @@ def test_a_skip_inside_a_required_tier_fails_whoever_raises_it(tmp_path):
     is exempt on a machine without a GPU, even when required, and says so."""
     case = tmp_path / "test_case.py"
     case.write_text("import pytest\n\n@pytest.mark.bridge\ndef test_x():\n    pytest.skip('wheel cache empty')\n\n"
-                    "@pytest.mark.gpu\ndef test_g():\n    pass\n\ndef test_plain():\n    pass\n")
+                    "@pytest.mark.gpu\ndef test_g():\n    pass\n\ndef test_plain():\n    import time\n"
+                    "    time.sleep(0.6)\n")
     args = ["-c", str(ROOT / "pytest.ini"), "-p", "tests.conftest", str(case)]  # the hooks, loaded as a plugin
     req = pytest_in_subprocess(no_tier_env(PIPELINE_REQUIRE_TIERS="bridge"), *args)
     assert req.returncode == 1 and "required test tier bridge skipped a test: wheel cache empty" in req.stdout
@@ -166,5 +169,9 @@ def test_a_skip_inside_a_required_tier_fails_whoever_raises_it(tmp_path):
         assert every.returncode == 0 and "1 skipped" in every.stdout, every.stdout[-2000:]
     plain = pytest_in_subprocess(no_tier_env(), *args)
     assert plain.returncode == 0 and "tier bridge: 0 passed, 0 failed, 1 skipped" in plain.stdout
+    # each tier's wall time: the seconds its tests took (test_plain sleeps 0.6 s; the tiers without tests 0.0 s)
+    walls = dict(re.findall(r"^tier (\w+): .*; wall (\d+\.\d) s$", plain.stdout, re.M))
+    assert set(walls) == {*TIERS, "untiered"}, plain.stdout[-2000:]
+    assert 0.6 <= float(walls["untiered"]) < 30 and float(walls["slurm"]) == 0.0, walls
     bad = pytest_in_subprocess(no_tier_env(PIPELINE_REQUIRE_TIERS="slurm,gpus"), *args)
     assert bad.returncode == 4 and "PIPELINE_REQUIRE_TIERS names unknown tier(s) gpus" in bad.stderr

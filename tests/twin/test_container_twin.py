@@ -71,6 +71,24 @@ def in_twin(twin, code: str | list[str], overlay: Path = OVERLAY, extra_path: st
                           timeout=timeout, input=stdin, cwd=ROOT)
 
 
+def test_a_fresh_clone_links_the_machines_twin_in_seconds(twin, tmp_path):
+    """The image stand-in is built once per machine (tests/machine_cache.sh), keyed by the lock files' hash: a
+    second checkout with the same locks links it, never installs torch and the image's packages again."""
+    clone = tmp_path / "clone"
+    (clone / "3rdparty").mkdir(parents=True)
+    for lock in ("image-packages.txt", "requirements-container.txt"):
+        shutil.copy(ROOT / "3rdparty" / lock, clone / "3rdparty" / lock)
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(HERE / "setup_env.sh")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PIPELINE_ROOT": str(clone)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "is reused" in r.stdout and "building" not in r.stdout, r.stdout
+    assert time.monotonic() - t0 < 60
+    for name in ("twin-venv", "twin-overlay"):
+        link = clone / ".cache" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / ".cache" / name).resolve(), name
+
+
 def test_megatron_imports_with_the_overlay_first(twin):
     """import megatron.core and megatron.bridge with the overlay first: the overlay's Bridge, megatron-core and
     transformers 5.12.1 shadow the image's, the image's NVRx 0.6.0 is the one megatron-core checks."""
