@@ -329,6 +329,39 @@ def test_ft_launcher_settings_reach_a_real_fault_tolerance_config(harness, tmp_p
     assert "error" not in plain and plain["container_types"]["ft"] == "NoneType"
 
 
+def test_a_continuing_phase_reaches_bridges_load_fields(harness, tmp_path):
+    """A phase continuing another's save (issue 33, init: continue): our resolved config names Bridge's own fields
+    (checkpoint.load = the previous phase's save, ckpt_step = its iteration, override_opt_param_scheduler set by the
+    launcher, load_optim / load_rng left at Bridge's True, finetune False), and the engine's per-attempt overrides
+    (load_overrides) reach the real ConfigContainer: the first attempt pins ckpt_step, a requeue once the phase's
+    own save holds a checkpoint resumes that save (load = save, ckpt_step None), never the previous phase's."""
+    from pipeline.config.schema import TrainingConfig
+    from pipeline.training.engines.megatron_bridge import load_overrides
+    from pipeline.training.records import StartPoint
+
+    prev, own = tmp_path / "pretrain" / "checkpoints", tmp_path / "cooldown" / "checkpoints"
+    cfg = our_config("nano", "sft", None, overrides=[f"checkpoint.load={prev}", "checkpoint.ckpt_step=40",
+                                                     f"checkpoint.save={own}", "train.train_iters=80"])
+    assert cfg["scheduler"]["override_opt_param_scheduler"] is True  # finalize_config: the phase's own schedule
+    typed = TrainingConfig.from_dict(cfg)
+    first = load_overrides(typed, StartPoint("continue", 40, 40, prev / "iter_0000040"))
+    again = load_overrides(typed, StartPoint("resume", 60, 40, own / "iter_0000060"))
+    assert first == ["checkpoint.ckpt_step=40"] and again == [f"checkpoint.load={own}", "checkpoint.ckpt_step=null"]
+    read_back = ["checkpoint.load", "checkpoint.ckpt_step", "checkpoint.save", "checkpoint.load_optim",
+                 "checkpoint.load_rng", "checkpoint.finetune", "scheduler.override_opt_param_scheduler",
+                 "scheduler.use_checkpoint_opt_param_scheduler", "train.train_iters"]
+    ops = [{"op": "build_config", "id": i, "cfg": cfg, "model": "nano", "mode": "sft", "extra_overrides": extra,
+            "read_back": read_back} for i, extra in (("first", first), ("requeue", again))]
+    a, b = drive(harness, ops)
+    for r in (a, b):
+        assert "error" not in r, f"{r['id']}: {r['error']} at {r['where']}\n{r.get('trace', '')}"
+    common = {"checkpoint.save": str(own), "checkpoint.load_optim": True, "checkpoint.load_rng": True,
+              "checkpoint.finetune": False, "scheduler.override_opt_param_scheduler": True,
+              "scheduler.use_checkpoint_opt_param_scheduler": False, "train.train_iters": 80}
+    assert a["extra"] == {**common, "checkpoint.load": str(prev), "checkpoint.ckpt_step": 40}
+    assert b["extra"] == {**common, "checkpoint.load": str(own), "checkpoint.ckpt_step": None}
+
+
 # ---- h: the suite's callback on Bridge's real callback machinery (issue 32, items 4 and 6) ---------------------
 def test_bridge_callback_records_iterations_one_to_n_and_the_saved_iteration(harness, tmp_path):
     """The engine's hooks behind pipeline.bridge.make_callback, fired through Bridge's real CallbackManager with real

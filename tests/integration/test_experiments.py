@@ -1,7 +1,7 @@
 """Experiments on the local Slurm: a 2 x 2 sweep from one file (status while it runs and after, a CSV row per run,
 a loss-curve PNG per run), a locked run whose override changed is refused, and a four-phase chain (pretrain ->
-cooldown from the pretrain's last checkpoint -> export -> coherence) through afterok dependencies next to a chain
-whose cooldown fails, which stops there and is named by status."""
+cooldown continuing the pretrain's last checkpoint -> export -> coherence) through afterok dependencies next to a
+chain whose cooldown fails, which stops there and is named by status."""
 
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def test_chain_through_afterok_and_a_failing_phase_stops_its_chain(senv, tmp_pat
                                 extra=", pipeline.local.fault_inject_nan_step: 1"))
     render = experiment(senv, "render", good, "--no-configs", check=True).stdout
     assert re.search(r'"--dependency=afterok:\$\{JOB_1%%;\*\}".*pipeline_training_submit\.sbatch .*'
-                     r"checkpoint\.pretrained_checkpoint=\S+pretrain/checkpoints/iter_0000040 train\.train_iters=4",
+                     r"checkpoint\.load=\S+pretrain/checkpoints checkpoint\.ckpt_step=40 train\.train_iters=44",
                      render), render
     assert re.search(r'"--dependency=afterok:\$\{JOB_2%%;\*\}" .*pipeline_checkpoint_submit\.sbatch export ', render), render
     assert not (tmp_path / "runs" / "_experiments").exists()  # render submits nothing
@@ -214,16 +214,16 @@ def test_chain_through_afterok_and_a_failing_phase_stops_its_chain(senv, tmp_pat
         assert st == "COMPLETED", (phase, log[-3000:])
     runs = tmp_path / "runs"
     cool = runs / f"chain{tag}ok.base.cooldown"
-    assert f"initialising from {runs}/chain{tag}ok.base.pretrain/checkpoints/iter_0000040" in \
+    assert f"continuing from {runs}/chain{tag}ok.base.pretrain/checkpoints/iter_0000040" in \
         job_log("training", jobs["base:cooldown"])
-    assert json.loads((cool / "metrics_summary.json").read_text())["final_step"] == 4
-    hf = cool / "checkpoints" / "iter_0000004" / "hf"
+    assert json.loads((cool / "metrics_summary.json").read_text())["final_step"] == 44
+    hf = cool / "checkpoints" / "iter_0000044" / "hf"
     assert json.loads((hf / "verification.json").read_text())["verdict"] == "PASS"
     report = json.loads((hf / "coherence" / "coherence_hf.json").read_text())
     assert report["results"][0]["summary"]["num_prompts"] == 8
     out = experiment(senv, "status", good, check=True).stdout
     assert "base: done" in out
-    assert re.search(r"^base\s+cooldown\s+\d+\s+COMPLETED\s+4/4\s+\d+\.\d{4}\s+\d+\s+4\s", out, re.M), out
+    assert re.search(r"^base\s+cooldown\s+\d+\s+COMPLETED\s+44/44\s+\d+\.\d{4}\s+\d+\s+44\s", out, re.M), out
     assert re.search(r"^base\s+coherence\s+\d+\s+COMPLETED\s.*8p empty", out, re.M), out
     png = runs / "_experiments" / f"chain{tag}ok" / "loss" / "base.png"
     assert png_size(png) == (600, 400)

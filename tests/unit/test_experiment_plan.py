@@ -1,6 +1,7 @@
 """Chain planning without Slurm: each phase's inputs come from the previous phase's planned outputs, the lines are
-chained with afterok, a dependent export/coherence runs its own submit script (its inputs checked in the job), and a named iteration
-that is never saved is refused."""
+chained with afterok, a dependent export/coherence runs its own submit script (its inputs checked in the job), a named
+iteration that is never saved is refused, and a cooldown continues the phase before it (optimizer, schedule and
+iteration count; issue 33) unless it says init: weights."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ base: {config: configs/local/tiny_moe_sft.yaml, model: tiny-qwen3-moe, mode: sft
        sbatch: ["--time=9"]}
 phases:
   - {name: pretrain, overrides: {train.train_iters: 8, checkpoint.save_interval: 4}, upload_all: [--interval, "5"]}
-  - {name: cooldown, from: pretrain, iteration: ITER, tokens: 3000}
+  - {name: cooldown, from: pretrain, iteration: ITER, tokens: 3000INIT}
   - {name: export, kind: export}
   - {name: coherence, kind: coherence, args: [--max-tokens, "8"]}
 """
@@ -29,9 +30,9 @@ def dirs(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _plan(tmp_path, iteration):
+def _plan(tmp_path, iteration, init=""):
     p = tmp_path / "c.yaml"
-    p.write_text(CHAIN.replace("ITER", str(iteration)))
+    p.write_text(CHAIN.replace("ITER", str(iteration)).replace("INIT", init))
     exp = spec.load(p, root=ROOT)
     return exp, plan_run(exp, exp.runs[0])
 
@@ -42,12 +43,17 @@ def test_chain_inputs_come_from_the_previous_phase(dirs):
     pre, cool, ride, export, coh = (rp.job(n) for n in ("pretrain", "cooldown", "pretrain.upload_all", "export",
                                                          "coherence"))
     assert pre.run_dir == runs / "c.base.pretrain" and pre.iters == 8
-    assert f"checkpoint.pretrained_checkpoint={runs}/c.base.pretrain/checkpoints/iter_0000004" in cool.args
-    assert cool.iters == 3  # ceil(3000 tokens / (4 x 256 per iteration))
-    assert cool.start_iter == 4 and cool.after == "pretrain" and cool.dep_type == "afterok"
+    # the default: the cooldown continues the pretrain's iteration 4 (Bridge's checkpoint.load + ckpt_step), its
+    # own iterations counting on from there: ceil(3000 tokens / (4 x 256 per iteration)) = 3 -> 5, 6, 7
+    assert f"checkpoint.load={runs}/c.base.pretrain/checkpoints" in cool.args
+    assert "checkpoint.ckpt_step=4" in cool.args and not any("pretrained_checkpoint" in a for a in cool.args)
+    assert cool.iters == 7 and cool.continues == 4 and cool.start_iter == 0
+    assert cool.cfg["checkpoint"]["save"] == str(runs / "c.base.cooldown" / "checkpoints")  # its own save
+    assert cool.cfg["scheduler"]["override_opt_param_scheduler"] is True  # the cooldown's schedule, not the ckpt's
+    assert cool.after == "pretrain" and cool.dep_type == "afterok"
     assert export.args[:2] == ["export", str(runs / "c.base.cooldown" / "checkpoints")]
-    assert export.args[-2:] == ["--iteration", "3"]
-    assert coh.args[0] == str(runs / "c.base.cooldown" / "checkpoints" / "iter_0000003" / "hf")
+    assert export.args[-2:] == ["--iteration", "7"]
+    assert coh.args[0] == str(runs / "c.base.cooldown" / "checkpoints" / "iter_0000007" / "hf")
     assert ride.dep_type == "after" and ride.args[0] == "upload-all" and "--poll" in ride.args
     lines = render_lines(exp, rp)
     text = "\n".join(lines)
@@ -65,3 +71,29 @@ def test_an_iteration_that_is_never_saved_is_refused(dirs):
     (problem,) = [p for p in rp.problems if p.startswith("cooldown")]
     assert "iteration 6 of phase 'pretrain' is never saved (it saves 4, 8)" in problem
     assert rp.job("export").problems  # nothing downstream of it is planned
+
+
+def test_init_weights_starts_from_the_weights_only(dirs):
+    _, rp = _plan(dirs, 4, init=", init: weights")
+    runs, cool = dirs / "runs", rp.job("cooldown")
+    assert f"checkpoint.pretrained_checkpoint={runs}/c.base.pretrain/checkpoints/iter_0000004" in cool.args
+    assert not any(a.startswith(("checkpoint.load=", "checkpoint.ckpt_step=")) for a in cool.args)
+    assert cool.iters == 3 and cool.continues is None and cool.start_iter == 4  # iterations 1..3, plotted after 4
+    assert rp.job("export").args[-2:] == ["--iteration", "3"]
+
+
+def test_a_continuing_phase_saves_and_counts_after_the_iteration_it_continues(dirs):
+    p = dirs / "c.yaml"
+    p.write_text(CHAIN.replace("iteration: ITER, tokens: 3000INIT",
+                               "iteration: 8, overrides: {train.train_iters: 16, checkpoint.save_interval: 3}"))
+    exp = spec.load(p, root=ROOT)
+    cool = plan_run(exp, exp.runs[0]).job("cooldown")
+    assert cool.saved_iterations() == [9, 12, 15, 16]  # Megatron saves when the global iteration divides
+    p.write_text(CHAIN.replace("iteration: ITER, tokens: 3000INIT", "overrides: {train.train_iters: 8}"))
+    exp = spec.load(p, root=ROOT)
+    (problem,) = [x for x in plan_run(exp, exp.runs[0]).problems if x.startswith("cooldown")]
+    assert "train.train_iters=8 is not past iteration 8 of phase 'pretrain'" in problem and "tokens:" in problem
+    for bad, says in (("init: resume", "init must be one of continue, weights"),):
+        p.write_text(CHAIN.replace("ITER", "last").replace("tokens: 3000INIT", f"tokens: 3000, {bad}"))
+        with pytest.raises(spec.UserError, match=says):
+            spec.load(p, root=ROOT)

@@ -118,8 +118,13 @@ class OptimizerConfig:
 @dataclass
 class SchedulerConfig:
     lr_warmup_iters: int | None = _f("linear warm-up steps")
-    lr_decay_iters: int | None = _f("steps the decay spans (WSD: the decay phase)")
+    lr_decay_iters: int | None = _f("iteration the decay ends at (default train_iters)")
     lr_decay_style: str | None = _f("decay shape (cosine, linear, constant, WSD, ...)")
+    lr_wsd_decay_iters: int | None = _f("WSD: iterations of the final decay (the cooldown), ending at lr_decay_iters")
+    lr_wsd_decay_style: str | None = _f("WSD: shape of the final decay (linear, cosine, minus_sqrt, exponential)")
+    override_opt_param_scheduler: bool | None = _f("a loaded checkpoint's schedule gives way to this config's "
+                                                   "(the launcher sets it when continuing another run's save)")
+    use_checkpoint_opt_param_scheduler: bool | None = _f("keep a loaded checkpoint's schedule, not this config's")
     start_weight_decay: float | None = _f("weight decay at the start of its schedule")
     end_weight_decay: float | None = _f("weight decay at the end of its schedule")
 
@@ -152,7 +157,12 @@ class DatasetConfig:
 @dataclass
 class CheckpointConfig:
     save: str | None = _f("checkpoint folder this run writes (iter_NNNNNNN + the tracker)")
-    load: str | None = _f("checkpoint folder to resume from (the launcher sets it to save for Bridge)")
+    load: str | None = _f("checkpoint folder to resume from (default: save); another run's save: continue it "
+                          "(weights, optimizer, iteration), into this run's own save")
+    ckpt_step: int | None = _f("the iteration of checkpoint.load to continue from (default: its latest)")
+    load_optim: bool | None = _f("load the optimizer state with checkpoint.load")
+    load_rng: bool | None = _f("load the RNG state with checkpoint.load")
+    finetune: bool | None = _f("load checkpoint.load's weights only (iteration 0, fresh optimizer)")
     pretrained_checkpoint: str | None = _f("weights to start from (a checkpoints/ folder, iter_ folder or HF model)")
     save_interval: int | None = _f("steps between checkpoints")
     save_optim: bool | None = _f("save the optimizer state")

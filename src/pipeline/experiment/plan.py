@@ -4,7 +4,10 @@ A training phase is the training launcher's own plan (``plan_from_args``: recipe
 directory, the preflight), so its resolved config is exactly the one the job will record. Later phases take
 their inputs from the planned outputs of the phase they start from (``from``):
 
-  train <- train      ``checkpoint.pretrained_checkpoint=<save>/iter_N`` (N: ``iteration``, default the last)
+  train <- train      init: continue (default): ``checkpoint.load=<save> checkpoint.ckpt_step=N`` (N: ``iteration``,
+                      default the last): its optimizer, scheduler and iteration count go on, ``train.train_iters``
+                      (set by ``tokens``) counting on from N, checkpoints in the phase's own save;
+                      init: weights: ``checkpoint.pretrained_checkpoint=<save>/iter_N``, iterations from 1
   export <- train     ``export <save> --iteration <its last iteration>``, published as ``<save>/iter_N/hf``
   coherence <- export ``<save>/iter_N/hf`` (or the iteration directory itself, from a training phase)
 
@@ -56,7 +59,8 @@ class Job:
     run_dir: Path | None = None
     save: Path | None = None
     iters: int | None = None
-    start_iter: int = 0          # a training phase started from iteration N of another: its steps follow N
+    start_iter: int = 0          # where this phase's logged steps sit in the run's history (the plots' offset)
+    continues: int | None = None  # a training phase continuing another's iteration N (init: continue): N
     cfg: dict | None = None
     output: Path | None = None   # export: the published hf/; coherence: the report JSON
     identity_diff: dict = field(default_factory=dict)
@@ -78,7 +82,8 @@ class Job:
         if self.iters is None:
             return []
         every = int(((self.cfg or {}).get("checkpoint") or {}).get("save_interval") or self.iters)
-        return sorted({*range(every, self.iters + 1, max(1, every)), self.iters})
+        first = self.continues or 0  # a continuing phase's iterations (and saves) count on from N
+        return sorted({*(i for i in range(every, self.iters + 1, max(1, every)) if i > first), self.iters})
 
 
 @dataclass
@@ -177,8 +182,16 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
                                 f"{', '.join(map(str, saved[:10]))}): pick one of those or change its "
                                 "checkpoint.save_interval")
             return job
-        ov["checkpoint.pretrained_checkpoint"] = str(layout.iter_dir(src.save, it))
-        job.start_iter = src.start_iter + it
+        if phase.init == "weights":
+            ov["checkpoint.pretrained_checkpoint"] = str(layout.iter_dir(src.save, it))
+            job.start_iter = src.start_iter + it
+        else:
+            if (src.cfg or {}).get("checkpoint", {}).get("save_optim") is False:
+                job.problems.append(f"init: continue needs the optimizer state, and phase {src.phase!r} saves none "
+                                    "(checkpoint.save_optim: false): use init: weights, or let it save the optimizer")
+                return job
+            ov["checkpoint.load"], ov["checkpoint.ckpt_step"] = str(src.save), it
+            job.start_iter, job.continues = src.start_iter, it
 
     def resolve(overrides: dict[str, Any]):
         words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
@@ -199,7 +212,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
             if phase.tokens is not None:
                 gbs, seq = cfg.train.global_batch_size, cfg.model.seq_length
                 if gbs and seq:  # unset or mistyped: the preflight names it
-                    ov["train.train_iters"] = max(1, math.ceil(phase.tokens / (gbs * seq)))
+                    ov["train.train_iters"] = (job.continues or 0) + max(1, math.ceil(phase.tokens / (gbs * seq)))
                     cfg, run_dir, plan, identity = resolve(ov)
     except UserError as exc:
         job.problems.append(str(exc).splitlines()[0])
@@ -207,6 +220,10 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     job.cfg, job.run_dir = cfg.to_dict(), Path(run_dir)
     job.save = Path(cfg.checkpoint.save) if cfg.checkpoint.save else None
     job.iters = cfg.train.train_iters
+    if job.continues is not None and (job.iters or 0) <= job.continues:
+        job.problems.append(f"train.train_iters={job.iters} is not past iteration {job.continues} of phase "
+                            f"{src.phase!r}, which this phase continues: train_iters counts on from there (the "
+                            "total); give the phase tokens: or a larger train.train_iters")
     job.args = [exp.base.config, exp.base.model, exp.base.mode, *_train_argv(exp, ov, name)]
     if allow_config_change:
         job.args.insert(3, "--allow-config-change")

@@ -23,9 +23,15 @@
       optimizer.min_lr: ${calc:'${optimizer.lr} / 10'}
     phases:                           # optional; default: one training phase
       - {name: pretrain, overrides: {...}, upload_all: true}
-      - {name: cooldown, from: pretrain, iteration: last, tokens: 4096, overrides: {scheduler.lr_decay_style: linear}}
+      - {name: cooldown, from: pretrain, iteration: last, tokens: 4096,   # init: continue (the default)
+         overrides: {scheduler.lr_decay_style: WSD, scheduler.lr_wsd_decay_style: linear}}
       - {name: export, kind: export, args: [--atol, "1e-2"]}
       - {name: coherence, kind: coherence, args: [--max-tokens, "8"]}
+
+A training phase from a training phase continues it by default (``init: continue``, a WSD cooldown: the
+optimizer state, LR scheduler and iteration count of the named iteration, ``train.train_iters`` and ``tokens``
+counting on from it, checkpoints in the phase's own save) or starts from its weights only (``init: weights``:
+a fresh optimizer, iterations from 1).
 
 A run's label is built from the values of its axes (``lr0.003_small``), its name is ``<experiment>.<label>``
 and each training phase trains in its own run directory named ``<experiment>.<label>[.<phase>]`` (the phase
@@ -54,7 +60,8 @@ from pipeline.common.errors import UserError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 TOP_KEYS = {"name", "description", "base", "grid", "zip", "computed", "phases"}
 BASE_KEYS = {"config", "model", "mode", "nodes", "cluster", "flags", "sbatch", "overrides"}
-PHASE_KEYS = {"name", "kind", "from", "iteration", "tokens", "overrides", "args", "sbatch", "upload_all"}
+PHASE_KEYS = {"name", "kind", "from", "iteration", "init", "tokens", "overrides", "args", "sbatch", "upload_all"}
+INITS = ("continue", "weights")  # a training phase from a training phase: go on with its run, or its weights only
 KINDS = ("train", "export", "coherence")
 # Short names of common override keys in run labels (the last dotted component otherwise).
 ABBREV = {"global_batch_size": "gbs", "micro_batch_size": "mbs", "train_iters": "iters", "seq_length": "seq",
@@ -82,6 +89,7 @@ class Phase:
     kind: str = "train"
     start: str | None = None            # ``from``: the phase whose outputs this one starts from
     iteration: int | str | None = None  # train phase from a train phase: "last" or a saved iteration
+    init: str | None = None             # train phase from a train phase: "continue" (default) or "weights"
     tokens: int | None = None           # train phase: token budget (sets train.train_iters)
     overrides: dict[str, Any] = field(default_factory=dict)
     args: tuple[str, ...] = ()          # export / coherence: extra arguments of the pipeline
@@ -453,6 +461,11 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
             raise UserError(f"{where}: iteration must be 'last' or a positive integer (got {it!r})")
         if it is not None and (kind != "train" or src is None):
             raise UserError(f"{where}: iteration names the checkpoint a training phase starts from (needs 'from')")
+        init = p.get("init", "continue" if kind == "train" and src is not None else None)
+        if init is not None and (kind != "train" or src is None):
+            raise UserError(f"{where}: init says how a training phase starts from another (needs 'from')")
+        if init is not None and init not in INITS:
+            raise UserError(f"{where}: init must be one of {', '.join(INITS)} (got {init!r})")
         tokens = p.get("tokens")
         if tokens is not None and (kind != "train" or not isinstance(tokens, int) or isinstance(tokens, bool)
                                    or tokens < 1):
@@ -465,7 +478,7 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
             raise UserError(f"{where}: overrides belong to training phases; a {kind} phase takes args")
         if kind == "train" and p.get("args"):
             raise UserError(f"{where}: a training phase takes overrides, not args")
-        out.append(Phase(name=name, kind=kind, start=start, iteration=it, tokens=tokens,
+        out.append(Phase(name=name, kind=kind, start=start, iteration=it, init=init, tokens=tokens,
                          overrides=_overrides(p.get("overrides"), f"{where}: overrides"),
                          args=_strs(p.get("args"), f"{where}: args"), sbatch=_strs(p.get("sbatch"), f"{where}: sbatch"),
                          upload_all=upload))

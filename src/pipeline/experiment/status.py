@@ -414,7 +414,8 @@ def result_row(rp: RunPlan, st: RunStatus) -> dict[str, Any]:
         "status": st.verdict,
         "final_loss": last.get("final_loss", losses[-1] if losses else None),
         "best_loss": last.get("best_loss", min(losses) if losses else None),
-        "steps": sum(int(s.get("final_step") or 0) for _, s in ran) if ran else None,
+        # a phase continuing another's iteration N (its summary's start_step) trained final_step - N steps itself
+        "steps": sum(int(s.get("final_step") or 0) - int(s.get("start_step") or 0) for _, s in ran) if ran else None,
         "tokens": sum(int(s.get("tokens") or 0) for _, s in ran) if ran else None,
         "wall_seconds": round(sum(float(s.get("train_seconds") or 0) for _, s in ran), 2) if ran else None,
         "tokens_per_second": last.get("tokens_per_second"),

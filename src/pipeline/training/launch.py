@@ -158,7 +158,9 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
 
     Megatron Bridge engine: ``train.exit_signal_handler`` is switched on (unless the config says otherwise), so
     the pre-limit request reaches Megatron's own handler, which checkpoints at the next step and exits; and
-    ``checkpoint.load`` defaults to ``checkpoint.save``, so a requeued job resumes its own run."""
+    ``checkpoint.load`` defaults to ``checkpoint.save``, so a requeued job resumes its own run. Both engines: a run
+    whose ``checkpoint.load`` is another run's save continues it (``records.start_point``) under this config's LR
+    schedule (``scheduler.override_opt_param_scheduler``, unless ``use_checkpoint_opt_param_scheduler``)."""
     ckpt, logger = cfg.checkpoint, cfg.logger
     if not spec.is_local and cfg.train.exit_signal_handler is None:
         cfg.train.exit_signal_handler = True
@@ -176,6 +178,14 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
             logger.wandb_project = os.environ.get("WANDB_PROJECT", "pipeline-local")
         if logger.wandb_save_dir is None:
             logger.wandb_save_dir = os.environ.get("WANDB_DIR") or str(paths.repo_root())
+    from pipeline.training.records import continues_from
+
+    sched = cfg.scheduler
+    if continues_from(cfg) is not None and sched.override_opt_param_scheduler is None \
+            and not sched.use_checkpoint_opt_param_scheduler:
+        # Continuing another run's save (a cooldown phase): its iteration count and optimizer go on, under this
+        # config's schedule; without the override Megatron asserts that the checkpoint's schedule equals ours.
+        sched.override_opt_param_scheduler = True
     return cfg
 
 

@@ -471,6 +471,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
             plan.problems.append(f"checkpoint.pretrained_checkpoint {pre} is neither a checkpoints/ folder ({TRACKER})"
                                  " nor a model folder (config.json)")
     plan.problems += _tracker_problems(cfg)
+    _check_continued(cfg, plan)
     if not spec.is_local and mode in ("sft", "cpt") or (not spec.is_local and peft):
         ckpt = cfg.checkpoint.pretrained_checkpoint or cfg.checkpoint.load
         if ckpt is None:
@@ -507,6 +508,25 @@ def _tracker_problems(cfg: TrainingConfig) -> list[str]:
             out.append(f"{key}: {folder / TRACKER} names iteration {n}, but {iter_dirname(n)} does not exist "
                        f"(iterations there: {have}): write one of them into it, or remove it to start afresh")
     return out
+
+
+def _check_continued(cfg: TrainingConfig, plan: Plan) -> None:
+    """A run continuing another's save (``checkpoint.load`` != ``save``): the iteration it continues is there."""
+    from pipeline.checkpoint import layout
+    from pipeline.training.records import continues_from
+
+    src, step = continues_from(cfg), cfg.checkpoint.ckpt_step
+    if src is None:
+        return
+    done = layout.complete_iterations(src)
+    if (step is None and not done) or (step is not None and step not in done):
+        what = f"iteration {step}" if step is not None else "complete checkpoint"
+        plan.problems.append(f"checkpoint.load {src} holds no {what} to continue from (complete: "
+                             f"{', '.join(map(str, done)) or 'none'}): run the phase it continues first, or fix "
+                             "checkpoint.load / checkpoint.ckpt_step")
+    elif (step or done[-1]) >= int(cfg.train.train_iters or 0):
+        plan.problems.append(f"train.train_iters={cfg.train.train_iters} is not past iteration {step or done[-1]} "
+                             f"of {src}, which this run continues: train_iters counts on from there (the total)")
 
 
 def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:

@@ -31,6 +31,7 @@ import os
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -373,10 +374,11 @@ class ProgressLog:
     first new line, and ``records()`` keeps the last line per step. Each step then appears once and the
     summary's counts agree with the file."""
 
-    def __init__(self, run_dir: Path, tokens_per_step: int, writer: bool = True):
+    def __init__(self, run_dir: Path, tokens_per_step: int, writer: bool = True, origin: int = 0):
         self.run_dir = run_dir
         self.path = run_dir / "progress.ndjson"
         self.tokens_per_step = tokens_per_step
+        self.origin = origin  # a run continuing another's iteration N counts its steps on from N (StartPoint)
         self.t0 = time.time()
         self.clock = goodput.Clock(run_dir, writer)  # the run's timeline (events.ndjson), on the writing rank
 
@@ -416,8 +418,10 @@ class ProgressLog:
             "best_loss": min(losses) if losses else None,
             "loss_decreased": (losses[-1] < losses[0]) if len(losses) >= 2 else None,
             "logged_steps": len(recs),
-            "tokens": final_step * self.tokens_per_step,
+            "tokens": (final_step - self.origin) * self.tokens_per_step,  # this run's own
         }
+        if self.origin:
+            summary["start_step"] = self.origin  # it continued another run's iteration start_step
         if train_seconds:
             summary["train_seconds"] = round(train_seconds, 2)
         # Throughput from consecutive lines of the same attempt (``time`` restarts at 0 in a resumed or requeued
@@ -542,6 +546,56 @@ def _num(v: Any) -> Any:
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return str(v)
     return v
+
+
+# ---- where a run starts (both engines) --------------------------------------------------------------------
+@dataclass(frozen=True)
+class StartPoint:
+    """Where this attempt of a run starts, decided at job start from the disk (both engines, one rule):
+
+      resume    this run's own save holds a complete checkpoint: go on from its latest (a requeue, a restart)
+      continue  ``checkpoint.load`` is another run's save (a phase continuing the one before, as a WSD cooldown
+                does): weights, optimizer, scheduler, RNG and iteration of its ``ckpt_step`` (or latest); the
+                iteration count goes on from there, checkpoints go to this run's own save
+      init      from ``pretrained_checkpoint``'s weights, or from scratch: iteration 0, a fresh optimizer
+
+    ``origin`` is the iteration the run counts on from (the continued iteration; 0 otherwise), ``iteration`` the one
+    this attempt starts after, ``path`` the iteration directory it loads (None for init)."""
+
+    kind: str
+    iteration: int = 0
+    origin: int = 0
+    path: Path | None = None
+
+
+def continues_from(cfg: TrainingConfig) -> Path | None:
+    """The other run's save this run continues (``checkpoint.load`` set, not this run's save, not ``finetune``)."""
+    ck = cfg.checkpoint
+    if not ck.load or ck.finetune or not ck.save or Path(str(ck.load)).resolve() == Path(str(ck.save)).resolve():
+        return None
+    return Path(str(ck.load))
+
+
+def start_point(cfg: TrainingConfig) -> StartPoint:
+    """This attempt's :class:`StartPoint`; a continued checkpoint that is missing or incomplete is a UserError."""
+    save = Path(str(cfg.checkpoint.save)) if cfg.checkpoint.save else None
+    src = continues_from(cfg)
+    origin = 0
+    if src is not None:
+        step = cfg.checkpoint.ckpt_step
+        it = step if step is not None else layout.latest_complete(src)
+        if it is None or it not in layout.complete_iterations(src):
+            what = f"iteration {step}" if step is not None else "complete checkpoint"
+            raise UserError(f"checkpoint.load {src} holds no {what} to continue from (complete: "
+                            f"{', '.join(map(str, layout.complete_iterations(src))) or 'none'}): run the phase it "
+                            "continues first, or fix checkpoint.load / checkpoint.ckpt_step")
+        origin = it
+    latest = layout.latest_complete(save) if save is not None else None
+    if latest is not None:
+        return StartPoint("resume", latest, origin, layout.iter_dir(save, latest))
+    if src is not None:
+        return StartPoint("continue", origin, origin, layout.iter_dir(src, origin))
+    return StartPoint("init")
 
 
 # ---- run markers and the end of a run (both engines) -----------------------------------------------------

@@ -386,7 +386,19 @@ def _scheduler(cfg: TrainingConfig) -> tuple[str, dict]:
     if style == "constant":
         return "constant_with_warmup", {}
     if style == "WSD":
-        return "warmup_stable_decay", {"num_decay_steps": cfg.scheduler.lr_decay_iters or 0}
+        # Megatron's WSD: stable until lr_decay_iters - lr_wsd_decay_iters, then the final decay (a cooldown) of
+        # lr_wsd_decay_iters ending at lr_decay_iters (default train_iters: Trainer's max_steps here)
+        sc = cfg.scheduler
+        decay = {"linear": "linear", "cosine": "cosine", "minus_sqrt": "1-sqrt"}.get(str(sc.lr_wsd_decay_style))
+        if decay is None:
+            raise UserError(f"scheduler.lr_wsd_decay_style={sc.lr_wsd_decay_style!r}: the local engine's WSD decays "
+                            "linear, cosine or minus_sqrt (Megatron's default, exponential, is not one); set it")
+        if sc.lr_decay_iters is not None and sc.lr_decay_iters != cfg.train.train_iters:
+            raise UserError(f"scheduler.lr_decay_iters={sc.lr_decay_iters} with WSD: the local engine's decay ends "
+                            f"at train.train_iters ({cfg.train.train_iters}); leave lr_decay_iters unset")
+        lr = float(cfg.optimizer.lr or 0.0)
+        return "warmup_stable_decay", {"num_decay_steps": sc.lr_wsd_decay_iters or 0, "decay_type": decay,
+                                       "min_lr_ratio": min_lr / lr if lr else 0.0}
     raise UserError(f"scheduler.lr_decay_style={style!r} is not supported by the local engine "
                     "(cosine, linear, constant, WSD)")
 
@@ -409,7 +421,8 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     transformers.set_seed(view.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
 
-    latest = layout.latest_complete(save)
+    start = records.start_point(cfg)  # resume this run's save, continue another run's, or init
+    latest = start.iteration if start.kind == "resume" else None
     if records.already_finished(run_dir, save, iters):
         if rank == 0:
             records.print_already_finished(iters, save)
@@ -428,7 +441,14 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         log.info("profiler: rank %d records steps %d-%d with torch.profiler%s -> %s", rank, capture.first,
                  capture.last, memory, capture.trace)
 
-    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=rank == 0)
+    if start.kind == "continue" and not (start.path / "optimizer.pt").exists():
+        raise UserError(f"{start.path} has no optimizer state (saved with checkpoint.save_optim=false): it cannot be "
+                        "continued; start from its weights (checkpoint.pretrained_checkpoint) instead")
+    if start.origin >= iters:
+        raise UserError(f"train.train_iters={iters} is not past iteration {start.origin} of {cfg.checkpoint.load}, "
+                        "which this run continues: train_iters counts on from there (the total)")
+    progress = records.ProgressLog(run_dir, tokens_per_step=view.batch.tokens_per_iter, writer=rank == 0,
+                                   origin=start.origin)
     progress.clock.attempt()
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
@@ -499,9 +519,9 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
     )
     if rank == 0:
-        dropped = progress.start(latest or 0)  # resuming from `latest`: the steps after it are redone
+        dropped = progress.start(start.iteration)  # resuming from it: the steps after it are redone
         if dropped:
-            log.info("progress.ndjson: %d line(s) past the resumed step %d superseded", dropped, latest or 0)
+            log.info("progress.ndjson: %d line(s) past the resumed step %d superseded", dropped, start.iteration)
 
     class _Trainer(Trainer):
         nan_step = cfg.pipeline.local.fault_inject_nan_step
@@ -517,6 +537,32 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         def _save_checkpoint(self, model, trial):
             progress.clock.save_begin()
             return super()._save_checkpoint(model, trial)
+
+        def _init_training_state(self, max_steps, *args, **kwargs):
+            out = super()._init_training_state(max_steps, *args, **kwargs)
+            # A loaded TrainerState brings its run's logging/eval/save intervals; a run continuing another (a
+            # cooldown with its own checkpoint.save_interval) keeps this config's, as Megatron does.
+            self.state.compute_steps(self.args, max_steps)
+            return out
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            # The checkpoint's moments and step count with this config's hyperparameters and schedule (Megatron's
+            # override_opt_param_scheduler, which the launcher sets for a run continuing another): torch's
+            # load_state_dict brings back the saved lr, betas, eps and weight decay, and LambdaLR its saved
+            # base_lrs, so the fresh optimizer's values (from this config) are put back after the load.
+            keys = ("initial_lr", "betas", "eps", "weight_decay")
+            fresh = [{k: g[k] for k in keys if k in g} for g in self.optimizer.param_groups]
+            super()._load_optimizer_and_scheduler(checkpoint)
+            if checkpoint is None:
+                return
+            sched = self.lr_scheduler
+            for group, values in zip(self.optimizer.param_groups, fresh):
+                group.update(values)
+            sched.base_lrs = [g.get("initial_lr", self.args.learning_rate) for g in self.optimizer.param_groups]
+            lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            sched._last_lr = lrs
 
     eval_ds = None
     if eval_interval:
@@ -538,10 +584,13 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
                 return backward(loss, **kw)
 
         trainer.accelerator.backward = ranged_backward
-    resume = str(layout.iter_dir(save, latest)) if latest is not None else None
+    resume = str(start.path) if start.path is not None else None
     if resume:
         restore_weights(model, Path(resume))
-        if rank == 0:
+        if rank == 0 and start.kind == "continue":
+            log.info("continuing from %s: its weights, optimizer, scheduler and RNG state, iterations %d..%d "
+                     "(checkpoints to %s)", resume, start.origin + 1, iters, save)
+        elif rank == 0:
             log.info("resuming from %s", resume)
     t0 = time.time()
     trainer.train(resume_from_checkpoint=resume)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from pipeline import bridge
 from pipeline.checkpoint import layout
+from pipeline.common.errors import UserError
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import profiling, records
 from pipeline.training.views import read_view
@@ -175,24 +176,45 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         if rank == 0:
             records.print_already_finished(iters, save)
         return 0
+    start = records.start_point(cfg)
+    if start.origin >= iters:
+        raise UserError(f"train.train_iters={iters} is not past iteration {start.origin} of {cfg.checkpoint.load}, "
+                        "which this run continues: train_iters counts on from there (the total)")
     container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"),
-                                    launch_overrides(os.environ) + profiling_overrides(cfg, run_dir))
+                                    [*launch_overrides(os.environ), *profiling_overrides(cfg, run_dir),
+                                     *load_overrides(cfg, start)])
     pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
     return run_rank(run_dir, container, save=save, iters=iters, tokens_per_step=view.batch.tokens_per_iter,
-                    pretrain=pretrain, rank=rank, world=world)
+                    pretrain=pretrain, rank=rank, world=world, start=start)
+
+
+def load_overrides(cfg: TrainingConfig, start: records.StartPoint) -> list[str]:
+    """What this attempt loads, in Bridge's own fields. A run continuing another's save records
+    ``checkpoint.load=<that save>`` (with ``ckpt_step``; Bridge's ``load_checkpoint`` then restores the weights,
+    optimizer, scheduler, RNG and ``train_state``, finetune off): its first attempt loads exactly the iteration
+    ``start_point`` resolved, and once its own save holds a checkpoint a requeue resumes that instead
+    (``load=save``), never the other run's iteration again. Nothing for any other run (``load`` = ``save``)."""
+    if records.continues_from(cfg) is None:
+        return []
+    if start.kind == "resume":
+        return [f"checkpoint.load={cfg.checkpoint.save}", "checkpoint.ckpt_step=null"]
+    return [f"checkpoint.ckpt_step={start.origin}"]
 
 
 def run_rank(run_dir: Path, container, *, save: str | Path | None, iters: int, tokens_per_step: int, pretrain: bool,
-             rank: int, world: int, on_step: bridge.StepHook | None = None) -> int:
+             rank: int, world: int, on_step: bridge.StepHook | None = None,
+             start: records.StartPoint | None = None) -> int:
     """This rank's Bridge training with the suite's records: the callback's hooks, ``bridge.run_training``, and
     the run's end (completed or stopped for a requeue), written by the last rank. ``on_step``: called after the
     records' own step hook (the GPU ready check's save-and-exit request, ``pipeline.training.engines.smoke``)."""
     writer = rank == world - 1  # the last rank is on the last pipeline stage, where the reduced loss lives
-    progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer)
+    progress = records.ProgressLog(run_dir, tokens_per_step=tokens_per_step, writer=writer,
+                                   origin=start.origin if start else 0)
     progress.clock.attempt()
     latest = layout.latest_complete(Path(save)) if save else None
     if writer:
-        progress.start(latest or 0)  # Megatron resumes from `load` (= save): steps after it are redone
+        # Megatron resumes from `load`: the steps after it are redone
+        progress.start(start.iteration if start else latest or 0)
     hooks = RankHooks(run_dir, container, progress, writer)
     if hooks.watcher is None and rank == 0:
         log.warning("train.exit_signal_handler is off: a time-limit warning cannot checkpoint this run")
