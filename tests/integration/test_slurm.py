@@ -160,11 +160,11 @@ def test_auto_requeue_chain_reads_a_log_path_with_spaces(senv, tmp_path):
     logs = tmp_path / "team logs"
     logs.mkdir()
     first = submit({**senv, "PIPELINE_AUTO_REQUEUE": "1"}, "--nodes=1", "--time=10", f"--job-name=sp-{os.getpid()}",
-                   f"--output={logs}/training-%j.out", "pipeline_training_submit.sbatch",
+                   f"--output={logs}/train-%j.out", "pipeline_training_submit.sbatch",
                    "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft", "train.train_iters=4",
                    "checkpoint.save_interval=1000")
     assert wait_job(senv, first) == "COMPLETED"
-    log = (logs / f"training-{first}.out").read_text()
+    log = (logs / f"train-{first}.out").read_text()
     assert "[after training is done]" in log
     successor = re.search(r"successor job (\d+)", log).group(1)
     assert "cancelling successor" in log
