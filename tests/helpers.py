@@ -15,3 +15,42 @@ def run(cmd: list[str] | str, env: dict | None = None, timeout: float = 900, che
     if check and res.returncode != 0:
         raise AssertionError(f"{cmd} exited {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}")
     return res
+
+
+def wandb_offline_runs(wandb_dir: Path) -> list[dict]:
+    """The run records (name, project, entity) of the offline W&B runs under ``wandb_dir``, read from each run's
+    ``run-*.wandb`` file (W&B's LevelDB-style log of protobuf records, parsed with wandb's own protobufs): what
+    ``wandb sync`` would upload, not what our code says it logged."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    block, runs = 32768, []
+    for f in sorted(Path(wandb_dir).rglob("offline-run-*/run-*.wandb")):
+        data, pos, records, part = f.read_bytes(), 7, [], b""  # a 7-byte file header, then 32 KiB blocks
+        while pos + 7 <= len(data):
+            left = block - pos % block
+            if left < 7:
+                pos += left
+                continue
+            _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if length == 0 and kind == 0:  # block padding
+                pos += left
+                continue
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind == 1:  # full
+                records.append(chunk)
+            elif kind == 2:  # first
+                part = chunk
+            elif kind == 3:  # middle
+                part += chunk
+            elif kind == 4:  # last
+                records.append(part + chunk)
+        for raw in records:
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            if rec.WhichOneof("record_type") == "run":
+                runs.append({"name": rec.run.display_name, "project": rec.run.project, "entity": rec.run.entity,
+                             "file": str(f)})
+                break
+    return runs

@@ -79,12 +79,13 @@ def test_the_planner_pins_are_the_venv_pins():
     assert {k: v for k, v in planner.items() if local.get(k) != v} == {}
 
 
-def test_validate_run_training_adds_the_bridge_check_and_skips_it_off_the_cluster():
+def test_validate_run_training_adds_the_bridge_and_smoke_checks_and_skips_bridge_off_the_cluster():
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "PIPELINE_RUNTIME": "venv"}
     py = str(ROOT / ".venv/bin/python")
     plain = run([py, "-m", "pipeline.env.validate", "--list"], env=env).stdout.splitlines()
     more = run([py, "-m", "pipeline.env.validate", "--list", "--run-training"], env=env).stdout.splitlines()
-    assert more[:-1] == plain and more[-1].split() == [str(len(plain) + 1), "bridge-training"]
+    assert more[:-2] == plain and [ln.split() for ln in more[-2:]] == [[str(len(plain) + 1), "bridge-training"],
+                                                                       [str(len(plain) + 2), "gpu-smoke-plan"]]
     res = run([py, "-m", "pipeline.env.validate", "--run-training", "--only", "bridge-training"], env=env)
     assert res.returncode == 0 and "[ 1/1] SKIP bridge-training: venv runtime" in res.stdout, res.stdout
     assert "validate: 0 passed, 0 failed, 1 skipped" in res.stdout

@@ -37,7 +37,10 @@ def wait_job(env, job: str, timeout: float = 600, states=("COMPLETED", "FAILED",
 
 
 def job_log(pipeline: str, job: str) -> str:
-    return (ROOT / "logs" / "slurm" / f"{pipeline}-{job}.out").read_text()
+    """The job's log where its script's --output puts it (the training job's is train-<jobid>.out, as the reference
+    tails it; every other pipeline's is <pipeline>-<jobid>.out)."""
+    name = "train" if pipeline == "training" else pipeline
+    return (ROOT / "logs" / "slurm" / f"{name}-{job}.out").read_text()
 
 
 def test_submissions_never_land_on_bad_nodes(senv):

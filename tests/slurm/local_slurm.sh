@@ -81,7 +81,7 @@ write_config() {
     i=$((i + 1))
   done
   # Job ids start at a value drawn per cluster, so a fresh cluster's jobs never append to the logs an earlier cluster's
-  # jobs left in the repository (logs/slurm/training-%j.out is opened in append mode).
+  # jobs left in the repository (logs/slurm/train-%j.out is opened in append mode).
   first_job=$(( (RANDOM * 32768 + RANDOM) % 50000000 + 1000 ))
   cat > "$CONF" <<EOC
 ClusterName=pipelinetest

@@ -133,7 +133,7 @@ def test_carry_out_runs_the_decision():
 
 
 def test_finish_reads_the_save_marker_and_the_log_then_acts(tmp_path, capsys):
-    log = tmp_path / "team logs" / "training-42.out"
+    log = tmp_path / "team logs" / "train-42.out"
     log.parent.mkdir()
     log.write_text("[after training is done] datetime: 2026-11-30 12:00:00\n")
     request = tmp_path / ".save-request-42"

@@ -52,7 +52,10 @@ def build_parser() -> Parser:
     p.add_argument("--iteration", type=int,
                    help="megatron backend: the iteration of a checkpoint root (default: latest complete)")
     p.add_argument("--output-dir", type=Path, help="default: MODEL/coherence/ for a local model")
-    p.add_argument("--wandb-project", default=os.environ.get("COHERENCE_WANDB_PROJECT", "pipeline-gen-tests"))
+    p.add_argument("--wandb-project", help="W&B project (default: COHERENCE_WANDB_PROJECT, else the cluster "
+                   "profile's coherence_wandb_project)")
+    p.add_argument("--wandb-entity", help="W&B entity (default: WANDB_ENTITY, else the cluster profile's "
+                   "wandb_entity, else the key's default)")
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--allow-empty", action="store_true", help="exit 0 even when a response is empty")
     p.add_argument("--quiet", action="store_true")

@@ -114,7 +114,15 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
     checked = [("model", m) for m in models if m and local_path(str(m))]
     if cfg.backend == "endpoint" and cfg.discovery_file is not None:
         checked.append(("discovery file", cfg.discovery_file))
-    plan.problems += invisible_paths(resolve_profile(cluster), checked)
+    profile = resolve_profile(cluster)
+    plan.problems += invisible_paths(profile, checked)
+    if not cfg.no_wandb:
+        from pipeline.coherence.run import wandb_run_name, wandb_target
+
+        project, entity = wandb_target(cfg, profile)
+        shown = entity or "(the W&B key's default)"
+        plan.notes.append(f"W&B: project {project}, entity {shown}, run "
+                          f"{wandb_run_name(cfg)}")
     return plan
 
 

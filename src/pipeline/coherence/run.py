@@ -51,7 +51,8 @@ class CoherenceRun:
     ep: int | None = None
     iteration: int | None = None
     output_dir: Path | None = None
-    wandb_project: str = field(default_factory=lambda: os.environ.get("COHERENCE_WANDB_PROJECT", "pipeline-gen-tests"))
+    wandb_project: str | None = None  # None: COHERENCE_WANDB_PROJECT, else the cluster profile's (wandb_target)
+    wandb_entity: str | None = None  # None: WANDB_ENTITY, else the cluster profile's (None: the key's default)
     no_wandb: bool = False
     allow_empty: bool = False
     quiet: bool = False
@@ -161,13 +162,72 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def log_wandb(report: dict, project: str, name: str) -> str | None:
+def wandb_target(cfg: CoherenceRun, profile=None) -> tuple[str, str | None]:
+    """(project, entity) of the coherence run in W&B: the command line's, else the environment's
+    (``COHERENCE_WANDB_PROJECT``, ``WANDB_ENTITY``: an export wins), else the cluster profile's
+    (``coherence_wandb_project``, ``wandb_entity``; decisions #60)."""
+    if profile is None:
+        from pipeline.config.cluster import resolve_profile
+
+        profile = resolve_profile()
+    project = cfg.wandb_project or os.environ.get("COHERENCE_WANDB_PROJECT") or profile.coherence_wandb_project
+    entity = cfg.wandb_entity or os.environ.get("WANDB_ENTITY") or profile.wandb_entity or None
+    return project, entity
+
+
+def _iteration_name(path: Path) -> tuple[str, str | None]:
+    """(the run's name, ``iter_NNNNNNN`` or None) of a local model: an export's ``hf/`` from its
+    ``pipeline_export.json`` (the Megatron iteration it came from), else from a ``.../<run>/[checkpoints/]iter_N[/hf]``
+    path; any other folder is its own name."""
+    from pipeline.checkpoint.plan import hub_repo_name
+
+    meta = path / "pipeline_export.json"
+    src = None
+    if meta.is_file():
+        try:
+            import json
+
+            data = json.loads(meta.read_text())
+            src = Path(data["source"]) if isinstance(data, dict) and data.get("source") else None
+        except (OSError, ValueError):
+            src = None
+    if src is None:
+        p = path.parent if path.name == "hf" else path
+        src = p if p.name.startswith("iter_") else None
+    if src is None or not src.name.startswith("iter_"):
+        return path.name, None
+    run, _, it = hub_repo_name(src.parent, src.name).rpartition("-")
+    return run, it
+
+
+def wandb_run_name(cfg: CoherenceRun) -> str:
+    """``coherence-<model>[-iter_NNNNNNN]-<backend>``: the run and iteration of a checkpoint (an export's hf/ or
+    a Megatron root at the iteration it generates from), else the model's or served id's last part; with
+    ``--compare``, ``+N`` for the other models. Never one name for every run (decisions #60)."""
+    path = Path(cfg.model)
+    resolved = None
+    if cfg.backend == "megatron" and path.exists():
+        try:
+            resolved = megatron_iteration(cfg.model, cfg.iteration)
+        except UserError:  # not complete yet (a plan of a job that waits for the training): the root's name
+            resolved = None
+    if resolved is not None:
+        model, it = _iteration_name(resolved)
+    elif cfg.backend == "hf" and path.is_dir():
+        model, it = _iteration_name(path.resolve())
+    else:
+        model, it = cfg.model.rstrip("/").rsplit("/", 1)[-1] or cfg.model, None
+    more = f"+{len(cfg.compare)}" if cfg.compare else ""
+    return "-".join(["coherence", model + more, *([it] if it else []), cfg.backend])
+
+
+def log_wandb(report: dict, project: str, name: str, entity: str | None = None) -> str | None:
     import wandb
 
     from pipeline.config.cluster import wandb_key_present
 
     mode = os.environ.get("WANDB_MODE") or ("online" if wandb_key_present() else "offline")
-    run = wandb.init(project=project, name=name, mode=mode, job_type="coherence",
+    run = wandb.init(project=project, entity=entity, name=name, mode=mode, job_type="coherence",
                      dir=os.environ.get("WANDB_DIR") or None, settings=wandb.Settings(silent=True))
     cols = ["model", "prompt", "response", "response_length", "empty", "truncated", "repetitive", "template_leak"]
     table = wandb.Table(columns=cols)
@@ -203,7 +263,8 @@ def run(cfg: CoherenceRun) -> int:
     out_dir = cfg.output_dir or default_output_dir(cfg.model)
     stem = f"coherence_{cfg.backend}"
     if not cfg.no_wandb:
-        report["wandb_dir"] = log_wandb(report, cfg.wandb_project, f"coherence-{Path(cfg.model).name}")
+        project, entity = wandb_target(cfg)
+        report["wandb_dir"] = log_wandb(report, project, wandb_run_name(cfg), entity)
     write_json(out_dir / f"{stem}.json", report)
     write_text(out_dir / f"{stem}.md", markdown(report))
     for res in results:

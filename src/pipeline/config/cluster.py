@@ -119,6 +119,9 @@ class ClusterProfile:
     hub_offline: bool = True         # no Hugging Face hub at run time (laptop, CI); false where the hub is reachable
     wandb_mode: str = "auto"         # auto: online when a W&B key exists (WANDB_API_KEY or `wandb login`'s netrc)
     wandb_entity: str | None = None  # the team's W&B entity (None: the key's default)
+    # The W&B project of coherence runs (pipeline_coherence_test.py; --wandb-project, else an exported
+    # COHERENCE_WANDB_PROJECT, wins). Read by our Python only, so it is no shell knob.
+    coherence_wandb_project: str = "pipeline-gen-tests"
 
     def __post_init__(self) -> None:
         where = f"cluster profile '{self.name}'"
@@ -171,6 +174,9 @@ class ClusterProfile:
         if self.wandb_entity is not None and (not isinstance(self.wandb_entity, str)
                                               or not re.match(r"^[A-Za-z0-9_.-]+$", self.wandb_entity)):
             raise bad("wandb_entity", "is not a W&B entity name (letters, digits, '_', '.', '-'), or null")
+        if not isinstance(self.coherence_wandb_project, str) or not re.match(r"^[A-Za-z0-9_.-]+$",
+                                                                             self.coherence_wandb_project):
+            raise bad("coherence_wandb_project", "is not a W&B project name (letters, digits, '_', '.', '-')")
         if not isinstance(self.binds, tuple) or not all(isinstance(b, str) for b in self.binds):
             raise UserError(f"{where}: binds must be a list of host paths or HOST:CONTAINER pairs")
         for b in self.binds:

@@ -284,6 +284,39 @@ def check_bridge_training() -> str:
     return f"{passed} GPU checks passed: {results} (work {work})"
 
 
+SMOKE_CONFIG = "configs/smoke/nemotron_nano_smoke_sft.yaml"
+
+
+def check_gpu_smoke_plan() -> str:
+    """validate --run-training: the project's GPU smoke run (``SMOKE_CONFIG``, 4 nodes: more than this job's node)
+    planned as its header documents it, by the training launcher's dry run (the preflight) on the selected profile
+    (the config's own, isambard_gh200, unless ``PIPELINE_CLUSTER`` names another); paths checked inside the cluster's
+    container only, where the data and the base checkpoint it reads are bound. A process of its own: the training
+    layer sits above this one."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "pipeline.cli.train", str(ROOT / SMOKE_CONFIG), "--model", "nano", "--mode", "sft",
+            "--disable-ft", "--dry-run", "--nodes", "4"]
+    if os.environ.get("PIPELINE_CLUSTER"):
+        argv += ["--cluster", os.environ["PIPELINE_CLUSTER"]]
+    if not _cluster_container():
+        argv.append("--no-path-checks")
+    with tempfile.TemporaryDirectory(prefix="smoke-plan-") as run_dir:  # a plan only: nothing is written there
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                           os.environ.get("PYTHONPATH")]))}
+        res = subprocess.run([*argv, "--run-dir", run_dir], capture_output=True, text=True, timeout=300, env=env,
+                             cwd=ROOT)
+    errors = [ln.removeprefix("error: ") for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    _require(res.returncode == 0 and "== preflight: PASS ==" in res.stdout,
+             f"{SMOKE_CONFIG}: " + ("; ".join(errors) or (res.stderr.strip().splitlines() or ["no plan"])[-1]))
+    profile = re.search(r"^cluster profile: (\S+)", res.stdout, re.M)
+    mem = re.search(r"^memory estimate: ([\d.]+ GB per GPU)", res.stdout, re.M)
+    line = next((ln for ln in res.stdout.splitlines() if " isambard_sbatch " in f" {ln}"), "")
+    return (f"{SMOKE_CONFIG} plans PASS on {profile.group(1) if profile else '?'} (4 nodes, "
+            f"{mem.group(1) if mem else 'memory not estimated'}"
+            f"{'' if _cluster_container() else ', paths not checked outside the container'}); run it with: {line}")
+
+
 def check_ft_launcher() -> str:
     import shutil
 
@@ -386,6 +419,10 @@ TRAINING_CHECKS = [
     Check("bridge-training", check_bridge_training,
           "read the failing check's log (named in the message, under its work folder); check the node "
           "(nvidia-smi), the overlay and the image; bash tests/gpu/device_check.sh runs the same checks alone"),
+    Check("gpu-smoke-plan", check_gpu_smoke_plan,
+          f"the line names the problem; plan it alone: bash {ROOT}/pipeline_training_launch.sh {SMOKE_CONFIG} "
+          "--model nano --mode sft --dry-run --nodes 4 (a missing pack: python pipeline_data_prepare.py prepare "
+          f"--config {SMOKE_CONFIG})"),
 ]
 
 
@@ -416,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], help="run only this check (repeatable)")
     parser.add_argument("--run-training", action="store_true",
                         help="add bridge-training: the GPU ready check (pipeline.env.device_check: Bridge engine "
-                        "save-and-exit and resume, export + verification, megatron generation)")
+                        "save-and-exit and resume, export + verification, megatron generation), and "
+                        "gpu-smoke-plan: the GPU smoke config's plan (configs/smoke/)")
     args = parser.parse_args(argv)
     every = CHECKS + (TRAINING_CHECKS if args.run_training else [])
     if args.list:

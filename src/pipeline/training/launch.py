@@ -26,7 +26,7 @@ from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
 from pipeline.slurm.allocation import Allocation, current, rendezvous
-from pipeline.slurm.sbatch_options import script_directives
+from pipeline.slurm.sbatch_options import directive_value, script_directives
 from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
 from pipeline.training.views import RunView, build_view
 
@@ -229,14 +229,15 @@ def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str]
     if cluster is not None:
         if os.environ.get("PIPELINE_CLUSTER") != cluster.name:
             env = [f"PIPELINE_CLUSTER={shlex.quote(cluster.name)}"]
-        opts = profile_sbatch_options(cluster, [f"--nodes={nodes}"],
-                                      script_directives(str(paths.repo_root() / "pipeline_training_submit.sbatch")))
+        script = str(paths.repo_root() / "pipeline_training_submit.sbatch")
+        opts = profile_sbatch_options(cluster, [f"--nodes={nodes}"], script_directives(script))
+        log = (directive_value(script, "--output", "-o") or "slurm-%j.out").replace("%j", "<jobid>")
         k = effective_knobs(cluster)
         note = (f"\n# isambard_sbatch adds from cluster profile {cluster.name}: {' '.join(opts) or '(nothing)'}; "
                 f"the job runs with runtime {k['PIPELINE_RUNTIME']}, image {shlex.quote(k['PIPELINE_SIF'])}, "
                 f"bad-node log {shlex.quote(os.environ.get('BAD_NODES_LOG') or k['PIPELINE_BAD_NODES_LOG'])}, "
                 f"partition {cluster.partition or '(cluster default)'}, gpus per node {cluster.gpus_per_node} "
-                "(exported variables win)")
+                f"(exported variables win); its log: {log}")
     parts = ["isambard_sbatch", f"--nodes={nodes}", "pipeline_training_submit.sbatch", config, model, mode, *flags,
              *overrides]
     return " ".join([*env, *(shlex.quote(p) for p in parts)]) + note

@@ -1,0 +1,76 @@
+"""Every shipped training config plans PASS as its own header documents it, on its own profile; the docs state the
+number of checks validate runs; the training log has the reference's name (issue 33: the GPU smoke config, names;
+decisions #60, #61)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli.train import parse_request
+from pipeline.env import validate
+from pipeline.training.launch import plan_launch
+from tests.helpers import ROOT
+
+TRAINING_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
+                          if p.parent.name not in ("cluster", "experiments"))
+
+
+def documented_plan(config: Path) -> list[str]:
+    """The `bash pipeline_training_launch.sh ... --dry-run ...` command of the config's header comment."""
+    header = " ".join(line.lstrip("#").strip() for line in config.read_text().splitlines()
+                      if line.startswith("#")).replace("\\ ", " ")
+    found = [m.group(1) for m in re.finditer(r"bash pipeline_training_launch\.sh ((?:(?!bash |\)).)*--dry-run[^)]*)", header)]
+    assert found, f"{config.relative_to(ROOT)}: its header documents no dry-run command"
+    return shlex.split(found[0])
+
+
+def test_every_training_config_is_found():
+    names = {p.relative_to(ROOT).as_posix() for p in TRAINING_CONFIGS}
+    assert {"configs/smoke/nemotron_nano_smoke_sft.yaml", "configs/quickstart/nemotron_nano_quickstart_sft.yaml",
+            "configs/quickstart/nemotron_super_quickstart_sft.yaml", "configs/local/tiny_moe_sft.yaml"} <= names
+
+
+@pytest.mark.parametrize("config", TRAINING_CONFIGS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_each_config_plans_pass_as_its_header_documents(config, tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_CLUSTER", raising=False)  # the config's own profile (pipeline.cluster)
+    argv = documented_plan(config)
+    assert (ROOT / argv[0]).resolve() == config.resolve()
+    req, dry_run = parse_request([str(ROOT / argv[0]), *argv[1:], "--run-dir", str(tmp_path / "run")])
+    assert dry_run
+    plan = plan_launch(req)
+    assert plan.preflight.ok, (config.name, plan.cluster.name, plan.preflight.problems)
+
+
+def test_the_gpu_smoke_config_fits_and_validate_plans_it(monkeypatch):
+    """The smoke run of decisions #25 (Nano, seq 4096) was refused by the preflight: packs of 32768 against seq 4096,
+    and 160 GB per GPU on one node. Its config now passes on its 4 nodes, and `validate --run-training` plans it."""
+    monkeypatch.delenv("PIPELINE_CLUSTER", raising=False)
+    assert "gpu-smoke-plan" in [c.name for c in validate.TRAINING_CHECKS]
+    detail = validate.check_gpu_smoke_plan()
+    assert detail.startswith(f"{validate.SMOKE_CONFIG} plans PASS on isambard_gh200 (4 nodes, ")
+    assert "isambard_sbatch --nodes=4 pipeline_training_submit.sbatch" in detail
+    gb = float(re.search(r"([\d.]+) GB per GPU", detail).group(1))
+    assert gb <= 95
+
+
+def test_the_docs_state_the_number_of_checks_validate_runs():
+    base, full = len(validate.CHECKS), len(validate.CHECKS) + len(validate.TRAINING_CHECKS)
+    readme = (ROOT / "README.md").read_text()
+    stated = re.findall(r"(\d+) (?:numbered validation )?checks(?: \((\d+) with --run-training\))?", readme)
+    assert stated, "README states no check count"
+    for n, with_training in stated:
+        assert int(n) == base, f"README says {n} checks; validate has {base}"
+        assert not with_training or int(with_training) == full, f"README says {with_training}; validate has {full}"
+    assert f"{base} numbered validation checks ({full} with --run-training)" in readme
+
+
+def test_the_training_log_has_the_references_name():
+    from pipeline.cli.sbatch import log_path
+
+    script = str(ROOT / "pipeline_training_submit.sbatch")
+    assert log_path([], script, "123", None).name == "train-123.out"  # the reference: logs/slurm/train-<jobid>.out
+    assert "tail -f logs/slurm/train-<jobid>.out" in (ROOT / "README.md").read_text()
