@@ -15,8 +15,9 @@ from pipeline.env import validate
 from pipeline.training.launch import plan_launch
 from tests.helpers import ROOT
 
+# every training config (cluster profiles, experiment files and the evaluation harness's task definitions are not)
 TRAINING_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
-                          if p.parent.name not in ("cluster", "experiments"))
+                          if p.relative_to(ROOT / "configs").parts[0] not in ("cluster", "experiments", "eval"))
 
 
 def documented_plan(config: Path) -> list[str]:

@@ -9,7 +9,8 @@ import pytest
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
 from pipeline.config.schema import TrainingConfig
-from pipeline.training.records import continues_from, start_point
+from pipeline.training.preflight import continues_from
+from pipeline.training.records import start_point
 
 
 def _save_iteration(save, it, tmp_path):

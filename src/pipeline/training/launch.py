@@ -178,7 +178,7 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
             logger.wandb_project = os.environ.get("WANDB_PROJECT", "pipeline-local")
         if logger.wandb_save_dir is None:
             logger.wandb_save_dir = os.environ.get("WANDB_DIR") or str(paths.repo_root())
-    from pipeline.training.records import continues_from
+    from pipeline.training.preflight import continues_from
 
     sched = cfg.scheduler
     if continues_from(cfg) is not None and sched.override_opt_param_scheduler is None \

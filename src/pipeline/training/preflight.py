@@ -510,11 +510,17 @@ def _tracker_problems(cfg: TrainingConfig) -> list[str]:
     return out
 
 
+def continues_from(cfg: TrainingConfig) -> Path | None:
+    """The other run's save this run continues (``checkpoint.load`` set, not this run's save, not ``finetune``)."""
+    ck = cfg.checkpoint
+    if not ck.load or ck.finetune or not ck.save or Path(str(ck.load)).resolve() == Path(str(ck.save)).resolve():
+        return None
+    return Path(str(ck.load))
+
+
 def _check_continued(cfg: TrainingConfig, plan: Plan) -> None:
     """A run continuing another's save (``checkpoint.load`` != ``save``): the iteration it continues is there."""
     from pipeline.checkpoint import layout
-    from pipeline.training.records import continues_from
-
     src, step = continues_from(cfg), cfg.checkpoint.ckpt_step
     if src is None:
         return

@@ -568,17 +568,11 @@ class StartPoint:
     path: Path | None = None
 
 
-def continues_from(cfg: TrainingConfig) -> Path | None:
-    """The other run's save this run continues (``checkpoint.load`` set, not this run's save, not ``finetune``)."""
-    ck = cfg.checkpoint
-    if not ck.load or ck.finetune or not ck.save or Path(str(ck.load)).resolve() == Path(str(ck.save)).resolve():
-        return None
-    return Path(str(ck.load))
-
-
 def start_point(cfg: TrainingConfig) -> StartPoint:
     """This attempt's :class:`StartPoint`; a continued checkpoint that is missing or incomplete is a UserError."""
     save = Path(str(cfg.checkpoint.save)) if cfg.checkpoint.save else None
+    from pipeline.training.preflight import continues_from
+
     src = continues_from(cfg)
     origin = 0
     if src is not None:

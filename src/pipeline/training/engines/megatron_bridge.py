@@ -41,7 +41,7 @@ from pipeline import bridge
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
 from pipeline.config.schema import TrainingConfig
-from pipeline.training import profiling, records
+from pipeline.training import preflight, profiling, records
 from pipeline.training.views import read_view
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def load_overrides(cfg: TrainingConfig, start: records.StartPoint) -> list[str]:
     optimizer, scheduler, RNG and ``train_state``, finetune off): its first attempt loads exactly the iteration
     ``start_point`` resolved, and once its own save holds a checkpoint a requeue resumes that instead
     (``load=save``), never the other run's iteration again. Nothing for any other run (``load`` = ``save``)."""
-    if records.continues_from(cfg) is None:
+    if preflight.continues_from(cfg) is None:
         return []
     if start.kind == "resume":
         return [f"checkpoint.load={cfg.checkpoint.save}", "checkpoint.ckpt_step=null"]
