@@ -4,8 +4,10 @@
 #
 #   bash tests/bridge/setup_env.sh          # idempotent: does nothing when the pins are unchanged
 #
-# Venv: $PIPELINE_ROOT/.cache/bridge-venv (PIPELINE_ROOT defaults to the repository root). The venv is
-# keyed by a hash of this script and of requirements.txt + megatron.txt: any change of pins rebuilds it.
+# Venv: $PIPELINE_ROOT/.cache/bridge-venv (PIPELINE_ROOT defaults to the repository root), a link to the venv
+# built once per machine (tests/machine_cache.sh; PIPELINE_MACHINE_CACHE=off builds it in the checkout) and keyed
+# by a hash of this script, requirements.txt + megatron.txt and the Python's version: any change of pins builds a
+# new one; a fresh clone with unchanged pins links the machine's in a second.
 # Why 3.11 and not 3.12 (which Bridge declares): on these machines only the 3.11 CPU torch wheel is
 # local; 3.12 would download the 5 GB CUDA build. Bridge's only 3.12 feature on the imported paths is
 # typing.override, which the harness shim backports (tests/bridge/shim/sitecustomize.py).
@@ -19,33 +21,42 @@ STAMP="$VENV/.harness-pins"
 
 say() { echo "[bridge-harness setup] $*"; }
 
-KEY="$(cat "$HERE/setup_env.sh" "$HERE/requirements.txt" "$HERE/megatron.txt" | sha256sum | cut -c1-16)"
+command -v "$PYTHON" >/dev/null || { say "ERROR: $PYTHON not found"; exit 3; }
+KEY="$({ cat "$HERE/setup_env.sh" "$HERE/../machine_cache.sh" "$HERE/requirements.txt" "$HERE/megatron.txt"; \
+  "$PYTHON" --version; } | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/python" ]]; then
     say "venv $VENV is up to date (pins $KEY); nothing to do"
     exit 0
 fi
 
-command -v "$PYTHON" >/dev/null || { say "ERROR: $PYTHON not found"; exit 3; }
-say "building $VENV with $("$PYTHON" --version 2>&1) (pins $KEY)"
-rm -rf "$VENV"
-mkdir -p "$(dirname "$VENV")"
-"$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
-# The CPU torch wheel for 3.11 is on local disk (PIP_FIND_LINKS on these machines; /opt/wheels if unset).
-if [[ -z "${PIP_FIND_LINKS:-}" && -d /opt/wheels ]]; then PIP+=(--find-links /opt/wheels); fi
+build_harness() {
+    local VENV="$1/venv"
+    say "building $VENV with $("$PYTHON" --version 2>&1) (pins $KEY)"
+    "$PYTHON" -m venv "$VENV"
+    PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+    # The CPU torch wheel for 3.11 is on local disk (PIP_FIND_LINKS on these machines; /opt/wheels if unset).
+    if [[ -z "${PIP_FIND_LINKS:-}" && -d /opt/wheels ]]; then PIP+=(--find-links /opt/wheels); fi
 
-t0=$SECONDS
-say "pip install --no-deps -r requirements.txt ($(grep -c '==' "$HERE/requirements.txt") pinned packages)"
-"${PIP[@]}" --no-deps -r "$HERE/requirements.txt" 2>&1 | grep -v "is ignored: it is neither" || true
-"$VENV/bin/python" -c "import torch, transformers; print('[bridge-harness setup] torch', torch.__version__, 'transformers', transformers.__version__)"
+    t0=$SECONDS
+    say "pip install --no-deps -r requirements.txt ($(grep -c '==' "$HERE/requirements.txt") pinned packages)"
+    "${PIP[@]}" --no-deps -r "$HERE/requirements.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+    "$VENV/bin/python" -c "import torch, transformers; print('[bridge-harness setup] torch', torch.__version__, 'transformers', transformers.__version__)"
 
-MEG="$VENV/megatron-site"
-say "pip install --target $MEG (Python 3.12 wheels, --no-deps --ignore-requires-python): $(grep -v '^#' "$HERE/megatron.txt" | xargs)"
-"${PIP[@]}" --no-deps --ignore-requires-python --python-version 3.12 --only-binary=:all: \
-    --target "$MEG" -r "$HERE/megatron.txt" 2>&1 | grep -v "is ignored: it is neither" || true
-SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "$MEG" > "$SITE/megatron-harness.pth"
-{ test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core"; } || { say "ERROR: megatron not installed in $MEG"; exit 1; }
+    MEG="$VENV/megatron-site"
+    say "pip install --target $MEG (Python 3.12 wheels, --no-deps --ignore-requires-python): $(grep -v '^#' "$HERE/megatron.txt" | xargs)"
+    "${PIP[@]}" --no-deps --ignore-requires-python --python-version 3.12 --only-binary=:all: \
+        --target "$MEG" -r "$HERE/megatron.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+    SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "$MEG" > "$SITE/megatron-harness.pth"
+    { test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core"; } || { say "ERROR: megatron not installed in $MEG"; exit 1; }
 
-echo "$KEY" > "$STAMP"
-say "done in $((SECONDS - t0)) s"
+    echo "$KEY" > "$VENV/.harness-pins"
+    say "done in $((SECONDS - t0)) s"
+}
+
+# shellcheck source=../machine_cache.sh
+source "$HERE/../machine_cache.sh"
+machine_cache_build bridge-venv "$KEY" build_harness "$ROOT/.cache"
+[[ "$CACHE_BUILT" == 1 ]] || say "the machine's harness venv $CACHE_ENTRY (pins $KEY) is reused"
+link_atomically "$CACHE_ENTRY/venv" "$VENV"
+say "$VENV links to $CACHE_ENTRY/venv"

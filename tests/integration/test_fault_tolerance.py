@@ -20,11 +20,21 @@ ARGS = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode"
 ITERS = 40
 
 
-@pytest.fixture
-def data(pipeline_env):
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """The packed chat data, prepared once for the module: every run here only reads it (prepare is deterministic,
+    so this is the data each test prepared for itself before)."""
+    base = tmp_path_factory.mktemp("prepared")
     run([str(ROOT / ".venv/bin/python"), "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus",
-         "--seq-length", "256", "--limit", "600", "--quiet"], env=pipeline_env, check=True)
-    return pipeline_env
+         "--seq-length", "256", "--limit", "600", "--quiet"],
+        env={**os.environ, "PIPELINE_ROOT": str(ROOT), "PIPELINE_DATA_ROOT": str(base / "data")}, check=True)
+    return base / "data"
+
+
+@pytest.fixture
+def data(pipeline_env, prepared, monkeypatch):
+    monkeypatch.setenv("PIPELINE_DATA_ROOT", str(prepared))
+    return {**pipeline_env, "PIPELINE_DATA_ROOT": str(prepared)}
 
 
 def worker_pids(run_dir: Path) -> list[int]:
@@ -66,15 +76,12 @@ def kill_and_resume(data, ft_dir: Path, *extra: str) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run, once for the module (the same prepared data as each test's: prepare is
-    deterministic)."""
+def reference(tmp_path_factory, prepared):
+    """The uninterrupted run, once for the module, on the module's prepared data."""
     base = tmp_path_factory.mktemp("reference")
-    env = {**os.environ, "PIPELINE_ROOT": str(ROOT), "PIPELINE_DATA_ROOT": str(base / "data"),
+    env = {**os.environ, "PIPELINE_ROOT": str(ROOT), "PIPELINE_DATA_ROOT": str(prepared),
            "PIPELINE_RUNS_DIR": str(base / "runs"), "WANDB_DIR": str(base / "wandb"), "WANDB_MODE": "offline",
            "HF_HUB_OFFLINE": "1", "PIPELINE_BAD_NODES_LOG": str(base / "bad_nodes.log")}
-    run([str(ROOT / ".venv/bin/python"), "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus",
-         "--seq-length", "256", "--limit", "600", "--quiet"], env=env, check=True)
     run(["bash", "pipeline_training_launch.sh", *ARGS, "--run-dir", str(base / "ref")], env=env, check=True)
     return base / "ref"
 
