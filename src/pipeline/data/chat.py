@@ -173,7 +173,49 @@ def template_matches_transformers(chat_template: str, special: dict, messages: l
     (``render_jinja_template``, what ``apply_chat_template(tokenize=False)`` calls) with the same special tokens.
     None when both refuse the conversation (the template does not take that shape: no evidence either way); a
     refusal by one of the two only is a mismatch. Imports only ``transformers.utils.chat_template_utils`` (~0.6 s,
-    no torch); run in a worker."""
+    no torch); run in a worker. The verdict is a function of its inputs, this module and the transformers and jinja2
+    versions: it is kept per machine under ``<cache_dir>/template_checks/`` keyed by their hash, so a later run on
+    the same template and versions skips the import (issue 36: it was ~4% of the stage's time at 2 workers)."""
+    key = _check_key(chat_template, special, messages)
+    path = key and _check_path(key)
+    if path is not None:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))["matches"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    verdict = _template_matches_transformers(chat_template, special, messages)
+    if path is not None:
+        try:
+            from pipeline.common.io import write_json
+
+            write_json(path, {"matches": verdict})
+        except OSError:  # a read-only cache: checked again next time
+            pass
+    return verdict
+
+
+def _check_key(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> str | None:
+    from importlib import metadata
+
+    try:
+        versions = [metadata.version("transformers"), metadata.version("jinja2")]
+        code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    blob = json.dumps([chat_template, special, messages, versions, code], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check_path(key: str) -> Path | None:
+    from pipeline.common.paths import cache_dir
+
+    try:
+        return cache_dir() / "template_checks" / f"{key}.json"
+    except (OSError, ValueError):
+        return None
+
+
+def _template_matches_transformers(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> bool | None:
     from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
     errors = template_errors()
@@ -277,6 +319,7 @@ class ChatEncoder:
         self.eos_id = eos_id if eos_id is not None else getattr(hf, "eos_token_id", None)
         self._special_texts: list[str] | None = None
         self._reply_blind: bool | None = None
+        self._special_firsts: str | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer, check: list[dict] | None = None, name: str | None = None) -> ChatEncoder:
@@ -369,8 +412,16 @@ class ChatEncoder:
         """Whether a message's content holds a special token's text: the tokenizer would turn it into the real
         control token (a ``<|im_end|>`` typed in a reply ends the turn early, and is trained on)."""
         texts = self.special_texts()
-        return bool(texts) and any(isinstance(m.get("content"), str) and any(t in m["content"] for t in texts)
-                                   for m in messages)
+        if not texts:
+            return False
+        contents = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+        if self._special_firsts is None:
+            self._special_firsts = "".join(sorted({t[0] for t in texts}))
+        # one search of the joined contents per first character (one, "<", for most tokenizers), then the texts
+        joined = "\x00".join(contents)
+        if not any(c in joined for c in self._special_firsts):
+            return False
+        return any(t in c for c in contents for t in texts)
 
     def encode(self, conversations: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
         """(flat int32 token ids, flat int8 unrolled loss mask, int64 per-conversation lengths, drops).
