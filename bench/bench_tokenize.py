@@ -1,6 +1,6 @@
 """The tokenize stage of ``prepare`` at 1..N worker processes vs the tokenizer's own render + encode at 1..N threads.
 
-    python bench/bench_tokenize.py [--conversations 20000] [--repeats 3] [--max-workers N]
+    python bench/bench_tokenize.py [--conversations 20000] [--repeats 3] [--min-workers 1] [--max-workers N]
 
 Both sides see the same conversations: chatterbot-corpus conversations joined deterministically into longer
 ones (3 exchanges, each turn joining 6 corpus turns; 20,000 of them are ~10.4 M tokens, ~520 per conversation).
@@ -89,13 +89,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--conversations", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--min-workers", type=int, default=1, help="the smallest k measured (a fit needs two)")
     p.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), Path(args.child[2]))))
         return
-    ks = list(range(1, args.max_workers + 1))
+    ks = list(range(args.min_workers, args.max_workers + 1))
     tmp = Path(tempfile.mkdtemp(prefix="bench_tok_"))
     try:
         convs = synth(args.conversations)
@@ -142,8 +143,15 @@ def main() -> None:
         tt, ts = med(f"tokenizer{k}"), med(f"stage{k}")
         print(f"| {k} | {med(f'tokenizer{k}', 'render'):.2f} | {med(f'tokenizer{k}', 'encode'):.2f} | {tt:.2f} | "
               f"{ts:.2f} | {tt / ts:.0%} |")
-    s_tok, p_tok = fit(ks, [med(f"tokenizer{k}") for k in ks])
-    s_stage, p_stage = fit(ks, [med(f"stage{k}") for k in ks])
+    if args.repeats > 1:
+        print(f"\nper repeat, k = {ks[-1]} (stage, then prepare, vs the tokenizer of the same repeat): " + ", ".join(
+            f"{t['total'] / s['total']:.0%} / {t['total'] / p['total']:.0%}" for t, s, p in
+            zip(times[f"tokenizer{ks[-1]}"], times[f"stage{ks[-1]}"], times["prepare"], strict=True)))
+    if len(ks) < 2:
+        s_tok = p_tok = s_stage = p_stage = float("nan")
+    else:
+        s_tok, p_tok = fit(ks, [med(f"tokenizer{k}") for k in ks])
+        s_stage, p_stage = fit(ks, [med(f"stage{k}") for k in ks])
     print(f"\nfitted T(k) = serial + parallel/k: tokenizer serial {s_tok:.2f} s + parallel {p_tok:.2f} s; "
           f"stage serial {s_stage:.2f} s + parallel {p_stage:.2f} s; the tokenizer's rendering alone {render:.2f} s "
           f"-> stage serial / tokenizer rendering = {s_stage / render:.2f}")

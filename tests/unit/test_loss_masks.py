@@ -122,3 +122,104 @@ def test_multiple_choice_through_prepare_and_the_packed_parquet(tmp_path, tokeni
             replies.append(tokenizer.decode([seg[j + 1] for j in range(len(seg) - 1) if m[j]]))
     assert len(replies) == 60
     assert sorted(replies) == sorted(f"{letters[i % len(letters)]}<|im_end|>" for i in range(60))
+
+
+# ---- one render per conversation for a reply-blind template (issue 36) -------------------------------------------
+def _encoder(tokenizer, chat_template=None):
+    from pipeline.data.chat import ChatEncoder, compile_template
+
+    if chat_template is None:
+        return ChatEncoder.from_tokenizer(tokenizer, conversation("x")["messages"])
+    return ChatEncoder(tokenizer.backend_tokenizer, compile_template(chat_template), tokenizer.special_tokens_map,
+                       tokenizer.eos_token, chat_template=chat_template)
+
+
+def _two_renders(enc, msgs):
+    return locate_spans(enc.render_text(msgs), msgs, enc.eos, enc.render_text)
+
+
+def _hostile_conversations():
+    from pipeline.data.chat import BLIND_PROBE_REPLIES
+
+    replies = HOSTILE_REPLIES + BLIND_PROBE_REPLIES + ["\ue0000\ue001", "\ue000", "x\ue001", "\t tab \t", "\n\nq"]
+    convs = [conversation(r) for r in replies]
+    convs += [{"messages": [{"role": "system", "content": "S."}, {"role": "user", "content": r},
+                            {"role": "assistant", "content": r}, {"role": "user", "content": "again"},
+                            {"role": "assistant", "content": replies[(i + 3) % len(replies)]}]}
+              for i, r in enumerate(replies)]
+    convs.append({"messages": [{"role": "user", "content": "only a question"}]})
+    convs.append({"messages": [{"role": "user", "content": "\ue000"}, {"role": "assistant", "content": "a"}]})
+    return convs
+
+
+def test_smollm2_renders_once_and_locates_what_two_renders_locate(tokenizer, monkeypatch):
+    """SmolLM2's template never inspects a reply: the real render is the marker render with the replies put back, so
+    one render gives the text and spans two gave, on every hostile reply (template syntax, whitespace at the ends,
+    empty, marker characters, special-token text); the encoded ids and masks are the same arrays."""
+    enc = _encoder(tokenizer)
+    assert enc.reply_blind()
+    calls = []
+    render_text = enc.render_text
+    monkeypatch.setattr(enc, "render_text", lambda m: calls.append(1) or render_text(m))
+    convs = _hostile_conversations()
+    for conv in convs:
+        msgs = conv["messages"]
+        calls.clear()
+        one = enc.render(msgs)
+        renders = len(calls)
+        assert one == _two_renders(enc, msgs), msgs
+        held = any("\ue000" in m["content"] or "\ue001" in m["content"] for m in msgs)  # marker characters
+        assert renders == 1 or held or not any(m["role"] == "assistant" for m in msgs), msgs
+    fast = enc.encode(convs)
+    two = _encoder(tokenizer)
+    two._reply_blind = False
+    slow = two.encode(convs)
+    for a, b in zip(fast[:3], slow[:3], strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert fast[3] == slow[3] and fast[3]["template_mismatch"] >= 4  # the marker-holding conversations
+
+
+SMOL_TURN = "{{'<|im_start|>' + message['role'] + '\n' + CONTENT + '<|im_end|>' + '\n'}}"
+
+
+@pytest.mark.parametrize("content, why", [
+    ("message['content'] | trim", "a filter on the reply"),
+    ("(message['content'] if message['content'] else 'empty')", "a condition on the reply"),
+    ("message.get('content')", "content read by a method"),
+    ("message['content'].split('</think>')[-1]", "reasoning dropped"),
+], ids=lambda x: x if " " in x else None)
+def test_a_template_that_inspects_replies_keeps_two_renders(tokenizer, content, why):
+    tpl = "{% for message in messages %}" + SMOL_TURN.replace("CONTENT", content) + "{% endfor %}"
+    enc = _encoder(tokenizer, tpl)
+    assert not enc.reply_blind(), why
+    for conv in _hostile_conversations():
+        assert enc.render(conv["messages"]) == _two_renders(enc, conv["messages"])
+
+
+def test_the_probes_catch_what_the_syntax_tree_hides(tokenizer):
+    """No read of a ``content`` field, yet the render depends on the reply's length: the probes see it."""
+    from pipeline.data.chat import _content_only_output
+
+    tpl = ("{% for message in messages %}" + SMOL_TURN.replace("CONTENT", "message['content']")
+           + "{{ (message | tojson | length) % 2 }}{% endfor %}")
+    assert _content_only_output(tpl)
+    enc = _encoder(tokenizer, tpl)
+    assert not enc.reply_blind()
+    for conv in _hostile_conversations():
+        assert enc.render(conv["messages"]) == _two_renders(enc, conv["messages"])
+
+
+def test_prepare_is_byte_identical_with_one_render_and_with_two(tmp_path, monkeypatch):
+    """The quickstart data through prepare: the same tokenized chunks, packed Parquet and metadata whether the
+    template is rendered once (reply-blind, the default for SmolLM2) or twice per conversation."""
+    pats = ["tokenized/*/*/chunk_*.parquet", "packed/*/*.parquet", "packed/*/*_metadata.jsonl"]
+
+    def run(root):
+        prepare(PrepareOptions(dataset="chatterbot-corpus", dataset_root=root, seq_length=256, quiet=True, workers=1))
+        return {str(p.relative_to(root)): p.read_bytes() for pat in pats for p in sorted(root.glob(pat))}
+
+    once = run(tmp_path / "once")
+    monkeypatch.setattr("pipeline.data.chat._REPLY_BLIND", {})
+    monkeypatch.setattr("pipeline.data.chat.reply_blind", lambda *a: False)
+    twice = run(tmp_path / "twice")
+    assert len(once) >= 3 and once == twice

@@ -234,3 +234,21 @@ def test_a_worker_count_above_the_usable_cpus_is_capped(caplog):
         assert wk.resolve_workers(1000) == cpus
     assert f"--workers 1000 is more than the {cpus} usable CPU(s) of this process; using {cpus}" in caplog.text
     assert wk.resolve_workers(1) == 1
+
+
+def test_the_template_check_verdict_is_kept_per_machine(tmp_path, monkeypatch, tokenizer):
+    """The check imports transformers once per template and versions; later runs read the verdict by its hash, and a
+    changed input (here the special tokens) is checked again (issue 36)."""
+    from pipeline.data import chat
+
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path))
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    special = tokenizer.special_tokens_map
+    assert chat.template_matches_transformers(tokenizer.chat_template, special, msgs) is True
+    [kept] = (tmp_path / "template_checks").glob("*.json")
+    assert json.loads(kept.read_text()) == {"matches": True}
+    calls = []
+    monkeypatch.setattr(chat, "_template_matches_transformers", lambda *a: calls.append(a) or False)
+    assert chat.template_matches_transformers(tokenizer.chat_template, special, msgs) is True and calls == []
+    assert chat.template_matches_transformers(tokenizer.chat_template, {**special, "eos_token": "x"}, msgs) is False
+    assert len(calls) == 1

@@ -1,15 +1,20 @@
 """Chat template rendering and assistant-only loss masks.
 
-Each conversation is rendered once with the tokenizer's own chat template. The character spans of
-the assistant turns (their content plus the end-of-turn token that follows, so the model learns to
-stop) are located in the rendered text; the whole batch is then tokenised in one call of the fast
-tokenizer with offset mapping, and a token gets loss when it starts inside an assistant span.
+The character spans of the assistant turns (their content plus the end-of-turn token that follows, so the model
+learns to stop) are located by the template's structure: the conversation is rendered with each reply replaced by a
+marker (:func:`locate_spans`). For a template that never inspects a reply's text (:func:`reply_blind`, decided once
+per template) the real text is that render with the replies put back, one render per conversation
+(:func:`substitute_spans`); otherwise the conversation is rendered a second time, as it is. The batch is then
+tokenised in one call of the fast tokenizer with offset mapping, and a token gets loss when it starts inside an
+assistant span.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,7 +94,6 @@ def compile_template(chat_template: str):
     costs ~0.6 s per process; jinja2 alone a few milliseconds. Whether the result renders what
     ``apply_chat_template`` renders is checked once per run (:func:`template_matches_transformers`)."""
     import datetime
-    import json
 
     import jinja2
     import jinja2.ext
@@ -169,7 +173,49 @@ def template_matches_transformers(chat_template: str, special: dict, messages: l
     (``render_jinja_template``, what ``apply_chat_template(tokenize=False)`` calls) with the same special tokens.
     None when both refuse the conversation (the template does not take that shape: no evidence either way); a
     refusal by one of the two only is a mismatch. Imports only ``transformers.utils.chat_template_utils`` (~0.6 s,
-    no torch); run in a worker."""
+    no torch); run in a worker. The verdict is a function of its inputs, this module and the transformers and jinja2
+    versions: it is kept per machine under ``<cache_dir>/template_checks/`` keyed by their hash, so a later run on
+    the same template and versions skips the import (issue 36: it was ~4% of the stage's time at 2 workers)."""
+    key = _check_key(chat_template, special, messages)
+    path = key and _check_path(key)
+    if path is not None:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))["matches"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    verdict = _template_matches_transformers(chat_template, special, messages)
+    if path is not None:
+        try:
+            from pipeline.common.io import write_json
+
+            write_json(path, {"matches": verdict})
+        except OSError:  # a read-only cache: checked again next time
+            pass
+    return verdict
+
+
+def _check_key(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> str | None:
+    from importlib import metadata
+
+    try:
+        versions = [metadata.version("transformers"), metadata.version("jinja2")]
+        code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    blob = json.dumps([chat_template, special, messages, versions, code], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check_path(key: str) -> Path | None:
+    from pipeline.common.paths import cache_dir
+
+    try:
+        return cache_dir() / "template_checks" / f"{key}.json"
+    except (OSError, ValueError):
+        return None
+
+
+def _template_matches_transformers(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> bool | None:
     from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
     errors = template_errors()
@@ -194,7 +240,6 @@ def tokenizer_files(name_or_path: str | Path) -> dict | None:
     local directory in the plain layout (``tokenizer.json``, ``tokenizer_config.json`` with string special tokens,
     ``chat_template.jinja`` or a string ``chat_template``, no legacy ``special_tokens_map.json``): then the caller
     loads the full tokenizer (:func:`load_tokenizer`)."""
-    import json
 
     from pipeline.config.models import REGISTRY, tokenizer_path
 
@@ -273,6 +318,8 @@ class ChatEncoder:
         self.chat_template = chat_template if chat_template is not None else getattr(hf, "chat_template", None)
         self.eos_id = eos_id if eos_id is not None else getattr(hf, "eos_token_id", None)
         self._special_texts: list[str] | None = None
+        self._reply_blind: bool | None = None
+        self._special_firsts: str | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer, check: list[dict] | None = None, name: str | None = None) -> ChatEncoder:
@@ -331,7 +378,25 @@ class ChatEncoder:
         return self.hf.apply_chat_template(messages, tokenize=False)
 
     def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]] | None:
+        """Rendered text and assistant character spans (None: the conversation cannot be located exactly). For a
+        template that never inspects a reply's text (:func:`reply_blind`) one render, with markers in place of the
+        replies, gives both; otherwise, or where that render does not hold each marker once, two renders
+        (:func:`locate_spans`). Both give the same result."""
+        if self.reply_blind():
+            located = substitute_spans(messages, self.eos, self.render_text)
+            if located is not _UNDECIDED:
+                return located
         return locate_spans(self.render_text(messages), messages, self.eos, self.render_text)
+
+    def reply_blind(self) -> bool:
+        """Whether this encoder's template is reply-blind (:func:`reply_blind`), decided once per template."""
+        if self._reply_blind is None:
+            key = hashlib.sha256(json.dumps([self.chat_template, self.template is not None, self.special, self.eos],
+                                            sort_keys=True, default=str).encode()).hexdigest()
+            if key not in _REPLY_BLIND:
+                _REPLY_BLIND[key] = reply_blind(self.chat_template, self.render_text, self.eos)
+            self._reply_blind = _REPLY_BLIND[key]
+        return self._reply_blind
 
     def special_texts(self) -> list[str]:
         """The text of the tokenizer's special tokens (``<|im_end|>``, ``<|endoftext|>``, ...)."""
@@ -347,8 +412,16 @@ class ChatEncoder:
         """Whether a message's content holds a special token's text: the tokenizer would turn it into the real
         control token (a ``<|im_end|>`` typed in a reply ends the turn early, and is trained on)."""
         texts = self.special_texts()
-        return bool(texts) and any(isinstance(m.get("content"), str) and any(t in m["content"] for t in texts)
-                                   for m in messages)
+        if not texts:
+            return False
+        contents = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+        if self._special_firsts is None:
+            self._special_firsts = "".join(sorted({t[0] for t in texts}))
+        # one search of the joined contents per first character (one, "<", for most tokenizers), then the texts
+        joined = "\x00".join(contents)
+        if not any(c in joined for c in self._special_firsts):
+            return False
+        return any(t in c for c in contents for t in texts)
 
     def encode(self, conversations: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
         """(flat int32 token ids, flat int8 unrolled loss mask, int64 per-conversation lengths, drops).
@@ -460,6 +533,123 @@ def locate_spans(text: str, messages: list[dict[str, Any]], eot: str, render_fn
     if text[t:] != probe[p:]:
         return None
     return text, spans
+
+
+# Reply-blind templates: one render per conversation (issue 36). Decided per template (cached by its hash and its
+# special tokens, per process) by two tests that must both pass; a template failing either keeps the two renders.
+_REPLY_BLIND: dict[str, bool] = {}
+_UNDECIDED = object()  # substitute_spans: this conversation needs the two renders
+
+# Replies a template that inspects or rewrites reply text renders differently from a marker: template syntax,
+# whitespace at either end, empty, escapes, special-token-like and reasoning/tool-call text, a long reply.
+BLIND_PROBE_REPLIES = ["a", "", " ", "\n", " lead", "trail ", "\n both \n", "{{ x }}", "{% if true %}y{% endif %}",
+                       "<|im_end|>", "<|im_start|>assistant", "</s>", "<s>", "[INST]", "<think>r</think> answer",
+                       "</think>", "<tool_call>{\"name\": \"f\"}</tool_call>", "\"quoted\" \\ back", "&lt;b&gt;",
+                       "assistant", "user", "None", "0", "True", "é 😀 \u200b", "line\r\nbreak", "x" * 5000]
+
+
+def reply_blind(chat_template: str | None, render_fn, eot: str) -> bool:
+    """Whether a chat template never inspects the text of an assistant reply, so that the real render is the
+    marker render with each marker replaced by its reply (:func:`substitute_spans`). Both must hold:
+
+    - *by structure*: in the template's syntax tree, every read of a ``content`` field (``m.content``,
+      ``m['content']``) is output as it is, alone or joined with ``+``/``~`` (no filter, test, comparison, method,
+      ``{% set %}``, condition or loop over it), so the text cannot change what is rendered around it;
+    - *by probes*: on conversations of every exported shape, with each of BLIND_PROBE_REPLIES as every reply, the
+      one-render result (text and spans) equals the two-render one (:func:`locate_spans`), refusals included.
+
+    The structure test catches what no finite probe set can (a check on some other word in a reply); the probes
+    catch what the syntax tree hides (the whole message serialised by ``tojson``, a macro's body)."""
+    return bool(chat_template) and _content_only_output(chat_template) and _probes_agree(render_fn, eot)
+
+
+def _content_only_output(chat_template: str) -> bool:
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = compile_template(chat_template).environment.parse(chat_template)
+    except (jinja2.exceptions.TemplateError, TypeError, ValueError):
+        return False
+
+    def is_content(node) -> bool:
+        return ((isinstance(node, nodes.Getattr) and node.attr == "content")
+                or (isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const)
+                    and node.arg.value == "content"))
+
+    def walk(node, ok: bool) -> bool:
+        """``ok``: ``node``'s value goes straight into the output."""
+        if is_content(node):
+            return ok and walk(node.node, False)
+        if isinstance(node, nodes.Output):
+            return all(walk(child, not isinstance(child, nodes.TemplateData)) for child in node.nodes)
+        if isinstance(node, (nodes.Add, nodes.Concat)):
+            return all(walk(child, ok) for child in node.iter_child_nodes())
+        if isinstance(node, nodes.Const) and node.value == "content":  # .get('content'), attribute='content', ...
+            return False
+        if isinstance(node, nodes.Getattr) and node.attr in ("items", "values"):  # a message's fields by iteration
+            return False
+        return all(walk(child, False) for child in node.iter_child_nodes())
+
+    return walk(tree, False)
+
+
+def _probes_agree(render_fn, eot: str) -> bool:
+    shapes = [["user", "assistant"], ["system", "user", "assistant", "user", "assistant"],
+              ["user", "assistant", "user", "assistant", "user", "assistant"]]
+    errors = template_errors()
+
+    def outcome(fn, msgs):
+        try:
+            return fn(msgs)
+        except errors as exc:
+            return type(exc)
+
+    for shape in shapes:
+        for n, reply in enumerate(BLIND_PROBE_REPLIES):
+            other = f"{n}: {BLIND_PROBE_REPLIES[-n]}"  # the other turns hold the probe texts too
+            msgs = [{"role": role, "content": reply if role == "assistant" else other} for role in shape]
+            if len(shape) > 2:  # replies that differ from each other in one conversation
+                msgs[-1] = {"role": "assistant", "content": BLIND_PROBE_REPLIES[(n + 7) % len(BLIND_PROBE_REPLIES)]}
+            one = outcome(lambda m: substitute_spans(m, eot, render_fn), msgs)
+            if one is _UNDECIDED:
+                continue  # the conversation would take the two renders anyway
+            if one != outcome(lambda m: locate_spans(render_fn(m), m, eot, render_fn), msgs):
+                return False
+    return True
+
+
+def substitute_spans(messages: list[dict[str, Any]], eot: str, render_fn):
+    """:func:`locate_spans`' result from one render, for a reply-blind template (:func:`reply_blind`): the
+    conversation rendered with each reply replaced by its marker; the text is that render with each marker replaced
+    by its reply, and each span is the reply (plus ``eot`` where the text continues with it). ``_UNDECIDED`` when the
+    marker render raises or does not hold each marker exactly once, in order (the caller then renders twice)."""
+    asst = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not asst or not all(isinstance(messages[i].get("content"), str) for i in asst):
+        return _UNDECIDED
+    marks = {i: f"{_MARK_OPEN}{n}{_MARK_CLOSE}" for n, i in enumerate(asst)}
+    try:
+        probe = render_fn([{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)])
+    except Exception:  # the two renders decide (a refusal of the real render is counted as such)
+        return _UNDECIDED
+    if probe.count(_MARK_OPEN) != len(asst) or probe.count(_MARK_CLOSE) != len(asst):
+        return _UNDECIDED
+    pieces, ends = [], []
+    p = t = 0  # positions in the probe and in the text
+    for i in asst:
+        s = probe.find(marks[i], p)
+        if s < 0:
+            return _UNDECIDED
+        content = messages[i]["content"]
+        pieces += [probe[p:s], content]
+        t += s - p
+        ends.append((t, t + len(content)))
+        t, p = t + len(content), s + len(marks[i])
+    pieces.append(probe[p:])
+    text = "".join(pieces)
+    if _MARK_OPEN in text or _MARK_CLOSE in text:  # a message holds the marker characters: never guessed
+        return None
+    return text, [(a, b + len(eot) if eot and text.startswith(eot, b) else b) for a, b in ends]
 
 
 def tokenize_conversations(tokenizer, conversations: list[dict]) -> tuple[list[np.ndarray], list[np.ndarray], int]:
