@@ -178,7 +178,8 @@ def tp_shape_problem(shape, tp: int, cp: int = 1) -> str | None:
     """Why megatron-core cannot split ``shape``'s attention (and Mamba) heads over ``tp`` ranks (with ``cp``), or
     None."""
     if shape.num_attention_heads % tp:
-        return f"tp({tp}) does not divide the {shape.num_attention_heads} attention heads of {{model}} (TransformerConfig)"
+        return (f"tp({tp}) does not divide the {shape.num_attention_heads} attention heads of {{model}} "
+                "(TransformerConfig)")
     kv = shape.num_query_groups
     if kv % tp and tp % kv:
         return (f"tp({tp}) is neither a divisor nor a multiple of the {kv} KV heads (num_query_groups) of {{model}} "
@@ -187,7 +188,8 @@ def tp_shape_problem(shape, tp: int, cp: int = 1) -> str | None:
         if shape.mamba_num_heads % tp:
             return f"tp({tp}) does not divide the {shape.mamba_num_heads} Mamba heads of {{model}} (MambaMixer)"
         if shape.mamba_num_groups % tp:
-            return f"tp({tp}) does not divide the {shape.mamba_num_groups} Mamba groups (n_groups) of {{model}} (MambaMixer)"
+            return (f"tp({tp}) does not divide the {shape.mamba_num_groups} Mamba groups (n_groups) of {{model}} "
+                    "(MambaMixer)")
         if cp > 1:
             heads, groups = shape.mamba_num_heads // tp, shape.mamba_num_groups // tp
             if heads % cp:
@@ -222,7 +224,7 @@ def pp_shape_problem(shape, pp: int, first: int | None = None, last: int | None 
 
 def _nearest(value: int, ok, top: int) -> list[int]:
     """The nearest values below and above ``value`` (within 1..top) for which ``ok`` holds."""
-    below = next((v for v in range(value - 1, 0, -1) if ok(v)), None)
+    below = next((v for v in range(min(value - 1, top), 0, -1) if ok(v)), None)  # bounded: --pp 1000000000
     above = next((v for v in range(value + 1, top + 1) if ok(v)), None)
     return [v for v in (below, above) if v is not None]
 
@@ -245,13 +247,14 @@ def _shape_findings(spec, layout: Layout, sequence_parallel: bool | None, first:
     if why:
         if why.startswith("cp("):
             out.append((why.replace("{model}", name) + ": megatron-core raises on every rank", "cp",
-                        _nearest(cp, lambda v: tp_shape_problem(shape, tp, v) is None, 4 * cp + 64)))
+                        _nearest(cp, lambda v: tp_shape_problem(shape, tp, v) is None, shape.mamba_num_heads)))
         else:
             out.append((why.replace("{model}", name) + ": megatron-core raises on every rank", "tp",
-                        _nearest(tp, lambda v: tp_shape_problem(shape, v, cp) is None, shape.num_attention_heads)))
+                        _nearest(tp, lambda v: tp_shape_problem(shape, v) is None, shape.num_attention_heads)))
     if shape.num_moe_experts and shape.num_moe_experts % ep:
         out.append((f"ep({ep}) does not divide the {shape.num_moe_experts} routed experts of {name} (MoELayer): "
-                    "megatron-core raises on every rank", "ep", _nearest(ep, lambda v: shape.num_moe_experts % v == 0, shape.num_moe_experts)))
+                    "megatron-core raises on every rank", "ep",
+                    _nearest(ep, lambda v: shape.num_moe_experts % v == 0, shape.num_moe_experts)))
     why = pp_shape_problem(shape, pp, first, last)
     if why:
         out.append((why.replace("{model}", name) + ": megatron-core raises on every rank", "pp",

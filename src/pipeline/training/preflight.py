@@ -185,7 +185,8 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
     if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py, decision #41)
         plan.problems += node_local_problems(Layout(plan.world, tp, pp, cp, ep, etp), gpn, f"on '{cluster.name}'")
     # heads, KV heads, experts and layers against tp, cp, ep and pp (config/parallel.py, decision #80)
-    stages = cfg.extra.get("model") if isinstance(cfg.extra.get("model"), dict) else {}
+    extra_model = cfg.extra.get("model")
+    stages: dict = extra_model if isinstance(extra_model, dict) else {}
     first, last = (stages.get(f"num_layers_in_{k}_pipeline_stage") for k in ("first", "last"))
     plan.problems += model_shape_problems(
         spec, Layout(plan.world, tp, pp, cp, ep, etp),
