@@ -617,9 +617,55 @@ def op_profiling_window(req: dict) -> dict:
     return {"windows": out}
 
 
+# ---- k: megatron-core's hybrid layer allocation and head rules, against the planner's statement of them (issue 34) -
+def op_shape_rules(req: dict) -> dict:
+    """megatron-core 0.19.2's own select_pipeline_segment (models/hybrid/hybrid_layer_allocation.py) for each case
+    (pattern, pp, first/last stage layers) on every pipeline rank: the layers each rank builds, or the error it raises.
+    A stand-in pipeline group answers torch.distributed.get_rank / get_world_size for it (no process group on CPU),
+    and the per-stage log lines are silenced. And TransformerConfig.__post_init__ on each (heads, KV heads, tp)."""
+    import torch
+    from megatron.core.models.hybrid import hybrid_layer_allocation as hla
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    class Group:
+        def __init__(self, rank, size):
+            self.rank, self.size = rank, size
+
+    real_rank, real_size = torch.distributed.get_rank, torch.distributed.get_world_size
+    torch.distributed.get_rank = lambda g=None: g.rank if isinstance(g, Group) else real_rank(g)
+    torch.distributed.get_world_size = lambda g=None: g.size if isinstance(g, Group) else real_size(g)
+    hla.log_on_each_pipeline_stage = hla.log_single_rank = lambda *a, **k: None
+    splits = []
+    try:
+        for case in req["splits"]:
+            ranks, error = [], None
+            for r in range(case["pp"]):
+                try:
+                    layers, offset = hla.select_pipeline_segment(case["pattern"], Group(r, case["pp"]), None,
+                                                                 first_stage_layers=case.get("first"),
+                                                                 last_stage_layers=case.get("last"))
+                    ranks.append([offset, len(layers)])
+                except ValueError as exc:
+                    error = str(exc)
+                    break
+            splits.append({**case, "ranks": None if error else ranks, "error": error})
+    finally:
+        torch.distributed.get_rank, torch.distributed.get_world_size = real_rank, real_size
+    heads = []
+    for case in req["heads"]:
+        try:
+            TransformerConfig(num_layers=4, hidden_size=case["heads"] * 8, num_attention_heads=case["heads"],
+                              num_query_groups=case["kv"], tensor_model_parallel_size=case["tp"],
+                              use_cpu_initialization=True)
+            heads.append({**case, "error": None})
+        except ValueError as exc:
+            heads.append({**case, "error": str(exc)})
+    return {"splits": splits, "heads": heads}
+
+
 OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
        "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records,
-       "nan_message": op_nan_message, "profiling_window": op_profiling_window}
+       "nan_message": op_nan_message, "profiling_window": op_profiling_window, "shape_rules": op_shape_rules}
 
 
 def main() -> int:

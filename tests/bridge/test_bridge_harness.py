@@ -486,3 +486,44 @@ def test_profiling_fields_reach_bridges_profiling_config_and_its_window(harness,
     # the trace is where the local engine writes its own, and where the Bridge engine looks for it
     assert win["windows"][0]["trace"] == str(profiling.trace_path(run_dir, 0))
     assert good["bridge_trace"] == {"0": str(profiling.trace_path(run_dir, 0)), "1": None}
+
+
+# ---- k: the planner's shape rules are megatron-core's (issue 34) -------------------------------------------------
+def test_the_planners_shape_rules_are_megatron_cores(harness):
+    """config/parallel.py states megatron-core's rules for the model's shape without megatron-core (the login node
+    has none); here megatron-core 0.19.2's own select_pipeline_segment splits the real Nano and Super patterns (and
+    others) over many pipeline sizes, even and uneven, and its TransformerConfig takes or refuses heads / KV heads /
+    tp: the planner refuses exactly what they refuse (driver op shape_rules)."""
+    from dataclasses import replace
+
+    from pipeline.config.models import get_model
+    from pipeline.config.parallel import pp_shape_problem, tp_shape_problem
+
+    nano, sup = get_model("nano").shape, get_model("super").shape
+    patterns = [nano.hybrid_pattern, sup.hybrid_pattern, "M*M*", "MEM*E", "M" * 12]
+    splits = [{"pattern": p, "pp": pp} for p in patterns for pp in range(1, 13) if pp <= len(p)]
+    splits += [{"pattern": sup.hybrid_pattern, "pp": 8, "last": 4}, {"pattern": sup.hybrid_pattern, "pp": 6, "last": 8},
+               {"pattern": sup.hybrid_pattern, "pp": 6, "last": 4}, {"pattern": nano.hybrid_pattern, "pp": 3,
+                                                                    "first": 16, "last": 18},
+               {"pattern": nano.hybrid_pattern, "pp": 4, "first": 10}, {"pattern": "M*M*", "pp": 2, "first": 3}]
+    heads = [{"heads": h, "kv": kv, "tp": tp} for h, kv in ((32, 2), (9, 3), (4, 2), (32, 8))
+             for tp in (1, 2, 3, 4, 6, 8, 16)]
+    (r,) = drive(harness, [{"op": "shape_rules", "splits": splits, "heads": heads}])
+    assert "error" not in r, f"{r['error']} at {r['where']}\n{r.get('trace', '')}"
+    refused = 0
+    for case in r["splits"]:
+        shape = replace(nano, num_layers=len(case["pattern"]), hybrid_pattern=case["pattern"])
+        ours = pp_shape_problem(shape, case["pp"], case.get("first"), case.get("last"))
+        assert (ours is None) == (case["error"] is None), (case, ours)
+        if case["ranks"]:  # megatron-core's split covers the pattern once, in order
+            assert [o for o, _ in case["ranks"]] == [sum(n for _, n in case["ranks"][:i])
+                                                     for i in range(len(case["ranks"]))]
+            assert sum(n for _, n in case["ranks"]) == len(case["pattern"])
+        refused += case["error"] is not None
+    by = {(c["pattern"], c["pp"], c.get("first"), c.get("last")): c for c in r["splits"]}
+    assert "evenly divisible" in by[(sup.hybrid_pattern, 6, None, None)]["error"]  # the reference's Super --pp 6
+    assert by[(sup.hybrid_pattern, 8, None, 4)]["ranks"][-1] == [84, 4]  # Bridge's 32K SFT recipe
+    assert refused and refused < len(r["splits"])
+    for case in r["heads"]:
+        shape = replace(nano, num_attention_heads=case["heads"], num_query_groups=case["kv"], hybrid_pattern="")
+        assert (tp_shape_problem(shape, case["tp"]) is None) == (case["error"] is None), case

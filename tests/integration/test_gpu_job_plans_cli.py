@@ -24,21 +24,26 @@ from tests.unit.test_gpu_job_plans import (  # noqa: F401  (isambard: the autous
 RUN = "/projects/a5k/public/checkpoints/run"  # a megatron checkpoint inside the Isambard profile's binds
 
 
-def test_the_references_megatron_coherence_plans_24_ranks_on_6_nodes():
-    plan = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
-                           "--ep", "4", "--max-tokens", "256"], 6)
+def test_the_references_megatron_coherence_layout_nearest_that_runs_plans_16_ranks_on_4_nodes():
+    """The reference's --tp 4 --pp 6 --ep 4 on 6 nodes cannot run Super (88 layers in 6 stages: issue 34); the
+    nearest layout that does, --pp 4, is 16 ranks on 4 nodes."""
+    six = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+                          "--ep", "4", "--max-tokens", "256"], 6)
+    assert not six.ok and "the nearest layout that runs: --tp 4 --pp 4 --ep 4 on 4 node(s)" in six.problems[-1]
+    plan = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "4",
+                           "--ep", "4", "--max-tokens", "256"], 4)
     d = plan.as_dict()
     assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"], d["etp"], d["dp"]) == \
-        (24, 6, 4, 4, 6, 4, 1, 1)
+        (16, 4, 4, 4, 4, 4, 1, 1)
     assert plan.ok and 0 < d["memory_per_gpu_gb"] < 95
     launch = plan.launch
-    assert launch[:3] == ["torchrun", "--nnodes=6", "--nproc-per-node=4"] and "--rdzv-backend=c10d" in launch
+    assert launch[:3] == ["torchrun", "--nnodes=4", "--nproc-per-node=4"] and "--rdzv-backend=c10d" in launch
     assert launch[launch.index("-m") + 1] == "pipeline.cli.coherence"
-    # the old layout arithmetic (ranks = tp * pp * ep = 96, one node) is gone; a 1-node allocation is told the count
-    short = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "6",
+    # the old layout arithmetic (ranks = tp * pp * ep = 64, one node) is gone; a 1-node allocation is told the count
+    short = coherence_plan([RUN, "--backend", "megatron", "--hf-model", SUPER, "--tp", "4", "--pp", "4",
                             "--ep", "4"], 1)
-    assert not short.ok and "needs 6 node(s) of 4 GPUs (24 ranks), and the allocation has 1: submit it with " \
-        "--nodes=6" in short.problems[0]
+    assert not short.ok and "needs 4 node(s) of 4 GPUs (16 ranks), and the allocation has 1: submit it with " \
+        "--nodes=4" in short.problems[0]
 
 
 @pytest.mark.parametrize("hf_model, export_gb", [(NANO, 26.1), (SUPER, 77.8)])
@@ -89,7 +94,7 @@ def test_the_dry_runs_of_export_upload_all_and_coherence_show_the_profiles_env(t
     assert "  launch (each node): PIPELINE_PROBE_VAR=marker NCCL_NET='AWS Libfabric' torchrun --standalone " \
         in export.stdout, export.stdout
     coherence = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", SUPER,
-                     "--tp", "4", "--pp", "6", "--ep", "4", "--dry-run", "--nodes", "6", "--json"], env=env,
+                     "--tp", "4", "--pp", "4", "--ep", "4", "--dry-run", "--nodes", "4", "--json"], env=env,
                     timeout=120)
     d = json.loads(coherence.stdout)
     assert coherence.returncode == 0 and d["env"] == PROBE_ENV and d["launch"][0] == "torchrun", coherence.stderr

@@ -32,6 +32,10 @@ DEMO = ["train.train_iters=200", f"checkpoint.save={CKPT}", "checkpoint.save_opt
 EXPORT = ["pipeline_checkpoint_submit.sbatch", "export", CKPT, "--hf-model", NANO_HF, "--no-reasoning", "--iteration",
           "200"]
 COHERENCE = ["pipeline_coherence_submit.sbatch", f"{CKPT}/iter_0000200/hf"]
+SUPER_HF = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
+SUPER_CKPT = "/projects/a5k/public/checkpoints/megatron/nemotron_super_quickstart_sft"
+MEGATRON_COHERENCE = ["pipeline_coherence_submit.sbatch", SUPER_CKPT, "--backend", "megatron", "--hf-model", SUPER_HF,
+                      "--tp", "4", "--ep", "4", "--max-tokens", "256"]
 SLURM_OK = r"sbatch: Job \d+ to start at"
 
 
@@ -78,6 +82,15 @@ CASES = [
          [rf"^error: model {CKPT}/iter_0000200/hf does not exist"]),
     Case("6b", [SB, "--test-only", "--dependency=afterok:$HELD", "--gpus-per-node=1", *COHERENCE], 0,
          [r"Plan: PASS - coherence: world 1 on 1 node\(s\)", SLURM_OK]),
+    # The reference's Megatron coherence (its Coherence section): Super's 88 layers do not split into --pp 6 stages
+    # (megatron-core raises on every rank after the 6 nodes start: issue 34); the plan names the nearest layout that
+    # runs, and that one (chained after the Super training it reads) is planned on 4 nodes.
+    Case("6c", [SB, "--test-only", "--nodes=6", *MEGATRON_COHERENCE, "--pp", "6"], 2,
+         [r"^error: pp\(6\) does not split the 88-layer hybrid pattern of super evenly \(88 % 6 = 4; "
+          r"select_pipeline_segment\): megatron-core raises on every rank; use pp 4 or pp 8; the nearest layout that "
+          r"runs: --tp 4 --pp 4 --ep 4 on 4 node\(s\)$"]),
+    Case("6d", [SB, "--test-only", "--dependency=afterok:$HELD", "--nodes=4", *MEGATRON_COHERENCE, "--pp", "4"], 0,
+         [r"Plan: PASS - coherence: world 16 on 4 node\(s\) \(tp 4 pp 4 ep 4\)", SLURM_OK]),
 ]
 
 

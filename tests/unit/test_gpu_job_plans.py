@@ -112,10 +112,12 @@ def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
     (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning",
       "--not-strict", "--ep", "1"], False),
     (["--nodes=4", "pipeline_checkpoint_submit.sbatch", "import", "super"], False),
+    (["--nodes=4", "pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER,
+      "--tp", "4", "--pp", "4", "--ep", "4"], True),
     (["--nodes=6", "pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER,
-      "--tp", "4", "--pp", "6", "--ep", "4"], True),
+      "--tp", "4", "--pp", "6", "--ep", "4"], False),  # the reference's: 88 layers do not split into 6 stages
     (["pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER, "--tp", "4",
-      "--pp", "6", "--ep", "4"], False),  # the script's own --nodes=1
+      "--pp", "4", "--ep", "4"], False),  # the script's own --nodes=1
     # --gpus-per-node on the line: an EP=4 export on one GPU, and Super on one GPU (it needs the node's four), are
     # refused before the queue; the README's one-GPU hf test of an export that fits one GPU passes
     (["--nodes=1", "--gpus-per-node=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", NANO,
@@ -215,7 +217,7 @@ def probe_profile(where, gpus: int = 4):
     return path
 
 
-@pytest.mark.parametrize("job", ["export", "upload-all", "import", "coherence-hf", "coherence-megatron-6-nodes",
+@pytest.mark.parametrize("job", ["export", "upload-all", "import", "coherence-hf", "coherence-megatron-4-nodes",
                                  "export-local"])
 def test_every_gpu_jobs_plan_sets_the_cluster_profiles_env(tmp_path, monkeypatch, job):
     """The plan (and so its dry run: the launch line and --json's env) carries the profile's env for every GPU job,
@@ -227,8 +229,8 @@ def test_every_gpu_jobs_plan_sets_the_cluster_profiles_env(tmp_path, monkeypatch
         "upload-all": lambda: checkpoint_plan(["upload-all", str(tmp_path), "--hf-model", NANO, "--no-reasoning"]),
         "import": lambda: checkpoint_plan(["import", "nano"]),
         "coherence-hf": lambda: coherence_plan([NANO]),
-        "coherence-megatron-6-nodes": lambda: coherence_plan(["/c", "--backend", "megatron", "--hf-model", SUPER,
-                                                              "--tp", "4", "--pp", "6", "--ep", "4"], 6),
+        "coherence-megatron-4-nodes": lambda: coherence_plan(["/c", "--backend", "megatron", "--hf-model", SUPER,
+                                                              "--tp", "4", "--pp", "4", "--ep", "4"], 4),
         "export-local": lambda: plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id,
                                             inputs_later=True),
     }[job]()
@@ -237,7 +239,7 @@ def test_every_gpu_jobs_plan_sets_the_cluster_profiles_env(tmp_path, monkeypatch
     launch = next(ln for ln in plan.format().splitlines() if ln.startswith("  launch (each node): "))
     assert launch.startswith(f"  launch (each node): PIPELINE_PROBE_VAR=marker NCCL_NET='AWS Libfabric' "
                              f"{plan.launch[0]} "), launch
-    if job in ("export", "coherence-megatron-6-nodes"):
+    if job in ("export", "coherence-megatron-4-nodes"):
         assert plan.launch[0] == "torchrun"
 
 

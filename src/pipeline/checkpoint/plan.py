@@ -30,7 +30,7 @@ from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
-from pipeline.config.parallel import Layout, node_local_problems, weight_gb_per_gpu
+from pipeline.config.parallel import Layout, model_shape_problems, node_local_problems, shape_fixes, weight_gb_per_gpu
 from pipeline.env.runtimes import invisible_paths
 
 OVERHEAD_GB = 5.0
@@ -211,11 +211,40 @@ def fitting_layout(spec: ModelSpec, cluster: ClusterProfile, need, max_world: in
     """The smallest layout that is node-local, fills whole nodes and whose ``need(layout)`` GB per GPU fits."""
     gpn = cluster.ranks_per_node
     for lay in layouts_by_size(spec, gpn, max_world):
-        if lay.problems() or node_local_problems(lay, gpn, "") or placement(lay.world, gpn)[2]:
+        if lay.problems() or node_local_problems(lay, gpn, "") or placement(lay.world, gpn)[2] or \
+                model_shape_problems(spec, lay):
             continue
         if not cluster.memory_budget_gb or need(lay) <= cluster.memory_budget_gb:
             return lay
     return None
+
+
+def runnable_near(spec: ModelSpec, lay: Layout, cluster: ClusterProfile, need, max_world: int = 256) -> Layout | None:
+    """The nearest layout to ``lay`` that keeps the model's shape rules and, like ``fitting_layout``'s, is
+    node-local, fills whole nodes and fits ``need(layout)`` GB per GPU (None: none near)."""
+    gpn = cluster.ranks_per_node
+    for c in shape_fixes(spec, lay):
+        cand = Layout(job_world(c.tp, c.pp, c.ep), tp=c.tp, pp=c.pp, ep=c.ep, etp=1)
+        if cand.world > max_world or cand.problems() or node_local_problems(cand, gpn, "") or \
+                placement(cand.world, gpn)[2] or model_shape_problems(spec, cand):
+            continue
+        if not cluster.memory_budget_gb or need(cand) <= cluster.memory_budget_gb:
+            return cand
+    return None
+
+
+def shape_problems_with_fix(spec: ModelSpec | None, lay: Layout, cluster: ClusterProfile, need,
+                            max_world: int = 256) -> list[str]:
+    """``model_shape_problems`` for a generation or conversion layout; the last line names the nearest layout that
+    runs (its flags and nodes)."""
+    if spec is None:
+        return []
+    out = model_shape_problems(spec, lay)
+    near = runnable_near(spec, lay, cluster, need, max_world) if out else None
+    if near is not None:
+        out[-1] += (f"; the nearest layout that runs: {layout_flags(near)} on "
+                    f"{placement(near.world, cluster.ranks_per_node)[0]} node(s)")
+    return out
 
 
 def layout_flags(lay: Layout) -> str:
@@ -303,6 +332,8 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                              "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
     plan.problems += lay.problems()
     plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
+    plan.problems += shape_problems_with_fix(spec, lay, profile, lambda cand: max(_export_phases(
+        spec, cand, profile).values()) if spec else 0.0, max_world=max(gpn, 1))
     if profile.has_gpus and lay.world > gpn:
         plan.problems.append(f"an export runs on one node: world {lay.world} (tp {tp} x pp {pp} with ep {ep}) > "
                              f"{gpn} GPUs per node on '{profile.name}'")

@@ -24,6 +24,7 @@ from pipeline.checkpoint.plan import (
     local_path,
     megatron_gb,
     placement,
+    shape_problems_with_fix,
 )
 from pipeline.coherence.backends import discovery_file_problem, model_bytes
 from pipeline.config.cluster import job_env, resolve_profile
@@ -219,6 +220,8 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> 
                              "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
     plan.problems += lay.problems()
     plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
+    plan.problems += shape_problems_with_fix(spec, lay, profile, lambda cand: megatron_gb(spec, cand, tokens)
+                                             if spec else 0.0)
     if fill:
         plan.problems.append(fill)
     if given and n_nodes != nodes:

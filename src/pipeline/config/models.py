@@ -17,6 +17,50 @@ from pipeline.common import paths
 from pipeline.common.errors import UserError
 
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The architecture facts Megatron's parallel rules read (config/parallel.py ``model_shape_problems``), as the
+    model's own configuration states them. Names follow megatron-core's TransformerConfig."""
+
+    num_layers: int  # decoder layers (a hybrid model: the length of its layer pattern)
+    num_attention_heads: int
+    num_query_groups: int  # KV heads (Hugging Face num_key_value_heads)
+    num_moe_experts: int = 0  # routed experts (0: a dense model)
+    vocab_size: int = 0
+    kv_channels: int = 0  # attention head dim
+    # megatron-core's hybrid_layer_pattern (M Mamba, * attention, E MoE, - MLP; Hugging Face hybrid_override_pattern
+    # or layers_block_type); "" for a plain transformer. MTP layers are a separate pattern (they sit on the last stage).
+    hybrid_pattern: str = ""
+    mtp_pattern: str = ""
+    mamba_num_heads: int = 0
+    mamba_num_groups: int = 0  # Hugging Face n_groups
+    source: str = ""  # where these numbers were read
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.hybrid_pattern)
+
+
+_BLOCK_SYMBOL = {"mamba": "M", "attention": "*", "moe": "E", "mlp": "-"}
+
+
+def tiny_shape(config: dict[str, Any], vocab_size: int, source: str) -> ModelShape:
+    """The shape of a tiny model, read from the same transformers config it is built from (one place per fact)."""
+    blocks = config.get("layers_block_type")
+    pattern = "".join(_BLOCK_SYMBOL[b] for b in blocks) if blocks else ""
+    return ModelShape(
+        num_layers=len(pattern) if pattern else int(config["num_hidden_layers"]),
+        num_attention_heads=int(config["num_attention_heads"]),
+        num_query_groups=int(config.get("num_key_value_heads", config["num_attention_heads"])),
+        num_moe_experts=int(config.get("n_routed_experts", config.get("num_experts", 0))),
+        vocab_size=vocab_size,
+        kv_channels=int(config.get("head_dim", 0)),
+        hybrid_pattern=pattern,
+        mamba_num_heads=int(config.get("mamba_num_heads", 0)) if pattern else 0,
+        mamba_num_groups=int(config.get("n_groups", 0)) if pattern else 0,
+        source=source)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -65,6 +109,8 @@ class ModelSpec:
     # pad_seq_to_mult for this model (a multiple of 2 x their CP), so its packed folder is the one they read
     # (tests/unit/test_prepare_cluster_plan.py checks the two agree).
     pad_seq_to_mult: int = 1
+    # The architecture Megatron's parallel rules check (tp, pp, ep against heads, layers, experts); None: unknown.
+    shape: ModelShape | None = None
 
     @property
     def is_local(self) -> bool:
@@ -136,6 +182,32 @@ _TINY_QWEN3_MOE = dict(
     max_position_embeddings=4096,
 )
 
+# The flagship shapes, from each model's Hugging Face config.json (the published nvidia/... config: num_hidden_layers,
+# hybrid_override_pattern, num_attention_heads, num_key_value_heads, head_dim, n_routed_experts, vocab_size,
+# mamba_num_heads, n_groups, mtp_hybrid_override_pattern), which Megatron Bridge 0.6.2 maps onto its
+# HybridModelProvider (models/nemotronh/nemotron_h_bridge.py: hybrid_override_pattern -> hybrid_layer_pattern).
+# Nano's numbers are also written out in Bridge 0.6.2's own recipe (recipes/nemotronh/h100/nemotron_3_nano.py,
+# nemotron_3_nano_pretrain_8gpu_h100_bf16_config: num_layers=52, num_attention_heads=32, num_query_groups=2,
+# kv_channels=128, num_moe_experts=128, mamba_num_heads=64, mamba_num_groups=8, the same pattern). Super's recipe
+# builds from the hub config (AutoBridge.from_hf_pretrained), so its numbers are the config.json of
+# nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 (40 Mamba + 40 MoE + 8 attention = 88 layers, one MTP block "*E"),
+# consistent with Bridge's Super 32K SFT recipe (pp 8 with num_layers_in_last_pipeline_stage=4: 7 x 12 + 4 = 88).
+_NANO_SHAPE = ModelShape(
+    num_layers=52, num_attention_heads=32, num_query_groups=2, num_moe_experts=128, vocab_size=131072,
+    kv_channels=128, hybrid_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    mamba_num_heads=64, mamba_num_groups=8,
+    source="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json; Bridge 0.6.2 nemotron_3_nano recipe")
+_SUPER_SHAPE = ModelShape(
+    num_layers=88, num_attention_heads=32, num_query_groups=2, num_moe_experts=512, vocab_size=131072,
+    kv_channels=128,
+    hybrid_pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
+    mtp_pattern="*E", mamba_num_heads=128, mamba_num_groups=8,
+    source="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 config.json")
+# SmolLM2-135M-Instruct's config.json (HuggingFaceTB; LlamaForCausalLM): 30 layers, 9 heads, 3 KV heads, head_dim 64.
+_SMOLLM2_SHAPE = ModelShape(
+    num_layers=30, num_attention_heads=9, num_query_groups=3, vocab_size=49152, kv_channels=64,
+    source="HuggingFaceTB/SmolLM2-135M-Instruct config.json")
+
 # Local engine recipes: single process, no model parallelism.
 _LOCAL_RECIPE: dict[str, Any] = {
     "model": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
@@ -189,6 +261,7 @@ REGISTRY: dict[str, ModelSpec] = {
             num_layers=52,
             vocab_size=131072,
             pad_seq_to_mult=16,  # configs/quickstart/nemotron_nano_quickstart_sft.yaml (CP 2)
+            shape=_NANO_SHAPE,
             recipes={
                 "sft": _NANO_SFT_RECIPE,
                 "pretrain": {
@@ -224,6 +297,7 @@ REGISTRY: dict[str, ModelSpec] = {
             mtp_layers=1,
             single_process_import=False,  # the reference: single-process conversion hangs for Super
             pad_seq_to_mult=16,  # configs/quickstart/nemotron_super_quickstart_sft.yaml (CP 4; Nano's packs)
+            shape=_SUPER_SHAPE,
             # Only the SFT recipe is restated: the pretrain alias builds a 64-GPU layout in a private
             # function and the PEFT recipe branches on its arguments; for those the YAML must set the
             # parallelism (the preflight says so when it is missing).
@@ -247,6 +321,7 @@ REGISTRY: dict[str, ModelSpec] = {
             hidden_size=576,
             num_layers=30,
             vocab_size=49152,
+            shape=_SMOLLM2_SHAPE,
             recipes={mode: _LOCAL_RECIPE for mode in ("sft", "pretrain", "peft")},
         ),
         ModelSpec(
@@ -263,6 +338,7 @@ REGISTRY: dict[str, ModelSpec] = {
             hidden_size=64,
             num_layers=4,
             vocab_size=49152,
+            shape=tiny_shape(_TINY_NEMOTRONH, 49152, "tiny_config (models.py _TINY_NEMOTRONH)"),
             recipes={mode: _TINY_RECIPE for mode in ("sft", "pretrain", "peft")},
         ),
         ModelSpec(
@@ -278,6 +354,7 @@ REGISTRY: dict[str, ModelSpec] = {
             hidden_size=64,
             num_layers=2,
             vocab_size=49152,
+            shape=tiny_shape(_TINY_QWEN3_MOE, 49152, "tiny_config (models.py _TINY_QWEN3_MOE)"),
             recipes={mode: _TINY_RECIPE for mode in ("sft", "pretrain", "peft")},
         ),
     ]

@@ -158,3 +158,143 @@ def weight_gb_per_gpu(dense_params_b: float, expert_params_b: float, layout: Lay
     dense = dense_params_b * 1e9 / (layout.tp * layout.pp)
     expert = expert_params_b * 1e9 / (layout.etp * layout.ep * layout.pp)
     return bytes_per_param * (dense + expert) / 1e9
+
+
+# ---- the model's shape against the layout ------------------------------------------------------------------
+# megatron-core 0.19.2's rules, each where it raises (every one on every rank, after the nodes are allocated):
+#   tp divides num_attention_heads                           transformer/transformer_config.py __post_init__
+#   tp is a multiple or a divisor of num_query_groups        the same (tp > KV heads replicates them on the TP ranks)
+#   tp divides mamba_num_heads and mamba_num_groups          ssm/mamba_mixer.py MambaMixer.__init__
+#   cp divides mamba_num_heads / tp; and mamba_num_groups/tp
+#     is a multiple or a divisor of cp                       ssm/mamba_context_parallel.py
+#   ep divides num_moe_experts                               transformer/moe/moe_layer.py MoELayer.__init__
+#   pp divides the layers (a hybrid model: its layer pattern, models/hybrid/hybrid_layer_allocation.py
+#     select_pipeline_segment; a transformer: transformer_block.get_num_layers_to_build), or, with
+#     num_layers_in_first/last_pipeline_stage, the middle stages divide the middle layers (transformer_config.py)
+#   training an MoE with tp > 1 needs sequence_parallel      transformer/moe/moe_layer.py MoELayer.forward
+
+
+def tp_shape_problem(shape, tp: int, cp: int = 1) -> str | None:
+    """Why megatron-core cannot split ``shape``'s attention (and Mamba) heads over ``tp`` ranks (with ``cp``), or
+    None."""
+    if shape.num_attention_heads % tp:
+        return (f"tp({tp}) does not divide the {shape.num_attention_heads} attention heads of {{model}} "
+                "(TransformerConfig)")
+    kv = shape.num_query_groups
+    if kv % tp and tp % kv:
+        return (f"tp({tp}) is neither a divisor nor a multiple of the {kv} KV heads (num_query_groups) of {{model}} "
+                "(TransformerConfig)")
+    if shape.is_hybrid and shape.mamba_num_heads:
+        if shape.mamba_num_heads % tp:
+            return f"tp({tp}) does not divide the {shape.mamba_num_heads} Mamba heads of {{model}} (MambaMixer)"
+        if shape.mamba_num_groups % tp:
+            return (f"tp({tp}) does not divide the {shape.mamba_num_groups} Mamba groups (n_groups) of {{model}} "
+                    "(MambaMixer)")
+        if cp > 1:
+            heads, groups = shape.mamba_num_heads // tp, shape.mamba_num_groups // tp
+            if heads % cp:
+                return (f"cp({cp}) does not divide the {heads} Mamba heads per TP rank ({shape.mamba_num_heads} / tp "
+                        f"{tp}) of {{model}} (MambaContextParallel)")
+            if groups % cp and cp % groups:
+                return (f"cp({cp}) is neither a divisor nor a multiple of the {groups} Mamba groups per TP rank "
+                        f"({shape.mamba_num_groups} / tp {tp}) of {{model}} (MambaContextParallel)")
+    return None
+
+
+def pp_shape_problem(shape, pp: int, first: int | None = None, last: int | None = None) -> str | None:
+    """Why megatron-core cannot cut ``shape``'s layers into ``pp`` stages (with the optional uneven first/last stage
+    layer counts), or None."""
+    layers = shape.num_layers
+    what = (f"the {layers}-layer hybrid pattern" if shape.is_hybrid else f"the {layers} layers") + " of {model}"
+    rule = "select_pipeline_segment" if shape.is_hybrid else "get_num_layers_to_build"
+    if first is None and last is None:
+        if layers % pp:
+            return f"pp({pp}) does not split {what} evenly ({layers} % {pp} = {layers % pp}; {rule})"
+        return None
+    for name, v in (("num_layers_in_first_pipeline_stage", first), ("num_layers_in_last_pipeline_stage", last)):
+        if v is not None and v < 1:
+            return f"{name}({v}) must be >= 1"
+    middle = layers - (first or 0) - (last or 0)
+    stages = pp - (first is not None) - (last is not None)
+    if middle < 0 or bool(middle) != bool(stages > 0) or (stages > 0 and middle % stages):
+        return (f"pp({pp}) with first stage {first} and last stage {last} layers leaves {middle} layers of {what} "
+                f"for {max(stages, 0)} middle stage(s), which must divide them evenly ({rule})")
+    return None
+
+
+def _nearest(value: int, ok, top: int) -> list[int]:
+    """The nearest values below and above ``value`` (within 1..top) for which ``ok`` holds."""
+    below = next((v for v in range(min(value - 1, top), 0, -1) if ok(v)), None)  # bounded: --pp 1000000000
+    above = next((v for v in range(value + 1, top + 1) if ok(v)), None)
+    return [v for v in (below, above) if v is not None]
+
+
+def _use(name: str, values: list[int]) -> str:
+    return "use " + " or ".join(f"{name} {v}" for v in values) if values else f"no {name} fits"
+
+
+def _shape_findings(spec, layout: Layout, sequence_parallel: bool | None, first: int | None, last: int | None
+                    ) -> list[tuple[str, str, list[int]]]:
+    """(problem line without its fix, the factor to change, its nearest valid values) per broken rule."""
+    shape = getattr(spec, "shape", None)
+    if shape is None or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                            for v in (layout.tp, layout.pp, layout.cp, layout.ep)):
+        return []
+    name = spec.name
+    tp, pp, cp, ep = layout.tp, layout.pp, layout.cp, layout.ep
+    out = []
+    why = tp_shape_problem(shape, tp, cp)
+    if why:
+        if why.startswith("cp("):
+            out.append((why.replace("{model}", name) + ": megatron-core raises on every rank", "cp",
+                        _nearest(cp, lambda v: tp_shape_problem(shape, tp, v) is None, shape.mamba_num_heads)))
+        else:
+            out.append((why.replace("{model}", name) + ": megatron-core raises on every rank", "tp",
+                        _nearest(tp, lambda v: tp_shape_problem(shape, v) is None, shape.num_attention_heads)))
+    if shape.num_moe_experts and shape.num_moe_experts % ep:
+        out.append((f"ep({ep}) does not divide the {shape.num_moe_experts} routed experts of {name} (MoELayer): "
+                    "megatron-core raises on every rank", "ep",
+                    _nearest(ep, lambda v: shape.num_moe_experts % v == 0, shape.num_moe_experts)))
+    why = pp_shape_problem(shape, pp, first, last)
+    if why:
+        out.append((why.replace("{model}", name) + ": megatron-core raises on every rank", "pp",
+                    _nearest(pp, lambda v: pp_shape_problem(shape, v) is None, shape.num_layers)))
+    if sequence_parallel is False and shape.num_moe_experts and tp > 1:
+        out.append((f"tp({tp}) > 1 without sequence parallelism: megatron-core's MoE layers of {name} refuse to "
+                    "train (MoELayer.forward raises); set model.sequence_parallel=true (or tp 1)", "", []))
+    return out
+
+
+def model_shape_problems(spec, layout: Layout, *, sequence_parallel: bool | None = None,
+                         first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> list[str]:
+    """megatron-core's rules for ``spec``'s shape (config/models.py ModelShape) against ``layout``: one line per
+    broken rule, naming the factors, the megatron-core function that raises and the nearest values that keep the
+    rule (the other factors unchanged). ``sequence_parallel``: the layout trains (None: generation or conversion,
+    where the MoE sequence-parallel rule does not apply). Empty for a model without a shape."""
+    out = []
+    for line, factor, values in _shape_findings(spec, layout, sequence_parallel, first_stage_layers,
+                                                last_stage_layers):
+        if factor:
+            line += "; " + _use(factor, values)
+            if factor == "pp" and (first_stage_layers is not None or last_stage_layers is not None):
+                line += " with even stages"
+        out.append(line)
+    return out
+
+
+def shape_fixes(spec, layout: Layout) -> list[Layout]:
+    """Layouts near ``layout`` that keep megatron-core's shape rules: each broken factor replaced by one of its nearest
+    valid values, nearest first (the smaller on a tie). The caller keeps the first its other checks accept."""
+    import itertools
+
+    findings = [(f, v) for _, f, v in _shape_findings(spec, layout, None, None, None) if f]
+    if not findings:
+        return []
+    choices = [[(f, x) for x in sorted(vals, key=lambda x: (abs(x - getattr(layout, f)), x))] for f, vals in findings]
+    out = []
+    for combo in itertools.product(*choices):
+        fields = dict(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp)
+        fields.update(combo)
+        out.append(fields)
+    out.sort(key=lambda d: sum(abs(d[k] - getattr(layout, k)) for k in ("tp", "pp", "cp", "ep")))
+    return [Layout(layout.world, **d) for d in out]

@@ -31,7 +31,7 @@ from typing import Any
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile
 from pipeline.config.models import ModelSpec
-from pipeline.config.parallel import Layout, node_local_problems
+from pipeline.config.parallel import Layout, model_shape_problems, node_local_problems
 from pipeline.config.schema import TrainingConfig
 from pipeline.data.packing import check_pad_multiple
 from pipeline.training import profiling
@@ -184,6 +184,15 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: Clus
                              "change ep or --nodes")
     if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py, decision #41)
         plan.problems += node_local_problems(Layout(plan.world, tp, pp, cp, ep, etp), gpn, f"on '{cluster.name}'")
+    # heads, KV heads, experts and layers against tp, cp, ep and pp (config/parallel.py, decision #80)
+    extra_model = cfg.extra.get("model")
+    stages: dict = extra_model if isinstance(extra_model, dict) else {}
+    first, last = (stages.get(f"num_layers_in_{k}_pipeline_stage") for k in ("first", "last"))
+    plan.problems += model_shape_problems(
+        spec, Layout(plan.world, tp, pp, cp, ep, etp),
+        sequence_parallel=None if m.sequence_parallel is None or local else sp,
+        first_stage_layers=first if isinstance(first, int) and not isinstance(first, bool) else None,
+        last_stage_layers=last if isinstance(last, int) and not isinstance(last, bool) else None)
     if plan.dp and gbs % (mbs * plan.dp):
         unit = mbs * plan.dp
         plan.problems.append(f"train.global_batch_size({gbs}) is not divisible by micro_batch_size({mbs}) * "
