@@ -153,7 +153,7 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
                         "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
     diff = config_diff(old if isinstance(old, dict) else {}, cfg.to_dict())
     recorded = _recorded_launch(Path(run_dir)) if launch is not None else None
-    if recorded is not None:
+    if recorded is not None and launch is not None:
         for key in LAUNCH_IDENTITY:
             if recorded.get(key) != launch.get(key):
                 diff[f"launch.{key}"] = (recorded.get(key), launch.get(key))
@@ -585,7 +585,7 @@ def start_point(cfg: TrainingConfig) -> StartPoint:
                             "continues first, or fix checkpoint.load / checkpoint.ckpt_step")
         origin = it
     latest = layout.latest_complete(save) if save is not None else None
-    if latest is not None:
+    if save is not None and latest is not None:
         return StartPoint("resume", latest, origin, layout.iter_dir(save, latest))
     if src is not None:
         return StartPoint("continue", origin, origin, layout.iter_dir(src, origin))

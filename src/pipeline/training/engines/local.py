@@ -441,7 +441,7 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         log.info("profiler: rank %d records steps %d-%d with torch.profiler%s -> %s", rank, capture.first,
                  capture.last, memory, capture.trace)
 
-    if start.kind == "continue" and not (start.path / "optimizer.pt").exists():
+    if start.kind == "continue" and start.path is not None and not (start.path / "optimizer.pt").exists():
         raise UserError(f"{start.path} has no optimizer state (saved with checkpoint.save_optim=false): it cannot be "
                         "continued; start from its weights (checkpoint.pretrained_checkpoint) instead")
     if start.origin >= iters:
