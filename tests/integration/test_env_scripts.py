@@ -57,9 +57,9 @@ def test_validate_lists_named_checks():
     (["export", "/tmp", "--hf-model", "a/b"], "one of the arguments --reasoning --no-reasoning is required"),
     (["upload-all", "/tmp", "--hf-model", "a/b", "--no-reasoning"], "holds no iter_NNNNNNN checkpoints"),
     (["upload-all", "/tmp", "--hf-model", "a/b", "--no-reasoning", "--poll", "--interval", "-5"],
-     "--interval -5.0 must be a number of seconds"),
+     "--interval: -5 must be a number of seconds, a finite number from 0.001"),
     (["upload-all", "/tmp", "--hf-model", "a/b", "--no-reasoning", "--poll", "--idle-timeout", "nan"],
-     "--idle-timeout nan must be a number of seconds"),
+     "--idle-timeout: nan must be a number of seconds, a finite number from 0.001"),
 ])
 def test_convert_bad_input(args, needle, pipeline_env):
     res = run(["bash", "pipeline_checkpoint_convert.sh", *args], env=pipeline_env)
