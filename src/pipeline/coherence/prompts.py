@@ -33,6 +33,11 @@ def _prompt(item, where: str) -> str:
         raise UserError(f"{where}: a prompt must be a string (got {type(item).__name__})")
     if not item.strip():
         raise UserError(f"{where}: the prompt is empty")
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:  # a JSON escape of half a surrogate pair ("\\ud800"): no report could hold it
+        raise UserError(f"{where}: the prompt is not valid Unicode (a lone surrogate escape such as \\ud800)"
+                        ) from None
     return item
 
 

@@ -1,0 +1,128 @@
+"""Issue 34's findings that the first round left open, found by the audit (each test failed before its fix):
+``--compare`` models sized, the megatron plan reading the checkpoint, an export without tokenizer files or with a
+chat template that raises, lone surrogates in prompt files and endpoint replies."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from pipeline.cli.coherence import plan_from_argv as coherence_plan
+from pipeline.common.errors import UserError
+from pipeline.config.models import get_model
+from tests.helpers import megatron_checkpoint
+from tests.unit.test_export_fidelity import _save_iteration
+
+NANO, SUPER = get_model("nano").hf_id, get_model("super").hf_id
+SMOL = get_model("smollm2-135m").hf_id
+
+
+@pytest.fixture(autouse=True)
+def isambard(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))
+    for k in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NODELIST", "SLURM_NODEID"):
+        monkeypatch.delenv(k, raising=False)
+
+
+# ---- coherence: a --compare model is sized like the model ----------------------------------------------------
+def test_a_compare_model_is_sized_too():
+    """``SMOL --compare SUPER`` was planned on one GPU at 5 GB: the Super it then loads needs the node's four."""
+    alone = coherence_plan([SUPER, "--no-wandb"])
+    both = coherence_plan([SMOL, "--compare", SUPER, "--no-wandb"])
+    assert both.gpus_needed == alone.gpus_needed == 4 and both.memory_per_gpu_gb == alone.memory_per_gpu_gb
+    assert any(n.startswith(f"{SUPER}: 120.0B parameters") for n in both.notes), both.notes
+    with pytest.raises(UserError, match=r"uses 4 GPU\(s\) per node, and --gpus-per-node=1 gives 1"):
+        from pipeline.cli import sbatch as sbatch_cli
+
+        sbatch_cli.build_submission(["--gpus-per-node=1", "pipeline_coherence_submit.sbatch", SMOL, "--compare",
+                                     SUPER])
+
+
+# ---- coherence: the megatron plan reads the checkpoint ---------------------------------------------------------
+@pytest.mark.parametrize("what, extra, line", [
+    ("missing", [], "checkpoint directory {ck} does not exist"),
+    ("empty", [], "no complete checkpoint in {ck}"),
+    ("complete", ["--iteration", "20"], "iteration 20 does not exist in {ck}; complete iterations: 10"),
+])
+def test_the_megatron_plan_refuses_a_checkpoint_it_cannot_read(tmp_path, what, extra, line):
+    """A missing directory or iteration planned OK and was submitted; every rank then failed."""
+    ck = tmp_path / "ck"
+    if what == "empty":
+        ck.mkdir()
+    elif what == "complete":
+        megatron_checkpoint(ck)
+    argv = [str(ck), "--backend", "megatron", "--hf-model", NANO, "--no-wandb", *extra]
+    plan = coherence_plan(argv)
+    assert not plan.ok and line.format(ck=ck) in plan.problems[0], plan.problems
+    later = coherence_plan(argv, inputs_later=True)  # a job after an import reads it when it starts
+    assert later.ok, later.problems
+
+
+def test_the_megatron_plan_passes_a_complete_checkpoint(tmp_path):
+    plan = coherence_plan([str(megatron_checkpoint(tmp_path / "ck")), "--backend", "megatron", "--hf-model", NANO,
+                           "--no-wandb"])
+    assert plan.ok, plan.problems
+
+
+# ---- export: no tokenizer files, a chat template that raises ----------------------------------------------------
+@pytest.fixture
+def iteration(tmp_path, tokenizer):
+    return _save_iteration(tmp_path / "save", tokenizer, tied=False)
+
+
+def test_an_export_without_tokenizer_files_fails_verification_in_one_line(iteration):
+    """The verification loaded an empty tokenizer and died in an IndexError (a traceback)."""
+    from pipeline.checkpoint.export import FAILED, VerificationFailed, export_iteration
+
+    for f in iteration.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name in ("chat_template.jinja", "vocab.json",
+                                                                           "merges.txt"):
+            f.unlink()
+    with pytest.raises(VerificationFailed, match=r"^tokenizer: the export has no tokenizer files"):
+        export_iteration(iteration, hf_model="test/llama", reasoning=False)
+    assert json.loads((iteration / FAILED).read_text())["decided_on"] == "tokenizer"
+    assert not (iteration / "hf").exists()
+
+
+RAISING = ("{% if messages[0]['role'] != 'system' %}{{ raise_exception('System turn required') }}{% endif %}"
+           "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+
+
+def test_an_export_whose_chat_template_raises_says_so_and_coherence_is_one_line(iteration, tmp_path):
+    """It verified PASS, then coherence crashed in a jinja2 TemplateError."""
+    from pipeline.checkpoint.export import VerificationFailed, export_iteration
+    from pipeline.coherence.backends import hf_generate
+
+    config = iteration / "tokenizer_config.json"
+    cfg = json.loads(config.read_text())
+    cfg.pop("chat_template", None)
+    config.write_text(json.dumps(cfg))
+    (iteration / "chat_template.jinja").write_text(RAISING)
+    strict = tmp_path / "strict" / iteration.name
+    shutil.copytree(iteration, strict)
+    rec = export_iteration(iteration, hf_model="test/llama", reasoning=False)
+    warning = ("the chat template refuses a conversation of one user turn (TemplateError: System turn required): "
+               "coherence and chat serving will refuse it too")
+    assert rec["verdict"] == "PASS" and warning in rec["quality"]["warnings"]
+    with pytest.raises(VerificationFailed, match=re.escape(warning)):  # fatal with --require-quality
+        export_iteration(strict, hf_model="test/llama", reasoning=False, require_quality=True)
+    with pytest.raises(UserError) as e:
+        hf_generate(str(iteration / "hf"), ["Hello"], 4, False)
+    assert str(e.value) == (f"the chat template of {iteration / 'hf'} refuses the coherence prompts (one user turn): "
+                            "TemplateError: System turn required")
+
+
+# ---- lone surrogates -------------------------------------------------------------------------------------------
+def test_a_prompt_with_a_lone_surrogate_is_one_line(tmp_path):
+    """``["\\ud800"]`` loaded, and the report could not be written (UnicodeEncodeError after the generation)."""
+    from pipeline.coherence.prompts import load_prompts
+
+    f = tmp_path / "p.json"
+    f.write_text('["fine", "half \\ud800 a pair"]')
+    with pytest.raises(UserError, match=r"item 1: the prompt is not valid Unicode \(a lone surrogate"):
+        load_prompts(f)
+
