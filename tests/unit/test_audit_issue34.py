@@ -126,3 +126,62 @@ def test_a_prompt_with_a_lone_surrogate_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"item 1: the prompt is not valid Unicode \(a lone surrogate"):
         load_prompts(f)
 
+
+
+def test_a_lone_surrogate_escape_in_a_config_is_a_yaml_error(tmp_path):
+    """``wandb_exp_name: "\\ud800"`` was a UnicodeEncodeError traceback when the run directory was named (hostile
+    pass); every value and key of a config or experiment file is text."""
+    from pipeline.config.loader import read_yaml
+
+    f = tmp_path / "c.yaml"
+    f.write_text('logger:\n  wandb_exp_name: "\\ud800"\n')
+    with pytest.raises(UserError, match=r"invalid YAML: the value on line 2 holds a lone surrogate escape"):
+        read_yaml(f)
+    f.write_text('logger:\n  wandb_exp_name: "caf\\u00e9 \\U0001F600"\n')  # escapes of real characters still read
+    assert read_yaml(f)["logger"]["wandb_exp_name"] == "café \U0001F600"
+
+
+# ---- experiment files: sbatch options the planner does not model -------------------------------------------------
+@pytest.mark.parametrize("opts, line", [
+    ("[--nodes=2]", "base.sbatch: '--nodes=2': --nodes is not an experiment's sbatch option: the runs are planned for "
+                    "base.nodes: set the node count there"),
+    ("[-N, '2']", "base.sbatch: '-N': --nodes is not"),
+    ("[--array=0-3]", "base.sbatch: '--array=0-3': --array is not"),
+    ("[-D, /tmp]", "base.sbatch: '-D': --chdir is not"),
+    ("['--dependency=afterok:1']", "base.sbatch: '--dependency=afterok:1': --dependency is not"),
+])
+def test_an_experiment_s_sbatch_options_the_planner_does_not_model_are_refused(tmp_path, opts, line):
+    """``base.sbatch: [--nodes=2]`` was planned for base.nodes (1) and allocated 2 (hostile pass); --array and
+    --chdir were refused only by isambard_sbatch at submit time."""
+    from pipeline.experiment.spec import load as load_experiment
+
+    f = tmp_path / "x.yaml"
+    f.write_text("name: hx\nbase:\n  config: configs/local/tiny_moe_sft.yaml\n  model: tiny-qwen3-moe\n  mode: sft\n"
+                 f"  sbatch: {opts}\n")
+    with pytest.raises(UserError, match=re.escape(line)):
+        load_experiment(f)
+
+
+def test_an_experiment_file_that_is_not_utf8_is_one_line(tmp_path):
+    """It was a UnicodeDecodeError traceback (hostile pass); a config file of the same bytes was already one line."""
+    from pipeline.experiment.spec import load as load_experiment
+
+    f = tmp_path / "x.yaml"
+    f.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(UserError, match=r"x.yaml: not a text file \(invalid UTF-8\)"):
+        load_experiment(f)
+    big = tmp_path / "big.yaml"
+    big.write_text("name: a\nbase:\n  nodes: " + "9" * 5000 + "\n")
+    with pytest.raises(UserError, match=r"big.yaml: a value cannot be read"):
+        load_experiment(big)
+
+
+def test_a_fifo_as_the_config_is_not_said_to_be_missing(tmp_path):
+    import os
+
+    from pipeline.config.loader import read_yaml
+
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match=r"is not a regular file \(a FIFO, device or socket\)$"):
+        read_yaml(fifo)
