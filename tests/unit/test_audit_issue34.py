@@ -185,3 +185,15 @@ def test_a_fifo_as_the_config_is_not_said_to_be_missing(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(UserError, match=r"is not a regular file \(a FIFO, device or socket\)$"):
         read_yaml(fifo)
+
+
+@pytest.mark.parametrize("name", ["P.JSON", "p.Json"])
+def test_a_json_prompt_file_is_json_whatever_the_suffix_s_case(tmp_path, name):
+    """``P.JSON`` was read as text: its one line ``["a", "b"]`` ran as a single prompt (hostile pass)."""
+    from pipeline.coherence.prompts import load_prompts
+
+    f = tmp_path / name
+    f.write_text('["a", "b"]')
+    assert load_prompts(f) == ["a", "b"]
+    (tmp_path / "q.JSONL").write_text('{"prompt": "c"}\n')
+    assert load_prompts(tmp_path / "q.JSONL") == ["c"]
