@@ -197,3 +197,23 @@ def test_a_json_prompt_file_is_json_whatever_the_suffix_s_case(tmp_path, name):
     assert load_prompts(f) == ["a", "b"]
     (tmp_path / "q.JSONL").write_text('{"prompt": "c"}\n')
     assert load_prompts(tmp_path / "q.JSONL") == ["c"]
+
+
+@pytest.mark.parametrize("name", ["nosuchmodel", "a b/c", "../x"])
+def test_an_import_of_no_model_is_refused_by_its_plan(name):
+    """``import nosuchmodel`` planned OK and failed in the job, after the allocation (hostile pass)."""
+    from pipeline.checkpoint.plan import plan_import
+
+    plan = plan_import(name)
+    assert f"{name!r} is neither a registry model, a Hugging Face hub id (ORG/NAME) nor a local model folder" \
+        in plan.problems
+    assert not any("neither" in p for p in plan_import(SMOL).problems)
+
+
+def test_upload_all_eval_of_no_tasks_is_refused_not_dropped(tmp_path, monkeypatch):
+    """``upload-all --eval ''`` (an empty $TASKS) planned OK and evaluated nothing (hostile pass)."""
+    from pipeline.cli.checkpoint import plan_from_argv as checkpoint_plan
+
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+    with pytest.raises(UserError, match=r"--tasks '': give task names"):
+        checkpoint_plan(["upload-all", str(tmp_path), "--hf-model", SMOL, "--no-reasoning", "--poll", "--eval", ""])

@@ -117,7 +117,7 @@ def build_parser() -> Parser:
 
 def eval_run(args, hf: Path):
     """upload-all's evaluation of one export (``--eval TASKS``), None without --eval."""
-    if not getattr(args, "eval", None):
+    if getattr(args, "eval", None) is None:  # --eval '' is checked (and refused), not read as no --eval
         return None
     from pipeline.evaluation.run import EvalRun
 
