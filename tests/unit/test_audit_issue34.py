@@ -217,3 +217,28 @@ def test_upload_all_eval_of_no_tasks_is_refused_not_dropped(tmp_path, monkeypatc
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
     with pytest.raises(UserError, match=r"--tasks '': give task names"):
         checkpoint_plan(["upload-all", str(tmp_path), "--hf-model", SMOL, "--no-reasoning", "--poll", "--eval", ""])
+
+
+# ---- record readers: every line a writer could not have written is skipped ----------------------------------------
+BIG = "9" * 5000  # past Python's int-conversion limit: json.loads raises ValueError, not JSONDecodeError
+DEEP = "[" * 100000
+
+
+def test_records_with_a_5000_digit_int_or_deep_nesting_are_skipped(tmp_path):
+    """``experiment status``/``csv`` were ValueError tracebacks on such a progress or events line, and a resumed
+    run's ProgressLog.start too (hostile pass); a summary linked to /dev/zero was a MemoryError."""
+    import os
+
+    from pipeline.training.goodput import read_events
+    from pipeline.training.records import ProgressLog, read_progress, read_summary
+
+    good = '{"step": 1, "time": 0.5, "loss": 3.0, "tokens": 8}\n'
+    (tmp_path / "progress.ndjson").write_text(good + f'{{"step": 2, "loss": {BIG}}}\n{DEEP}\n')
+    (tmp_path / "events.ndjson").write_text('{"event": "attempt", "t": 101.0}\n'
+                                            f'{{"event": "step", "t": {BIG}}}\n{DEEP}\n')
+    assert [r["step"] for r in read_progress(tmp_path)] == [1]
+    assert [r["event"] for r in read_events(tmp_path)] == ["attempt"]
+    assert ProgressLog(tmp_path, 8, writer=True).start(1) == 2  # the junk lines dropped, the good one kept
+    assert (tmp_path / "progress.ndjson").read_text() == good
+    os.symlink("/dev/zero", tmp_path / "metrics_summary.json")
+    assert read_summary(tmp_path) == {}
