@@ -242,3 +242,19 @@ def test_records_with_a_5000_digit_int_or_deep_nesting_are_skipped(tmp_path):
     assert (tmp_path / "progress.ndjson").read_text() == good
     os.symlink("/dev/zero", tmp_path / "metrics_summary.json")
     assert read_summary(tmp_path) == {}
+
+
+# ---- the training launcher: a run directory that is the current directory or a root ------------------------------
+@pytest.mark.parametrize("argv, line", [
+    (["--run-dir", ""], "argument --run-dir: an empty path is the current directory"),
+    (["--run-dir", "/"], "argument --run-dir: '/' is a filesystem root"),
+    (["--cluster", ""], "argument --cluster: an empty name"),
+])
+def test_a_launch_into_the_current_directory_or_the_default_profile_by_accident_is_refused(argv, line):
+    """``--run-dir ""`` planned PASS with the checkout as the run directory (its checkpoints/ in the working
+    directory); ``--cluster ""`` silently meant the default profile (hostile pass)."""
+    from pipeline.cli.train import build_parser
+
+    with pytest.raises(UserError, match=re.escape(line)):
+        build_parser().parse_args(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft",
+                                   *argv])
