@@ -258,3 +258,21 @@ def test_a_launch_into_the_current_directory_or_the_default_profile_by_accident_
     with pytest.raises(UserError, match=re.escape(line)):
         build_parser().parse_args(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft",
                                    *argv])
+
+
+@pytest.mark.parametrize("cli, argv, line", [
+    ("coherence", ["m", "--output-dir", ""], "argument --output-dir: an empty path is the current directory"),
+    ("checkpoint", ["upload-all", "", "--hf-model", "x", "--no-reasoning", "--poll"],
+     "argument ckpt_dir: an empty path is the current directory"),
+    ("evaluation", ["m", "--tasks", "pipeline_smoke", "--output-dir", ""],
+     "argument --output-dir: an empty path is the current directory"),
+    ("data", ["prepare", "--dataset", "d", "--seq-length", "64", "--cluster", ""], "argument --cluster: an empty name"),
+])
+def test_empty_paths_and_names_of_the_other_clis_are_refused(cli, argv, line, capsys):
+    """``--output-dir ""`` wrote the report into the working directory, ``upload-all ""`` polled the checkout,
+    ``prepare --cluster ""`` silently took the default profile (hostile pass): as --dataset-root "" before."""
+    import importlib
+
+    assert importlib.import_module(f"pipeline.cli.{cli}").main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err

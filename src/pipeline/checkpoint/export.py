@@ -394,7 +394,7 @@ def chat_template_refusal(tokenizer) -> str | None:
     try:
         tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
                                       tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - jinja2's TemplateError (raise_exception), or the template's own bug
+    except Exception as exc:  # jinja2's TemplateError (raise_exception), or the template's own bug
         return (f"the chat template refuses a conversation of one user turn ({type(exc).__name__}: "
                 f"{(str(exc).splitlines() or [''])[0][:160]}): coherence and chat serving will refuse it too")
     return None

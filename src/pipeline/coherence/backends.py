@@ -72,7 +72,7 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
         try:
             enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True,
                                           **kwargs)
-        except Exception as exc:  # noqa: BLE001 - jinja2's TemplateError (raise_exception), or the template's own bug
+        except Exception as exc:  # jinja2's TemplateError (raise_exception), or the template's own bug
             raise UserError(f"the chat template of {model_path} refuses the coherence prompts (one user turn): "
                             f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
         n_prompt = int(enc["input_ids"].shape[1])

@@ -507,7 +507,8 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
             raise UserError(f"{where}: a training phase takes overrides, not args")
         out.append(Phase(name=name, kind=kind, start=start, iteration=it, init=init, tokens=tokens,
                          overrides=_overrides(p.get("overrides"), f"{where}: overrides"),
-                         args=_strs(p.get("args"), f"{where}: args"), sbatch=sbatch_options(p.get("sbatch"), f"{where}: sbatch", kind == "train"),
+                         args=_strs(p.get("args"), f"{where}: args"),
+                         sbatch=sbatch_options(p.get("sbatch"), f"{where}: sbatch", kind == "train"),
                          upload_all=upload))
     if out[0].kind != "train":
         raise UserError(f"{path}: the first phase must be a training phase")
