@@ -54,3 +54,14 @@ def wandb_offline_runs(wandb_dir: Path) -> list[dict]:
                              "file": str(f)})
                 break
     return runs
+
+
+def megatron_checkpoint(root):
+    """A Megatron checkpoint root with one complete iteration, by its files' names only (the plans read no tensor):
+    iter_0000010/{metadata.json, common.pt, .metadata} and the tracker naming it."""
+    it = Path(root) / "iter_0000010"
+    it.mkdir(parents=True)
+    for name in ("metadata.json", "common.pt", ".metadata"):
+        (it / name).write_text("{}")
+    (Path(root) / "latest_checkpointed_iteration.txt").write_text("10")
+    return Path(root)

@@ -68,6 +68,11 @@ def make_handler(mode: str):
                     self._send(b'{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": -5}}')
                 elif mode == "nested":
                     self._send(b"[" * 100000)
+                elif mode == "bigint":  # past Python's 4300-digit int conversion limit: a ValueError in json.loads
+                    self._send(b'{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": '
+                               + b"9" * 5000 + b"}}")
+                elif mode == "surrogate":  # half a UTF-16 pair: the report could not be written
+                    self._send(b'{"choices": [{"message": {"content": "hi \\ud800 there"}}]}')
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
@@ -95,6 +100,8 @@ def server(request):
     ("inf_tokens", "is not a token count"),
     ("neg_tokens", "is not a token count"),
     ("nested", "did not answer JSON"),
+    ("bigint", "did not answer JSON"),  # issue 34: both were tracebacks
+    ("surrogate", "answered text that is not valid Unicode (a lone surrogate in the reply to prompt 1)"),
 ], indirect=["server"])
 def test_broken_servers_are_one_line_errors(server, needle, tmp_path, pipeline_env):
     t0 = time.time()

@@ -22,7 +22,7 @@ import re
 import pytest
 
 from pipeline.config.parallel import Layout
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, megatron_checkpoint, run
 from tests.integration.test_slurm import job_state, wait_job
 from tests.tiers import tier_unavailable
 
@@ -87,8 +87,9 @@ def placement(slurm, tmp_path_factory):
     profile.write_text(gpu_profile_text("gpu2_cpu"))
     (tmp / "job.sh").write_text(JOB_SH)
     (tmp / "node.sh").write_text(NODE_SH)
-    ckpt = tmp / "ckpt"  # never read: the probe stands in for the generation
-    ckpt.mkdir()
+    # its tensors are never read (the probe stands in for the generation); the plan checks it holds a complete
+    # iteration (issue 34), so it has one: the file names only
+    ckpt = megatron_checkpoint(tmp / "ckpt")
     records = tmp / "ranks.ndjson"
     env = {**slurm, "PIPELINE_ROOT": str(ROOT), "PIPELINE_CLUSTER": str(profile), "RANK_PROBE_OUT": str(records),
            "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PIPELINE_BAD_NODES_LOG": str(tmp / "bad_nodes.log")}

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.checkpoint.plan import plan_export
 from pipeline.cli.coherence import plan_from_argv as coherence_plan
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, megatron_checkpoint, run
 from tests.unit.test_gpu_job_plans import (  # noqa: F401  (isambard: the autouse fixture)
     NANO,
     PROBE_ENV,
@@ -22,6 +22,13 @@ from tests.unit.test_gpu_job_plans import (  # noqa: F401  (isambard: the autous
 )
 
 RUN = "/projects/a5k/public/checkpoints/run"  # a megatron checkpoint inside the Isambard profile's binds
+
+
+@pytest.fixture(autouse=True)
+def _checkpoints_are_not_read(monkeypatch):
+    """The in-process plans here are about layouts: the megatron checkpoint they name is not read (that rule's tests:
+    tests/unit/test_audit_issue34.py); the processes below get a checkpoint that exists."""
+    monkeypatch.setattr("pipeline.coherence.plan._checkpoint_problem", lambda cfg: None)
 
 
 def test_the_references_megatron_coherence_layout_nearest_that_runs_plans_16_ranks_on_4_nodes():
@@ -93,7 +100,8 @@ def test_the_dry_runs_of_export_upload_all_and_coherence_show_the_profiles_env(t
     assert export.returncode == 0, export.stderr
     assert "  launch (each node): PIPELINE_PROBE_VAR=marker NCCL_NET='AWS Libfabric' torchrun --standalone " \
         in export.stdout, export.stdout
-    coherence = run([sys.executable, "pipeline_coherence_test.py", "/c", "--backend", "megatron", "--hf-model", SUPER,
+    coherence = run([sys.executable, "pipeline_coherence_test.py", str(megatron_checkpoint(tmp_path / "mc")),
+                     "--backend", "megatron", "--hf-model", SUPER,
                      "--tp", "4", "--pp", "4", "--ep", "4", "--dry-run", "--nodes", "4", "--json"], env=env,
                     timeout=120)
     d = json.loads(coherence.stdout)

@@ -232,6 +232,8 @@ def test_gpu_options_that_match_the_plan_pass_and_other_gres_keep_the_profile_s(
     (["--gpus-per-node=4", "--gres=gpu:4"], "--gpus-per-node=4 and --gres=gpu:4: GPUs asked for in two ways"),
     (["--gpus-per-task=1"], "--gpus-per-task=1: GPUs per task or socket do not say how many GPUs each node gets"),
     (["--gres=gpu:h100:x"], "--gres='gpu:h100:x': the GPU count 'x' is not a number"),
+    (["--tres-per-node=gres/gpu:2"], "--tres-per-node=gres/gpu:2: the plan does not read GPUs asked for as a "
+                                     "trackable resource; use --gpus-per-node=N"),  # hostile pass: passed unread
 ])
 def test_gpu_options_the_plan_cannot_count_are_refused(submit, opts, line):
     with pytest.raises(UserError, match=re.escape(line)):

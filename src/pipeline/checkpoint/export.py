@@ -375,6 +375,31 @@ def _load_bf16_export(hf_dir: Path):
     return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16, device_map=device_map)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def tokenizer_missing(hf_dir: Path) -> str | None:
+    """Why the export has no tokenizer (its iteration held no tokenizer files), or None."""
+    if any((Path(hf_dir) / n).is_file() for n in TOKENIZER_FILES):
+        return None
+    return ("the export has no tokenizer files (tokenizer.json, tokenizer_config.json): the iteration holds none; "
+            "copy the model's tokenizer files into the iteration and export it again")
+
+
+def chat_template_refusal(tokenizer) -> str | None:
+    """Why the tokenizer's chat template cannot render one user turn (what coherence and a chat server send), or
+    None: a template that raises had verified PASS and then crashed coherence."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
+                                      tokenize=False)
+    except Exception as exc:  # jinja2's TemplateError (raise_exception), or the template's own bug
+        return (f"the chat template refuses a conversation of one user turn ({type(exc).__name__}: "
+                f"{(str(exc).splitlines() or [''])[0][:160]}): coherence and chat serving will refuse it too")
+    return None
+
+
 def _fail(iter_path: Path, record: dict) -> None:
     write_json(iter_path / FAILED, record)
     raise VerificationFailed(record)
@@ -404,7 +429,12 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
     if problems:
         _fail(iter_path, {"verdict": "FAIL", "failures": file_set_failures(problems), "decided_on": "file set",
                           "file_set_problems": problems, **context})
+    missing = tokenizer_missing(tmp)
+    if missing:  # AutoTokenizer made an empty one and the verification died in an IndexError
+        _fail(iter_path, {"verdict": "FAIL", "failures": [f"tokenizer: {missing}"], "decided_on": "tokenizer",
+                          "file_set_problems": [], **context})
     tokenizer = AutoTokenizer.from_pretrained(tmp)
+    template_warning = chat_template_refusal(tokenizer)
     source = None
     if engine == "megatron":
         if source_logits is None:
@@ -424,6 +454,11 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
         model_name = marker.get("model")
     record = verify(source, exported.eval(), tokenizer, atol=atol, kl_tol=kl_tol, top1_min=top1_min,
                     require_quality=require_quality, source_logits=source_logits, engine=engine)
+    if template_warning:  # the weights are verified; what serves them cannot chat: a quality warning, fatal with
+        record.setdefault("quality", {}).setdefault("warnings", []).append(template_warning)  # --require-quality
+        if require_quality:
+            record.setdefault("failures", []).append(template_warning)
+            record["verdict"] = "FAIL"
     for w in record.get("quality", {}).get("warnings", []):
         log.warning("export: %s: %s (model quality: reported, not fatal; --require-quality makes it fatal)",
                     iter_path.name, w)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -413,6 +414,9 @@ def import_target(hf_id: str, output: Path | None, profile: ClusterProfile) -> t
     return fetch, root / fetch.split("/")[-1], True
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = None, cluster: str | None = None,
                 argv: list[str] | None = None) -> JobPlan:
     """Hugging Face -> Megatron on one node: Bridge's import_ckpt builds the model on the host (CPU
@@ -424,6 +428,9 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
                    env=job_env(profile.env),
                    launch=["python", "-m", "pipeline.cli.checkpoint", *(argv or [])])
     plan.notes.append(f"output: {out}")
+    if spec is None and not Path(fetch).is_dir() and not HUB_ID.fullmatch(fetch):  # planned OK, failed in the job
+        plan.problems.append(f"{fetch!r} is neither a registry model, a Hugging Face hub id (ORG/NAME) nor a local "
+                             "model folder")
     if fetch != hf_id:
         plan.notes.append(f"{hf_id} imports {fetch} (the model the shipped {hf_id} config starts from)")
     if spec is not None and megatron and not spec.single_process_import:

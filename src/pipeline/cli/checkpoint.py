@@ -35,7 +35,7 @@ from pipeline.checkpoint import export as ex
 from pipeline.checkpoint import layout
 from pipeline.checkpoint import plan as jobs
 from pipeline.checkpoint.poll import upload_all
-from pipeline.cli.parser import Parser, bounded_float
+from pipeline.cli.parser import Parser, bounded_float, path_arg
 from pipeline.coherence.run import CoherenceRun
 from pipeline.coherence.run import run as run_coherence
 from pipeline.common.argv import strip_options
@@ -48,7 +48,7 @@ SECONDS = bounded_float(0.001, 7 * 86400, "a number of seconds")  # --interval/-
 
 
 def _add_common(p: Parser) -> None:
-    p.add_argument("ckpt_dir", type=Path)
+    p.add_argument("ckpt_dir", type=path_arg)
     p.add_argument("--hf-model", required=True, help="HF id the checkpoint belongs to (architecture + tokenizer)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--reasoning", dest="reasoning", action="store_true")
@@ -117,7 +117,7 @@ def build_parser() -> Parser:
 
 def eval_run(args, hf: Path):
     """upload-all's evaluation of one export (``--eval TASKS``), None without --eval."""
-    if not getattr(args, "eval", None):
+    if getattr(args, "eval", None) is None:  # --eval '' is checked (and refused), not read as no --eval
         return None
     from pipeline.evaluation.run import EvalRun
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline import bridge
 from pipeline.checkpoint.plan import JobPlan, print_plan, refuse
-from pipeline.cli.parser import Parser
+from pipeline.cli.parser import Parser, path_arg
 from pipeline.coherence.plan import plan_coherence
 from pipeline.coherence.run import BACKENDS, CoherenceRun, megatron_iteration, run
 from pipeline.common.argv import strip_options
@@ -51,7 +51,7 @@ def build_parser() -> Parser:
                    "pipeline stage; every expert group stays inside a node)")
     p.add_argument("--iteration", type=int,
                    help="megatron backend: the iteration of a checkpoint root (default: latest complete)")
-    p.add_argument("--output-dir", type=Path, help="default: MODEL/coherence/ for a local model")
+    p.add_argument("--output-dir", type=path_arg, help="default: MODEL/coherence/ for a local model")
     p.add_argument("--wandb-project", help="W&B project (default: COHERENCE_WANDB_PROJECT, else the cluster "
                    "profile's coherence_wandb_project)")
     p.add_argument("--wandb-entity", help="W&B entity (default: WANDB_ENTITY, else the cluster profile's "

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.parser import Parser, path_arg, positive_int
+from pipeline.cli.parser import Parser, name_arg, path_arg, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
@@ -60,7 +60,7 @@ def build_parser() -> Parser:
     p.add_argument("--config", type=Path,
                    help="a training config: prepare exactly the packs it reads (its dataset.dataset_name, "
                         "dataset_root, seq_length, offline_packing_specs' tokenizer and pad multiple)")
-    p.add_argument("--cluster", help="cluster profile (default: $PIPELINE_CLUSTER, else local_cpu)")
+    p.add_argument("--cluster", type=name_arg, help="cluster profile (default: $PIPELINE_CLUSTER, else local_cpu)")
     p.add_argument("--tokenizer", help="registry model name, local dir or HF id (default: --model's tokenizer)")
     p.add_argument("--model",
                    help="the model the data is for (registry name: nano, super, smollm2-135m, ...): its tokenizer and "

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from pipeline.checkpoint.plan import JobPlan, print_plan, refuse
-from pipeline.cli.parser import Parser
+from pipeline.cli.parser import Parser, path_arg
 from pipeline.common.argv import strip_options
 from pipeline.common.errors import cli_main
 from pipeline.common.log import setup_logging
@@ -51,7 +51,7 @@ def build_parser() -> Parser:
     p.add_argument("--tasks", default=SMOKE_TASK, help=f"comma-separated task names (default {SMOKE_TASK})")
     add_eval_options(p)
     p.add_argument("--device", help="default: cuda when present, else cpu")
-    p.add_argument("--output-dir", type=Path, help="default: MODEL/eval/")
+    p.add_argument("--output-dir", type=path_arg, help="default: MODEL/eval/")
     p.add_argument("--wandb-project", default=os.environ.get("EVAL_WANDB_PROJECT", "pipeline-evals"))
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--quiet", action="store_true")

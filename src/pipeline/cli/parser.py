@@ -42,6 +42,22 @@ def path_arg(text: str):
     return Path(text)
 
 
+def run_dir_arg(text: str):
+    """``--run-dir``: a path as :func:`path_arg`, and not a filesystem root (``--run-dir ""`` had made the checkout
+    the run directory: its config.yaml, launch.json and checkpoints/ written into the working directory, exit 0)."""
+    path = path_arg(text)
+    if path.resolve() == path.resolve().parent:
+        raise argparse.ArgumentTypeError(f"{text!r} is a filesystem root; name a directory for the run's records")
+    return path
+
+
+def name_arg(text: str) -> str:
+    """A name that must not be empty (``--cluster ""`` had silently meant the default profile)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name; give one (or leave the option out for the default)")
+    return text
+
+
 WATCH_MAX_SECONDS = 86400.0
 
 

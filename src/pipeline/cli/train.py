@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cli.parser import Parser
+from pipeline.cli.parser import Parser, name_arg, run_dir_arg
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.common.mappings import drop_unset
@@ -55,10 +55,10 @@ def build_parser() -> Parser:
     p.add_argument("--disable-ft", action="store_true")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--nodes", type=int)
-    p.add_argument("--cluster")
+    p.add_argument("--cluster", type=name_arg)
     p.add_argument("--no-path-checks", action="store_true")
     p.add_argument("--max-restarts", type=int)
-    p.add_argument("--run-dir", type=Path)
+    p.add_argument("--run-dir", type=run_dir_arg)
     p.add_argument("--allow-config-change", action="store_true")
     return p
 

@@ -69,7 +69,12 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
     for prompt in prompts:
         msgs = [{"role": "user", "content": prompt}]
         kwargs = {"enable_thinking": reasoning} if tok.chat_template and "enable_thinking" in tok.chat_template else {}
-        enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True, **kwargs)
+        try:
+            enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True,
+                                          **kwargs)
+        except Exception as exc:  # jinja2's TemplateError (raise_exception), or the template's own bug
+            raise UserError(f"the chat template of {model_path} refuses the coherence prompts (one user turn): "
+                            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
         n_prompt = int(enc["input_ids"].shape[1])
         room = max_tokens if not context else min(max_tokens, context - n_prompt)
         if room < 1:  # the prompt alone fills the context: nothing to generate, and the report says why
@@ -211,7 +216,7 @@ def _request(url: str, payload: dict | None, timeout: float, deadline: float | N
                     raise UserError(f"endpoint {url} sent more than {MAX_RESPONSE_BYTES} bytes; refusing the reply")
     try:
         out = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # ValueError: bad JSON, or an int past 4300 digits
         raise UserError(f"endpoint {url} did not answer JSON (got {bytes(body[:60])!r}...): is it an "
                         "OpenAI-compatible server?") from None
     if not isinstance(out, dict):
@@ -262,6 +267,11 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
             text = (choice.get("message") or {}).get("content") or ""
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate (\ud800): no report could be written with it
+                raise UserError(f"endpoint {root} answered text that is not valid Unicode (a lone surrogate in "
+                                f"the reply to prompt {len(out) + 1}); is the server's detokenizer broken?") from None
             n = (resp.get("usage") or {}).get("completion_tokens")
             n_prompt = (resp.get("usage") or {}).get("prompt_tokens")
             if isinstance(n_prompt, bool) or not isinstance(n_prompt, int) or not 0 <= n_prompt <= 100_000_000:

@@ -159,23 +159,31 @@ def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[s
                                      f"or the hub id {spec.hf_id}")
             elif not inputs_later and not Path(m).exists() and ("/" not in m or m.startswith((".", "/"))):
                 plan.problems.append(f"model {m} does not exist (a local HF directory or a hub id ORG/NAME)")
-        size = hf_size(cfg.model)
-        if size is None:
-            plan.notes.append(f"no size facts for {cfg.model}: memory not estimated")
-            return plan
-        billions, vocab, src = size
+        # the models generate one after another: the job is sized for the largest (a --compare model too: a
+        # Super compared with a 135M model had been planned on one GPU)
         tokens = cfg.max_tokens + 256
-        gb, gpus = hf_gb(billions, max(1, gpn), profile.memory_budget_gb, tokens, vocab)
+        sized = []
+        for m in dict.fromkeys([cfg.model, *cfg.compare]):
+            size = hf_size(m)
+            if size is None:
+                plan.notes.append(f"no size facts for {m}: memory not estimated")
+                continue
+            billions, vocab, src = size
+            gb, gpus = hf_gb(billions, max(1, gpn), profile.memory_budget_gb, tokens, vocab)
+            sized.append((gb, gpus, m, billions, src))
+            plan.notes.append((f"{m}: " if cfg.compare else "") + f"{billions:.1f}B parameters ({src}); " +
+                              ("on one GPU" if gpus == 1 else f"over the node's {gpus} GPUs (device_map='auto')"))
+        if not sized:
+            return plan
+        gb, gpus = max(t[0] for t in sized), max(t[1] for t in sized)
         plan.memory_gb = {"generate": round(gb, 1)}
         plan.gpus_needed = gpus if profile.has_gpus else 0
-        plan.notes.append(f"{billions:.1f}B parameters ({src}); " +
-                          ("on one GPU" if gpus == 1 else f"over the node's {gpus} GPUs (device_map='auto')"))
         if profile.memory_budget_gb and gb > profile.memory_budget_gb:
             plan.problems.append(f"estimated {gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB on "
                                  f"'{profile.name}' even over the node's {gpus} GPUs: use the megatron backend on "
                                  "more nodes")
         return plan
-    return _plan_megatron(cfg, profile, n_nodes, given, argv)
+    return _plan_megatron(cfg, profile, n_nodes, given, argv, inputs_later)
 
 
 def _peft_refusal(cfg) -> str | None:
@@ -193,7 +201,22 @@ def _peft_refusal(cfg) -> str | None:
     return bridge.generation_refusal(peft, cfg.hf_model) if peft is not None else None
 
 
-def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> JobPlan:
+def _checkpoint_problem(cfg) -> str | None:
+    """Why the iteration the megatron backend would generate from cannot be read (a missing directory, no complete
+    iteration, a missing --iteration): the plan had passed them and the job failed on every rank."""
+    from pipeline.coherence.run import megatron_iteration
+    from pipeline.common.errors import UserError
+
+    try:
+        megatron_iteration(cfg.model, cfg.iteration)
+    except UserError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"checkpoint {cfg.model} cannot be read ({exc.strerror or exc})"
+    return None
+
+
+def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str], inputs_later: bool = False) -> JobPlan:
     gpn = profile.ranks_per_node
     spec: ModelSpec | None = spec_for(cfg.hf_model) if cfg.hf_model else None
     notes = []
@@ -212,6 +235,9 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str]) -> 
                    memory_budget_gb=profile.memory_budget_gb, notes=notes, env=job_env(profile.env))
     if not cfg.hf_model:
         plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
+    problem = None if inputs_later else _checkpoint_problem(cfg)  # a job after an import reads it when it starts
+    if problem:
+        plan.problems.append(problem)
     refusal = _peft_refusal(cfg)
     if refusal:
         plan.problems.append(refusal)

@@ -33,6 +33,11 @@ def _prompt(item, where: str) -> str:
         raise UserError(f"{where}: a prompt must be a string (got {type(item).__name__})")
     if not item.strip():
         raise UserError(f"{where}: the prompt is empty")
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:  # a JSON escape of half a surrogate pair ("\\ud800"): no report could hold it
+        raise UserError(f"{where}: the prompt is not valid Unicode (a lone surrogate escape such as \\ud800)"
+                        ) from None
     return item
 
 
@@ -55,7 +60,7 @@ def load_prompts(path: Path | None) -> list[str]:
     except OSError as exc:
         raise UserError(f"prompt file {path} cannot be read ({exc.strerror})") from None
     prompts: list[str] = []
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":  # P.JSON too: it had run the list as one text line
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError, ValueError) as exc:
@@ -64,7 +69,7 @@ def load_prompts(path: Path | None) -> list[str]:
             hint = " (the list itself, not an object holding it)" if isinstance(data, dict) else ""
             raise UserError(f"prompt file {path} must be {SHAPES}{hint}; got a JSON {type(data).__name__}")
         prompts = [_prompt(p, f"prompt file {path}, item {i}") for i, p in enumerate(data)]
-    elif path.suffix == ".jsonl":
+    elif path.suffix.lower() == ".jsonl":
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue

@@ -47,6 +47,15 @@ class Loader(yaml.SafeLoader):
                 seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
+    def construct_scalar(self, node):
+        value = super().construct_scalar(node)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # "\ud800": half a UTF-16 pair, which no file or process argument can hold
+            raise ConstructorError(None, None, f"the value on line {node.start_mark.line + 1} holds a lone surrogate "
+                                   "escape (such as \\ud800), which is not text", node.start_mark) from None
+        return value
+
     def construct_yaml_int(self, node):
         value = self.construct_scalar(node)
         sign = -1 if value.startswith("-") else 1

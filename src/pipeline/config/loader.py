@@ -56,7 +56,8 @@ def read_yaml(path: str | Path) -> dict:
     if path.is_dir():
         raise UserError(f"config file {path} is a directory; pass a YAML file (e.g. configs/local/tiny_moe_sft.yaml)")
     if not path.is_file():
-        raise UserError(f"config file {path} does not exist")
+        raise UserError(f"config file {path} is not a regular file (a FIFO, device or socket)" if path.exists() else
+                        f"config file {path} does not exist")
     try:
         data = yamlio.load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:

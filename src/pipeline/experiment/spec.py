@@ -307,6 +307,27 @@ def _strs(x: Any, where: str) -> tuple[str, ...]:
     return tuple(str(a) for a in x)
 
 
+# sbatch options an experiment's sbatch lists may not hold: the experiment sets them itself, or every job would run
+# into one run directory (isambard_sbatch refuses --array and --chdir for the pipeline's jobs at submit time, after
+# earlier runs were queued). base.sbatch: [--nodes=2] had been planned for base.nodes (1) and allocated 2.
+SBATCH_REFUSED = {"--nodes": "the runs are planned for base.nodes: set the node count there",
+                  "--dependency": "the experiment chains its phases itself (from:)",
+                  "--array": "every array task would train into the same run directory: sweep with grid or zip",
+                  "--chdir": "the jobs run from the checkout the experiment is planned in"}
+SBATCH_SHORT = {"-N": "--nodes", "-d": "--dependency", "-a": "--array", "-D": "--chdir"}
+
+
+def sbatch_options(x: Any, where: str, training: bool = True) -> tuple[str, ...]:
+    """An experiment's extra sbatch options, refusing those the planner does not model (SBATCH_REFUSED); an export or
+    coherence phase may ask for its own --nodes (a megatron coherence over several nodes)."""
+    opts = _strs(x, where)
+    for opt in opts:
+        name = opt.split("=", 1)[0] if opt.startswith("--") else SBATCH_SHORT.get(opt[:2], opt[:2])
+        if name in SBATCH_REFUSED and (training or name != "--nodes"):
+            raise UserError(f"{where}: {opt!r}: {name} is not an experiment's sbatch option: {SBATCH_REFUSED[name]}")
+    return opts
+
+
 # The launcher flags an experiment may set, each modelled by the planner (plan.py passes it to the LaunchRequest it
 # plans with): True for a flag that takes a value. Any other launcher flag is refused, naming its place in the file.
 LAUNCHER_FLAGS = {"--disable-ft": False, "--peft": True, "--cluster": True, "--max-restarts": True}
@@ -378,11 +399,17 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
     if not path.is_file():
         raise UserError(f"experiment file {path} is not a file")
     try:
-        raw = yamlio.load(path.read_text())
+        raw = yamlio.load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise UserError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError:  # was a traceback (hostile pass, issue 34)
+        raise UserError(f"{path}: not a text file (invalid UTF-8); expected a YAML experiment file") from None
+    except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+        raise UserError(f"{path}: a value cannot be read: {str(exc)[:120]}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
     raw = _mapping(raw, str(path))
     _check_unknown(raw, TOP_KEYS, str(path))
     name = str(raw.get("name") or path.stem)
@@ -399,7 +426,7 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
     base = Base(config=str(b["config"]), model=str(b["model"]), mode=str(b["mode"]), nodes=nodes,
                 cluster=str(b["cluster"]) if b.get("cluster") else None,
                 flags=launcher_flags(_strs(b.get("flags"), f"{path}: base.flags"), f"{path}: base.flags"),
-                sbatch=_strs(b.get("sbatch"), f"{path}: base.sbatch"),
+                sbatch=sbatch_options(b.get("sbatch"), f"{path}: base.sbatch"),
                 overrides=_overrides(b.get("overrides"), f"{path}: base.overrides"))
     phases, explicit = _phases(raw.get("phases"), path)
     axes = _axes(raw, path)
@@ -480,7 +507,8 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
             raise UserError(f"{where}: a training phase takes overrides, not args")
         out.append(Phase(name=name, kind=kind, start=start, iteration=it, init=init, tokens=tokens,
                          overrides=_overrides(p.get("overrides"), f"{where}: overrides"),
-                         args=_strs(p.get("args"), f"{where}: args"), sbatch=_strs(p.get("sbatch"), f"{where}: sbatch"),
+                         args=_strs(p.get("args"), f"{where}: args"),
+                         sbatch=sbatch_options(p.get("sbatch"), f"{where}: sbatch", kind == "train"),
                          upload_all=upload))
     if out[0].kind != "train":
         raise UserError(f"{path}: the first phase must be a training phase")

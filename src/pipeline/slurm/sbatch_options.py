@@ -240,16 +240,17 @@ def gpus_per_node_asked(opts: list[str], script: str | None, nodes: int) -> tupl
     None when none is given (the cluster profile's --gpus-per-node is then added). Every form sbatch takes is read:
     ``--gpus-per-node=[type:]N``, ``--gres=gpu[:type]:N``, ``--gpus/-G [type:]N`` (a job total: exact on one node;
     over several nodes Slurm may place it unevenly, so it is refused there); forms that do not say GPUs per node
-    (``--gpus-per-task``, ``--gpus-per-socket``, ``--tres-per-task``) and two forms at once are refused."""
+    (``--gpus-per-task``, ``--gpus-per-socket``, ``--tres-per-task``), ``--tres-per-node=gres/gpu:N`` and two forms
+    at once are refused."""
     given = {}
     for names in (("--gpus-per-node",), ("--gpus", "-G"), ("--gres",), ("--gpus-per-task",), ("--gpus-per-socket",),
-                  ("--tres-per-task",)):
+                  ("--tres-per-task",), ("--tres-per-node",)):
         value = submitted_value(opts, script, *names)
         if value is None:
             continue
         if names == ("--gres",) and _gres_gpus(value) is None:
             continue  # a --gres of other resources asks for no GPU
-        if names == ("--tres-per-task",) and "gpu" not in value:
+        if names in (("--tres-per-task",), ("--tres-per-node",)) and "gpu" not in value:
             continue
         given[names[0]] = value
     if not given:
@@ -269,6 +270,9 @@ def gpus_per_node_asked(opts: list[str], script: str | None, nodes: int) -> tupl
             return total, f"{option}={value}"
         raise UserError(f"--gpus={value} is a total over the job's {nodes} nodes, which Slurm may place unevenly; "
                         f"the plan counts GPUs per node: use --gpus-per-node=N")
+    if option == "--tres-per-node":  # passed through unread, beside the profile's --gpus-per-node (hostile pass)
+        raise UserError(f"{option}={value}: the plan does not read GPUs asked for as a trackable resource; use "
+                        "--gpus-per-node=N")
     raise UserError(f"{option}={value}: GPUs per task or socket do not say how many GPUs each node gets, and the plan "
                     "counts GPUs per node: use --gpus-per-node=N")
 

@@ -123,8 +123,8 @@ def read_events(run_dir: Path) -> list[dict]:
     for line in path.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill mid-write
+        except (ValueError, RecursionError):  # a line cut by a kill mid-write; an int past 4300 digits; too deep
+            continue
         if event_ok(rec):
             out.append(rec)
     return out

@@ -391,8 +391,8 @@ class ProgressLog:
         for line in lines:
             try:
                 step = json.loads(line).get("step")
-            except (json.JSONDecodeError, AttributeError):
-                continue  # a line cut by a kill mid-write
+            except (ValueError, RecursionError, AttributeError):  # cut by a kill mid-write, or junk: not a step
+                continue
             if isinstance(step, int) and step <= resume_step:
                 keep.append(line)
         if len(keep) != len(lines):
@@ -480,8 +480,8 @@ def read_progress(run_dir: Path | None) -> list[dict]:
     for line in path.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue  # a line cut by a kill mid-write
+        except (ValueError, RecursionError):  # a line cut by a kill mid-write; an int past 4300 digits; too deep
+            continue
         if progress_ok(rec):
             by_step[rec["step"]] = rec
     return [by_step[k] for k in sorted(by_step)]
@@ -505,11 +505,17 @@ def _typed(v: Any, kind: str) -> bool:
     return isinstance(v, dict)
 
 
+MAX_SUMMARY_BYTES = 16 << 20  # a summary is a few kB
+
+
 def read_summary(run_dir: Path | None) -> dict:
     """metrics_summary.json, or {} when it is absent or unreadable; a field of a wrong type is left out (as if it
     were not written), and so is a goodput part that is not a finite number (``goodput.split``'s own fields)."""
-    try:
-        s = read_json(Path(run_dir) / "metrics_summary.json") if run_dir is not None else {}
+    path = Path(run_dir) / "metrics_summary.json" if run_dir is not None else None
+    try:  # a regular file of a summary's size: a link to /dev/zero was a MemoryError
+        if path is None or not path.is_file() or path.stat().st_size > MAX_SUMMARY_BYTES:
+            return {}
+        s = read_json(path)
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(s, dict):
