@@ -47,7 +47,7 @@ def test_each_config_plans_pass_as_its_header_documents(config, tmp_path, monkey
 
 
 def test_the_gpu_smoke_config_fits_and_validate_plans_it(monkeypatch):
-    """The smoke run of decisions #25 (Nano, seq 4096) was refused by the preflight: packs of 32768 against seq 4096,
+    """The first GPU run (decisions #61: Nano, seq 4096) was refused by the preflight: packs of 32768 against seq 4096,
     and 160 GB per GPU on one node. Its config now passes on its 4 nodes, and `validate --run-training` plans it."""
     monkeypatch.delenv("PIPELINE_CLUSTER", raising=False)
     assert "gpu-smoke-plan" in [c.name for c in validate.TRAINING_CHECKS]
