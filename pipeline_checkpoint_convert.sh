@@ -10,7 +10,8 @@
 #
 # Local-engine checkpoints convert in one process on CPU. Megatron checkpoints convert through Megatron
 # Bridge's AutoBridge on one node's GPUs (one torchrun rank per GPU; Nano and Super default to EP=4).
-# Logic: src/pipeline/checkpoint/cli.py. Environment: pipeline_env_config.env.
+# Logic: src/pipeline/cli/checkpoint.py (the command line), src/pipeline/checkpoint/ (export, verify, poll, plan).
+# Environment: pipeline_env_config.env.
 set -euo pipefail
 PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PIPELINE_ROOT

@@ -1,8 +1,8 @@
 """The reference's Quickstart Walkthrough (Steps 0-6 of the reference system's README) replayed on the Isambard
 profile, in dry-run form, by one test (issue 33): every command as the reference writes it, translated only where
-our command differs (the README's walkthrough table says how), each planned or refused with the one-line reason
-the README documents. ``isambard_sbatch --test-only`` goes to the local Slurm (4 nodes of 2 CPUs: it checks the
-request, queues nothing); the test venv stands in for the login node's planner; the cluster's paths
+our command differs (the walkthrough table of docs/cluster.md says how), each planned or refused with the one-line
+reason docs/cluster.md documents. ``isambard_sbatch --test-only`` goes to the local Slurm (4 nodes of 2 CPUs: it
+checks the request, queues nothing); the test venv stands in for the login node's planner; the cluster's paths
 (/projects/a5k/public/...) are not on this machine, so a command that checks them is refused for that reason, and
 its plan is shown with ``--no-path-checks`` or, for the jobs that read what an earlier step writes, with
 ``--dependency=afterok`` on a held job (their inputs are then the job's to check, as on the cluster)."""
@@ -41,7 +41,7 @@ SLURM_OK = r"sbatch: Job \d+ to start at"
 
 @dataclass(frozen=True)
 class Case:
-    row: str          # the README table's row (step number + letter)
+    row: str          # the row of docs/cluster.md's walkthrough table (step number + letter)
     argv: list[str]   # "$HELD" is the held job a dependent submission waits for
     rc: int
     says: list[str]   # regexes the output must match (the plan, or the one-line reason)
@@ -94,8 +94,8 @@ CASES = [
 ]
 
 
-def _readme_rows() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
+def _walkthrough_rows() -> dict[str, str]:
+    text = (ROOT / "docs" / "cluster.md").read_text()
     return {m.group(1): m.group(0) for m in re.finditer(r"^\| (\d[a-z]?) \|.*$", text, re.M)}
 
 
@@ -113,7 +113,7 @@ def test_the_reference_walkthrough_plans_or_refuses_each_command(slurm, pipeline
             results = list(pool.map(one, CASES))
     finally:
         subprocess.run(["scancel", held], env=env, capture_output=True)
-    rows = _readme_rows()
+    rows = _walkthrough_rows()
     for case, res in results:
         out = res.stdout + res.stderr
         assert res.returncode == case.rc, (case.row, res.returncode, out[-3000:])
@@ -122,7 +122,7 @@ def test_the_reference_walkthrough_plans_or_refuses_each_command(slurm, pipeline
         if case.rc == 2:  # a refusal is one line per problem, each an error: line, and no traceback
             assert "Traceback" not in out and all(x.startswith("error: ") for x in res.stderr.splitlines()
                                                     if x.strip()), (case.row, res.stderr)
-        assert case.row in rows, f"README.md has no walkthrough row | {case.row} |"
+        assert case.row in rows, f"docs/cluster.md has no walkthrough row | {case.row} |"
 
     # Step 2: the config the reference reviews has the values it names
     cfg = yaml.safe_load((ROOT / CONFIG).read_text())
@@ -134,7 +134,7 @@ def test_the_reference_walkthrough_plans_or_refuses_each_command(slurm, pipeline
     # Step 1's packs are the ones the config reads (dataset_root + the model's tokenizer and pad multiple)
     assert cfg["dataset"]["dataset_root"] == "/projects/a5k/public/data/geodesic-research__pa-warm-start-1B-sft-mix"
     assert "2" in rows and "1c" in rows
-    # Step 4: the log the reference tails is the training job's --output; the README names the one it writes
+    # Step 4: the log the reference tails is the training job's --output; docs/cluster.md names the one it writes
     from pipeline.slurm.sbatch_options import directive_value
 
     log = directive_value(str(ROOT / "pipeline_training_submit.sbatch"), "--output").replace("%j", "<jobid>")

@@ -18,7 +18,7 @@ from pipeline.data.chat import locate_spans, tokenize_conversations
 from pipeline.data.prepare import PrepareOptions, prepare
 
 # Replies that a search finds in the template first, or twice, or not as themselves.
-# (A reply holding "<|im_end|>" itself is dropped and counted, decision 71: see the test after this one.)
+# (A reply holding "<|im_end|>" itself is dropped and counted, decision 36: see the test after this one.)
 HOSTILE_REPLIES = ["a", "b", "i", "m", "s", "t", "n", "e", "d", "c", "assistant", "im_end", "im_start", "user",
                    "system", "\n", " ", "   ", "\n\n", "You are", "a" * 3, "Hello.", "<", "|", ">"]
 
