@@ -57,6 +57,11 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
     (_AB, "AutoBridge", ()),
     (_AB, "AutoBridge.from_hf_pretrained", ("path",)),
     (_AB, "AutoBridge.import_ckpt", ("hf_model_id", "megatron_path")),
+    (_AB, "AutoBridge.to_megatron_provider", ("load_weights",)),
+    (_AB, "AutoBridge.save_megatron_model", ("model", "path", "hf_tokenizer_path", "hf_tokenizer_kwargs",
+                                             "low_memory_save")),
+    ("megatron.bridge.models.model_provider", "ModelProviderMixin.provide_distributed_model",
+     ("wrap_with_ddp", "use_cpu_initialization")),
     (_AB, "AutoBridge.export_ckpt", ("megatron_path", "hf_path", "strict")),
     (_AB, "AutoBridge.load_megatron_model", ("path", "mp_overrides")),
     (_AB, "AutoBridge.save_hf_pretrained", ("model", "path", "strict")),
@@ -500,15 +505,50 @@ def export_to_hf(iter_path: Path, hf_path: Path, *, hf_model: str, strict: bool,
     bridge.save_hf_pretrained(model=models, path=str(hf_path), strict=strict)
 
 
-def import_from_hf(hf_id: str, output: Path) -> Path:
-    """Hugging Face -> a Megatron ``torch_dist`` checkpoint at ``output`` (one process; AutoBridge.import_ckpt).
+def import_from_hf(hf_id: str, output: Path, *, tp: int = 1, pp: int = 1, ep: int = 1) -> Path:
+    """Hugging Face -> a Megatron ``torch_dist`` checkpoint at ``output``, written beside it and moved into place
+    whole (a killed import leaves no half checkpoint where the configs look).
 
-    Our own world of one and seeded groups first (:func:`_init_model_parallel`): without a process group Bridge's
-    provider makes one with ``torch.cuda.set_device`` + NCCL, which a machine without CUDA cannot."""
+    One process (tp = pp = ep = 1): ``AutoBridge.import_ckpt`` builds the whole model in host memory (CPU
+    initialisation). Model-parallel (one torchrun rank per GPU, the plan's layout; decisions #83): every rank builds
+    its shard (``to_megatron_provider(load_weights=True)`` with the layout set, ``provide_distributed_model``: each
+    rank reads only its slices of the HF safetensors) and ``save_megatron_model`` writes each rank's shards of one
+    checkpoint, which any layout loads (torch_dist reshards). Our own seeded groups first
+    (:func:`_init_model_parallel`): without a process group Bridge's provider makes one with ``torch.cuda.set_device``
+    + NCCL, which a machine without CUDA cannot."""
+    import shutil
+
+    import torch.distributed as dist
+
     AutoBridge = _import(_AB, "AutoBridge")
-    own = _init_model_parallel(1, 1, 1)
+    own = _init_model_parallel(tp, pp, ep)
+    rank0 = dist.get_rank() == 0
+    staging = output.parent / f".{output.name}.importing"
     try:
-        AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(output))
+        if rank0:
+            shutil.rmtree(staging, ignore_errors=True)  # what a killed import left
+            staging.parent.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        if tp * pp * ep == 1 and dist.get_world_size() == 1:
+            AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(staging))
+        else:
+            bridge = AutoBridge.from_hf_pretrained(hf_id)
+            provider = bridge.to_megatron_provider(load_weights=True)
+            for key, value in _mp_overrides(tp, pp, ep).items():
+                setattr(provider, key, value)
+            provider.finalize()
+            # GPU ranks build their shard on their device; CPU ranks (gloo) build it on the host
+            models = provider.provide_distributed_model(wrap_with_ddp=False,
+                                                        use_cpu_initialization=_device().type == "cpu")
+            kwargs = getattr(bridge._model_bridge, "get_hf_tokenizer_kwargs", lambda: None)() or {}
+            bridge.save_megatron_model(models, str(staging), hf_tokenizer_path=hf_id, hf_tokenizer_kwargs=kwargs,
+                                       low_memory_save=True)
+        dist.barrier()
+        if rank0:
+            if output.exists():
+                shutil.rmtree(output)  # --force (the CLI refuses an existing checkpoint without it)
+            os.replace(staging, output)
+        dist.barrier()
     finally:
         if own:
             _destroy_model_parallel()

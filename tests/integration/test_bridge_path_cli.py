@@ -19,9 +19,9 @@ def _tiny_safetensors(path):
 
 
 def test_import_runs_on_one_node(pipeline_env, tmp_path):
-    """Bridge's import builds the model once, on one host: a multi-node allocation is refused with the one-node
-    command (the reference's 4 nodes idled 3); on one node, `import nano` fetches the -Base-BF16 model its config
-    reads."""
+    """Bridge's single-process import builds the model once, on one host: for Nano a multi-node allocation is
+    refused with the one-node command; on one node, `import nano` fetches the -Base-BF16 model its config reads.
+    Super imports under torchrun on the allocation's nodes."""
     env = {**pipeline_env, "PYTHONPATH": str(ROOT / "src"), "PIPELINE_CLUSTER": "isambard_gh200",
            "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "nid[001-004]", "SLURM_NODEID": "2"}
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16",
@@ -30,11 +30,14 @@ def test_import_runs_on_one_node(pipeline_env, tmp_path):
         "error: import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 "
         "pipeline_checkpoint_submit.sbatch import nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16\n")
     assert not (tmp_path / "out").exists()
-    # Super: never one process (the reference: it hangs), on any node count (decisions #57)
+    # Super: never one process (the reference: it hangs); on the reference's 4 nodes it plans torchrun on every GPU
+    # (tp 1 pp 4 ep 4: decisions #83), and the launcher stops before starting any rank without Megatron Bridge
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
                "--output", str(tmp_path / "out")], env=env)
-    assert res.returncode == 2 and res.stderr.startswith("error: a single-process import of ") and \
-        res.stderr.count("\n") == 1
+    assert res.returncode == 2 and res.stderr.startswith(
+        "error: importing nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 as a Megatron checkpoint needs") and \
+        res.stderr.count("\n") == 1, res.stderr
+    assert not (tmp_path / "out").exists()
     res = run([PY, "-m", "pipeline.cli.checkpoint", "import", "nano", "--output", str(tmp_path / "out")],
               env={**env, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "nid001", "SLURM_NODEID": "0"})
     assert res.returncode == 2 and res.stderr.startswith(

@@ -77,6 +77,9 @@ CASES = [
          [rf"^error: checkpoint directory {CKPT} does not exist"]),
     Case("5b", [SB, "--test-only", "--dependency=afterok:$HELD", "--nodes=1", *EXPORT], 0,
          [r"Plan: PASS - export: world 4 on 1 node\(s\) \(tp 1 pp 1 ep 4\)", SLURM_OK]),
+    # The reference's Super import (its Checkpoint Pipeline section): torchrun on every GPU of its 4 nodes (decision 83)
+    Case("5c", [SB, "--test-only", "--nodes=4", "pipeline_checkpoint_submit.sbatch", "import", SUPER_HF], 0,
+         [r"Plan: PASS - import: world 16 on 4 node\(s\) \(tp 1 pp 4 ep 4\)", SLURM_OK]),
     # Step 6: coherence on the export, likewise.
     Case("6a", [SB, "--test-only", "--gpus-per-node=1", *COHERENCE], 2,
          [rf"^error: model {CKPT}/iter_0000200/hf does not exist"]),

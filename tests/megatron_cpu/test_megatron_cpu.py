@@ -14,7 +14,7 @@ parallel layout of a converted checkpoint cannot run on CPU: ep 2 stops at Bridg
 Nemotron-H's Mamba layers need CUDA kernels (mamba-ssm, causal-conv1d).
 
 What runs, for real: HF -> Megatron import (``pipeline.bridge.import_from_hf``: AutoBridge.import_ckpt, a torch_dist
-checkpoint); greedy generation through ``pipeline.cli.coherence --backend megatron`` (the plan's own torchrun launch
+checkpoint; and at tp 2 under torchrun through ``pipeline.cli.checkpoint import``, equal tensor for tensor); greedy generation through ``pipeline.cli.coherence --backend megatron`` (the plan's own torchrun launch
 line) at tp 1, tp 2, pp 2 and pp 2 across 2 nodes of the local Slurm, each token for token equal to Hugging Face
 greedy generation of the same weights; export at tp 2 through ``pipeline.cli.checkpoint export`` under torchrun
 (Bridge's save_hf_pretrained gathering the shards, then the Megatron source's logits against the export): PASS and
@@ -139,6 +139,46 @@ def test_model_parallel_export_verifies_and_a_perturbed_shard_fails(tiny):
     assert "FAILED verification" in r.stderr
     assert not (bad / "iter_0000000" / "hf").exists()
     assert json.loads((bad / "iter_0000000" / "hf_verification_FAILED.json").read_text())["verdict"] == "FAIL"
+
+
+READ_DCP = """
+import sys, torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+for src, dst in zip(sys.argv[1::2], sys.argv[2::2]):
+    dcp_to_torch_save(src, dst)
+"""
+
+
+def test_a_model_parallel_import_under_torchrun_equals_the_single_process_one(tiny):
+    """The import CLI at --tp 2 (it plans, then execs the plan's torchrun line: two ranks, each building its shard
+    from the HF safetensors with Bridge's provider and saving it with save_megatron_model; decisions #83): one
+    torch_dist checkpoint whose every tensor equals the single-process import's (AutoBridge.import_ckpt), read back
+    whole with torch's own DCP reader. A second import to the same output is refused without --force."""
+    import torch
+
+    out = tiny["work"] / "import_tp2"
+    args = [str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "import", str(tiny["hf"]), "--output",
+            str(out), "--tp", "2"]
+    plan = tier_run([*args, "--dry-run", "--json"])
+    assert plan.returncode == 0 and json.loads(plan.stdout)["launch"][:4] == [
+        "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=2"], plan.stdout
+    r = tier_run(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "launching: torchrun --standalone --nnodes=1 --nproc-per-node=2" in r.stdout
+    assert r.stdout.count(f"imported {tiny['hf']} -> {out}") == 1  # rank 0 reports
+    it = out / "iter_0000000"
+    assert sorted(f.name for f in it.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # each rank its shard
+    assert not (out.parent / f".{out.name}.importing").exists()
+    one, two = tiny["work"] / "import_tp1.pt", tiny["work"] / "import_tp2.pt"
+    r = tier_run([str(VENV / "bin" / "python"), "-c", READ_DCP, str(tiny["meg"] / "iter_0000000"), str(one),
+                  str(it), str(two)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = torch.load(one, weights_only=False), torch.load(two, weights_only=False)
+    tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
+    assert set(a) == set(b) and len(tensors) >= 9
+    assert all(torch.equal(a[k], b[k]) for k in tensors)
+    again = tier_run(args)
+    assert again.returncode == 2 and again.stderr == f"error: {out} already holds a checkpoint; --force to overwrite\n"
 
 
 def test_every_stand_in_is_named_in_its_header_and_the_suite_imports_none(tiny):

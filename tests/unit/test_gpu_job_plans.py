@@ -54,7 +54,10 @@ def test_a_single_process_super_export_is_refused_with_the_layout_that_fits():
     (["import", "nano", "--nodes", "4"],
      "import runs on one node, and 4 were asked for: isambard_sbatch --nodes=1 pipeline_checkpoint_submit.sbatch "
      "import nano"),
-    (["import", "super", "--nodes", "4"], "a single-process import of nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"),
+    (["import", "super", "--nodes", "3", "--tp", "1", "--pp", "4", "--ep", "4"],
+     "the import's layout (--tp 1 --pp 4 --ep 4, world 16) runs on 4 node(s), and 3 were asked for: submit it with "
+     "--nodes=4"),
+    (["import", "nano", "--tp", "8"], "tp(8) = 8 > gpus_per_node(4) on 'isambard_gh200'"),
 ])
 def test_impossible_checkpoint_jobs_are_refused(argv, needle):
     plan = checkpoint_plan(argv)
@@ -113,7 +116,8 @@ def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
       False),  # no --not-strict: the MTP shards (and lm_head.weight) would be dropped
     (["--nodes=1", "pipeline_checkpoint_submit.sbatch", "export", "CKPT", "--hf-model", SUPER, "--no-reasoning",
       "--not-strict", "--ep", "1"], False),
-    (["--nodes=4", "pipeline_checkpoint_submit.sbatch", "import", "super"], False),
+    (["--nodes=4", "pipeline_checkpoint_submit.sbatch", "import", "super"], True),  # torchrun, tp 1 pp 4 ep 4
+    (["--nodes=4", "--gpus-per-node=1", "pipeline_checkpoint_submit.sbatch", "import", "super"], False),
     (["--nodes=4", "pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER,
       "--tp", "4", "--pp", "4", "--ep", "4"], True),
     (["--nodes=6", "pipeline_coherence_submit.sbatch", "CKPT", "--backend", "megatron", "--hf-model", SUPER,
@@ -287,18 +291,34 @@ def test_a_super_export_without_not_strict_is_refused_with_the_fix(action):
 
 
 def test_a_super_import_is_never_single_process_and_host_memory_is_checked():
-    plan = plan_import("super")
-    assert not plan.ok and plan.world_size == 1
-    assert plan.problems == [
-        "a single-process import of nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 hangs while loading (the "
-        "reference: always torchrun), and this pipeline's import is one process: use the team's converted "
-        "checkpoint /projects/a5k/public/checkpoints/megatron_bridges/models/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"]
-    assert plan.host_memory_gb == 245.0  # bf16 weights + overhead, checked against the profile's host memory
-    assert load_cluster("isambard_gh200").host_memory_gb > 0
-    four = plan_import("super", nodes=4)  # the reference's --nodes=4: the same refusal, not "use --nodes=1"
-    assert not any("--nodes=1" in p for p in four.problems)
+    """Super imports under torchrun on every GPU of the nodes it gets (the reference's --nodes=4: tp 1 pp 4 ep 4),
+    its GPU memory per rank and host memory per node checked; Nano stays one process (decisions #83)."""
+    gh = load_cluster("isambard_gh200")
+    four = plan_import("super", nodes=4)  # the reference's command
+    assert four.ok, four.problems
+    assert (four.nodes, four.procs_per_node, four.layout.tp, four.layout.pp, four.layout.ep) == (4, 4, 1, 4, 4)
+    assert four.launch[:5] == ["torchrun", "--nnodes=4", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                               "--rdzv-endpoint=127.0.0.1:29500"]
+    assert four.launch[-6:] == ["--tp", "1", "--pp", "4", "--ep", "4"]
+    assert four.memory_gb == {"import": 22.7} and four.host_memory_gb == 90.8  # 4 ranks x (17.7 + 5) per node
+    one = plan_import("super")  # one node: ep 4 over its GPUs, still torchrun
+    assert one.ok and one.world_size == 4 and one.launch[0] == "torchrun" and one.host_memory_gb == 303.2
+    assert one.host_memory_gb < gh.host_memory_gb and one.memory_per_gpu_gb < gh.memory_budget_gb
+    assert not any(p.launch[0] == "python" for p in (one, four))  # never a single process
     nano = plan_import("nano")
-    assert nano.ok and nano.host_memory_gb == 68.2 and nano.host_memory_gb < load_cluster("isambard_gh200").host_memory_gb
+    assert nano.ok and nano.world_size == 1 and nano.host_memory_gb == 68.2 and nano.host_memory_gb < gh.host_memory_gb
+
+
+def test_a_parallel_import_that_does_not_fit_is_refused_with_the_fix(monkeypatch, tmp_path):
+    small = tmp_path / "small.yaml"
+    small.write_text((ROOT / "configs" / "cluster" / "isambard_gh200.yaml").read_text()
+                     .replace("host_memory_gb: 440", "host_memory_gb: 200"))
+    plan = plan_import("super", cluster=str(small))
+    assert plan.problems == ["import needs ~303 GB of host memory per node > 200 GB on 'isambard_gh200'"]
+    assert plan_import("super", nodes=4, cluster=str(small)).ok
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+    assert plan_import("super").problems[-1].startswith("a model-parallel import runs one rank per GPU; cluster "
+                                                        "profile 'local_cpu' has none")
 
 
 def test_an_import_that_does_not_fit_the_hosts_memory_is_refused(monkeypatch):

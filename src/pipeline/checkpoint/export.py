@@ -486,14 +486,23 @@ def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, *, t
         shutil.rmtree(tmp_root, ignore_errors=True)
 
 
-def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False) -> Path:
-    """HF -> a checkpoint directory in our layout. Megatron: AutoBridge.import_ckpt (GPU). Local engine:
-    ``<output>/iter_0000000/`` holding the HF weights, usable as ``checkpoint.pretrained_checkpoint``."""
+def check_import_target(output: Path, *, force: bool) -> None:
+    """An output that already holds a checkpoint is overwritten only with --force."""
+    if layout.read_tracker(output) is not None and not force:
+        raise UserError(f"{output} already holds a checkpoint; --force to overwrite")
+
+
+def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False, tp: int = 1, pp: int = 1,
+              ep: int = 1) -> Path:
+    """HF -> a checkpoint directory in our layout. Megatron: ``pipeline.bridge.import_from_hf`` (one process, or
+    every torchrun rank with the plan's layout). Local engine: ``<output>/iter_0000000/`` holding the HF weights,
+    usable as ``checkpoint.pretrained_checkpoint``."""
     if megatron:
         from pipeline import bridge
 
+        check_import_target(output, force=force)
         bridge.require_bridge(f"importing {hf_id} as a Megatron checkpoint")
-        return bridge.import_from_hf(hf_id, output)
+        return bridge.import_from_hf(hf_id, output, tp=tp, pp=pp, ep=ep)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -417,35 +417,137 @@ def import_target(hf_id: str, output: Path | None, profile: ClusterProfile) -> t
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+def torchrun_line(module: list[str], world: int, nodes: int, procs: int, argv: list[str], port: int,
+                  rdzv_id: str) -> list[str]:
+    """The per-node launcher: standalone on one node; across nodes, a c10d rendezvous on the allocation's first
+    node (each node's torchrun gives its processes a contiguous block of global ranks)."""
+    if nodes == 1:
+        return ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={world}", *module, *argv]
+    from pipeline.slurm.allocation import current, rendezvous
+
+    alloc = current()
+    host, rdzv_port = rendezvous(alloc, port)
+    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={procs}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:{rdzv_port}", f"--rdzv-id={alloc.job_id or rdzv_id}", *module, *argv]
+
+
+def import_gb(spec: ModelSpec, lay: Layout) -> float:
+    """GB per GPU of a model-parallel import: the rank's shard of the BF16 weights + the overhead (the HF tensors
+    are read one at a time from safetensors)."""
+    return round(weight_gb_per_gpu(spec.dense_params_b, spec.expert_params_b, lay) + OVERHEAD_GB, 1)
+
+
+def import_layout(spec: ModelSpec, profile: ClusterProfile, nodes: int) -> Layout | None:
+    """The layout of a model-parallel import on ``nodes`` nodes: every GPU of them used (an idle node buys
+    nothing), node-local, the model's shape rules kept, and the shard fitting a GPU; smallest pipeline split, then
+    smallest tensor split (``layouts_by_size``'s order)."""
+    gpn = profile.ranks_per_node
+    for lay in layouts_by_size(spec, gpn, nodes * gpn):
+        if lay.world != nodes * gpn or lay.problems() or node_local_problems(lay, gpn, "") or \
+                placement(lay.world, gpn)[2] or model_shape_problems(spec, lay):
+            continue
+        if not profile.memory_budget_gb or import_gb(spec, lay) <= profile.memory_budget_gb:
+            return lay
+    return None
+
+
 def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = None, cluster: str | None = None,
-                argv: list[str] | None = None) -> JobPlan:
-    """Hugging Face -> Megatron on one node: Bridge's import_ckpt builds the model on the host (CPU
-    initialisation) and saves it once, so more nodes buy nothing."""
+                argv: list[str] | None = None, tp: int | None = None, pp: int | None = None,
+                ep: int | None = None) -> JobPlan:
+    """Hugging Face -> Megatron. One process on one node by default: Bridge's import_ckpt builds the model on the
+    host (CPU initialisation) and saves it once. A model whose single-process import hangs (Super; the reference:
+    always torchrun) or an explicit --tp/--pp/--ep imports model-parallel under torchrun, one rank per GPU, each
+    building and saving its shard: on the allocation's nodes (the reference's --nodes=4 for Super), its GPU memory
+    per rank and its host memory per node checked (decisions #83)."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
+    for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        if v is not None and v < 1:
+            raise UserError(f"{flag} {v} must be >= 1")
     fetch, out, megatron = import_target(hf_id, output, profile)
     spec = spec_for(fetch)
+    module = ["-m", "pipeline.cli.checkpoint", *(argv or [])]
     plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1), engine="megatron" if megatron else "local",
-                   env=job_env(profile.env),
-                   launch=["python", "-m", "pipeline.cli.checkpoint", *(argv or [])])
+                   env=job_env(profile.env), launch=["python", *module])
     plan.notes.append(f"output: {out}")
     if spec is None and not Path(fetch).is_dir() and not HUB_ID.fullmatch(fetch):  # planned OK, failed in the job
         plan.problems.append(f"{fetch!r} is neither a registry model, a Hugging Face hub id (ORG/NAME) nor a local "
                              "model folder")
     if fetch != hf_id:
         plan.notes.append(f"{hf_id} imports {fetch} (the model the shipped {hf_id} config starts from)")
-    if spec is not None and megatron and not spec.single_process_import:
-        root = Path(profile.megatron_models_dir) if profile.megatron_models_dir else out.parent
-        plan.problems.append(f"a single-process import of {fetch} hangs while loading (the reference: always "
-                             "torchrun), and this pipeline's import is one process: use the team's converted "
-                             f"checkpoint {root / fetch.split('/')[-1]}")
-    elif n_nodes > 1:
-        plan.problems.append(f"import runs on one node, and {n_nodes} were asked for: isambard_sbatch --nodes=1 "
-                             f"pipeline_checkpoint_submit.sbatch import {shlex.quote(hf_id)}")
-    if spec is not None and megatron:
-        # the Megatron model built in host memory in the import's dtype (BF16, 2 bytes a parameter; CPU
-        # initialisation) + the overhead; the HF weights stream from safetensors
-        plan.host_memory_gb = round(2 * spec.total_params_b + OVERHEAD_GB, 1)
-        if profile.host_memory_gb and plan.host_memory_gb > profile.host_memory_gb:
-            plan.problems.append(f"import needs ~{plan.host_memory_gb:.0f} GB of host memory > "
-                                 f"{profile.host_memory_gb:g} GB on '{profile.name}'")
+    given = any(v is not None for v in (tp, pp, ep))
+    if not megatron:
+        if given:
+            plan.problems.append(f"--tp/--pp/--ep apply to a Megatron import; {fetch} imports as a local-engine "
+                                 "checkpoint (one process)")
+        return plan
+    parallel = given or (spec is not None and not spec.single_process_import)
+    if not parallel:
+        if n_nodes > 1:
+            plan.problems.append(f"import runs on one node, and {n_nodes} were asked for: isambard_sbatch --nodes=1 "
+                                 f"pipeline_checkpoint_submit.sbatch import {shlex.quote(hf_id)}")
+        if spec is not None:
+            # the Megatron model built in host memory in the import's dtype (BF16, 2 bytes a parameter; CPU
+            # initialisation) + the overhead; the HF weights stream from safetensors
+            plan.host_memory_gb = round(2 * spec.total_params_b + OVERHEAD_GB, 1)
+            _check_host_memory(plan, profile)
+        return plan
+    return _plan_parallel_import(plan, spec, profile, n_nodes, (tp, pp, ep) if given else None, module)
+
+
+def _plan_parallel_import(plan: JobPlan, spec: ModelSpec | None, profile: ClusterProfile, n_nodes: int,
+                          layout: tuple[int | None, ...] | None, module: list[str]) -> JobPlan:
+    gpn = profile.ranks_per_node
+    if not profile.has_gpus:
+        plan.problems.append(f"a model-parallel import runs one rank per GPU; cluster profile '{profile.name}' has "
+                             "none (select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
+        return plan
+    if layout is not None:
+        tp, pp, ep = (v or 1 for v in layout)
+        lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
+    else:
+        assert spec is not None
+        found = import_layout(spec, profile, n_nodes)
+        if found is None:
+            fit = next((k for k in range(1, 65) if import_layout(spec, profile, k)), None)
+            plan.problems.append(f"no import layout of {n_nodes} node(s) x {gpn} GPUs fits {spec.hf_id} "
+                                 f"({profile.memory_budget_gb:g} GB per GPU)" +
+                                 (f": submit it with --nodes={fit}" if fit else ""))
+            return plan
+        lay = found
+        plan.notes.append(f"layout: every GPU of the {n_nodes} node(s) ({layout_flags(lay)}); a single-process "
+                          f"import of {spec.hf_id} hangs while loading (the reference: always torchrun)")
+    nodes, procs, fill = placement(lay.world, gpn)
+    plan.layout, plan.nodes, plan.procs_per_node = lay, nodes, procs
+    plan.memory_budget_gb = profile.memory_budget_gb
+    plan.problems += lay.problems()
+    plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
+    if fill:
+        plan.problems.append(fill)
+    if nodes != n_nodes:
+        plan.problems.append(f"the import's layout ({layout_flags(lay)}, world {lay.world}) runs on {nodes} "
+                             f"node(s), and {n_nodes} were asked for: submit it with --nodes={nodes}")
+    flags = [] if layout is not None else ["--tp", str(lay.tp), "--pp", str(lay.pp), "--ep", str(lay.ep)]
+    plan.launch = torchrun_line(module, lay.world, nodes, procs, flags, profile.rdzv_port, "import") \
+        if lay.world > 1 else ["python", *module, *flags]
+    check_gpus_on_node(plan)
+    if spec is None:
+        plan.notes.append(f"{plan.model} is not in the model registry: no size facts, memory not estimated")
+        return plan
+    plan.problems += shape_problems_with_fix(spec, lay, profile, lambda cand: import_gb(spec, cand),
+                                             max_world=max(nodes * gpn, 1))
+    plan.memory_gb = {"import": import_gb(spec, lay)}
+    if profile.memory_budget_gb and plan.memory_per_gpu_gb > profile.memory_budget_gb:
+        plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
+                             f"on '{profile.name}' (import {plan.memory_per_gpu_gb:.1f}): use more nodes or "
+                             "--tp/--pp/--ep")
+    # host memory per node: each rank stages its shards on the host while torch_dist writes them + its process
+    plan.host_memory_gb = round(procs * (weight_gb_per_gpu(spec.dense_params_b, spec.expert_params_b, lay) +
+                                         OVERHEAD_GB), 1)
+    _check_host_memory(plan, profile, "per node ")
     return plan
+
+
+def _check_host_memory(plan: JobPlan, profile: ClusterProfile, per: str = "") -> None:
+    if profile.host_memory_gb and plan.host_memory_gb is not None and plan.host_memory_gb > profile.host_memory_gb:
+        plan.problems.append(f"import needs ~{plan.host_memory_gb:.0f} GB of host memory {per}> "
+                             f"{profile.host_memory_gb:g} GB on '{profile.name}'")

@@ -5,10 +5,13 @@
          export one iteration (default: the latest complete one) to CKPT_DIR/iter_NNNNNNN/hf/, verified;
          Megatron checkpoints run one torchrun rank per GPU of one node, by default with the model's reference
          layout (Nano, Super: EP = the node's 4 GPUs); world = pp x lcm(tp, ep)
-  import NAME|HF_ID [--output DIR]
-         Hugging Face -> a checkpoint in our layout (Megatron via AutoBridge; local engine: HF weights), on one
-         node; `import nano` fetches the model the Nano config starts from (its -Base-BF16); the default output
-         is the cluster profile's megatron_models_dir/<HF name>, where the shipped configs look
+  import NAME|HF_ID [--output DIR] [--force] [--tp T --pp P --ep E]
+         Hugging Face -> a checkpoint in our layout (Megatron via AutoBridge; local engine: HF weights); one
+         process on one node, or model-parallel under torchrun (one rank per GPU, each saving its shard) for
+         Super (its single-process import hangs) or with --tp/--pp/--ep: Super uses every GPU of the nodes it
+         gets (the reference's --nodes=4: tp 1 pp 4 ep 4); `import nano` fetches the model the Nano config starts
+         from (its -Base-BF16); the default output is the cluster profile's megatron_models_dir/<HF name>, where
+         the shipped configs look
   upload-all CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--poll] [--interval S] [--coherence]
          [--eval TASKS [--eval-limit N] [--eval-num-fewshot K] [--eval-batch-size B] [--eval-tasks-path DIR]]
          convert every complete iteration exactly once; with --poll keep watching until training ends; with
@@ -97,6 +100,7 @@ def build_parser() -> Parser:
                    "(else $PIPELINE_MODELS_DIR/megatron_bridges/models/<HF name>): where the shipped configs' "
                    "checkpoint.pretrained_checkpoint looks")
     i.add_argument("--force", action="store_true")
+    _add_layout(i)
     _add_plan(i)
     u = sub.add_parser("upload-all", help="convert every complete iteration exactly once")
     _add_common(u)
@@ -132,7 +136,7 @@ def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later
     rest = strip_options(argv, ("--dry-run", "--json"), ("--nodes",))
     nodes = args.nodes if args.nodes is not None else nodes
     if args.action == "import":
-        return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest)
+        return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest, tp=args.tp, pp=args.pp, ep=args.ep)
     plan = _plan_export(args, rest, nodes, inputs_later)
     cfg = eval_run(args, args.ckpt_dir / "iter_0000000" / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
@@ -201,7 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     apply_job_env(plan.env)
     if args.action == "import":
         fetch, out, megatron = jobs.import_target(args.hf_id, args.output, resolve_profile())
-        target = ex.import_hf(fetch, out, megatron=megatron, force=args.force)
+        if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:  # one torchrun per node, a rank per GPU
+            ex.check_import_target(out, force=args.force)
+            bridge.require_bridge(f"importing {fetch} as a Megatron checkpoint")  # here, not on every rank
+            print("launching: " + " ".join(plan.launch), flush=True)
+            os.execvp(plan.launch[0], plan.launch)
+        lay = plan.layout
+        target = ex.import_hf(fetch, out, megatron=megatron, force=args.force, tp=lay.tp, pp=lay.pp, ep=lay.ep)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return 0
         print(f"imported {fetch} -> {target}")
         print(f"use it with: checkpoint.pretrained_checkpoint={out}")
         return 0

@@ -26,6 +26,7 @@ from pipeline.checkpoint.plan import (
     placement,
     shape_problems_with_fix,
 )
+from pipeline.checkpoint.plan import torchrun_line as jobs_torchrun_line
 from pipeline.coherence.backends import discovery_file_problem, model_bytes
 from pipeline.config.cluster import job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
@@ -93,16 +94,8 @@ def config_params_b(cfg: dict) -> float:
 
 
 def torchrun_line(world: int, nodes: int, procs: int, argv: list[str], port: int) -> list[str]:
-    """The per-node launcher: standalone on one node; across nodes, a c10d rendezvous on the allocation's first
-    node (each node's torchrun gives its processes a contiguous block of global ranks)."""
-    if nodes == 1:
-        return ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={world}", *MODULE, *argv]
-    from pipeline.slurm.allocation import current, rendezvous
-
-    alloc = current()
-    host, rdzv_port = rendezvous(alloc, port)
-    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={procs}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={host}:{rdzv_port}", f"--rdzv-id={alloc.job_id or 'coherence'}", *MODULE, *argv]
+    """The per-node launcher of the megatron backend (``pipeline.checkpoint.plan.torchrun_line``)."""
+    return jobs_torchrun_line(MODULE, world, nodes, procs, argv, port, "coherence")
 
 
 def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
