@@ -149,6 +149,8 @@ def plan_run(exp: Experiment, run: Run, allow_config_change: bool = False) -> Ru
             job.problems.append(f"cannot be planned: phase {phase.start!r}, which it starts from, could not be planned")
         elif phase.kind == "train":
             job = _train_job(exp, run, phase, src, allow_config_change)
+        elif src is None:  # spec.py refuses an export or coherence phase without 'from'
+            raise ValueError(f"phase {phase.name!r}: a {phase.kind} phase starts from another")
         elif phase.kind == "export":
             job = _export_job(exp, run, phase, src)
         else:
@@ -175,9 +177,12 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
               sbatch=_merge_opts([f"--nodes={exp.base.nodes}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)
     if src is not None:
+        if src.save is None:  # (that phase's own problem says so too)
+            job.problems.append(f"phase {src.phase!r} saves no checkpoints (checkpoint.save is null)")
+            return job
         it = src.iters if phase.iteration in (None, "last") else int(phase.iteration)
         saved = src.saved_iterations()
-        if it not in saved:
+        if it is None or it not in saved:
             job.problems.append(f"iteration {it} of phase {src.phase!r} is never saved (it saves "
                                 f"{', '.join(map(str, saved[:10]))}): pick one of those or change its "
                                 "checkpoint.save_interval")
@@ -220,7 +225,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     job.cfg, job.run_dir = cfg.to_dict(), Path(run_dir)
     job.save = Path(cfg.checkpoint.save) if cfg.checkpoint.save else None
     job.iters = cfg.train.train_iters
-    if job.continues is not None and (job.iters or 0) <= job.continues:
+    if src is not None and job.continues is not None and (job.iters or 0) <= job.continues:
         job.problems.append(f"train.train_iters={job.iters} is not past iteration {job.continues} of phase "
                             f"{src.phase!r}, which this phase continues: train_iters counts on from there (the "
                             "total); give the phase tokens: or a larger train.train_iters")
@@ -254,7 +259,7 @@ def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
     job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SCRIPT, args=[], after=src.phase,
               sbatch=_merge_opts(_directives(CHECKPOINT_SCRIPT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=checkpoint-{exp.name}.{run.label}.{phase.name}"]))
-    if src.save is None:
+    if src.save is None or src.iters is None:  # (plan_run passes a phase that was planned: iters is set)
         job.problems.append(f"phase {src.phase!r} saves no checkpoints (checkpoint.save is null)")
         return job
     if "--iteration" in phase.args:
@@ -274,6 +279,8 @@ def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
         job.problems.append(f"phase {src.phase!r} produces no model to test")
         return job
     model = src.output if src.kind == "export" else layout.iter_dir(src.save, src.iters)
+    if model is None:  # plan_run passes only an export that was planned, which has its output
+        raise ValueError(f"phase {src.phase!r} has no output to test")
     job.save, job.iters = src.save, src.iters
     job.args = [str(model), *phase.args]
     backend = flag_value(phase.args, "--backend") or "hf"
@@ -336,7 +343,8 @@ def shared_saves(plans: list[RunPlan]) -> None:
 
 def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
     """The exact shell lines that submit one run's chain (``--parsable`` ids in JOB_<n> variables)."""
-    out, var = [], {}
+    out: list[str] = []
+    var: dict[str, str] = {}
     for i, job in enumerate(rp.jobs, 1):
         if job.problems:
             out.append(f"# {job.phase}: submit refuses: {'; '.join(job.problems)}")
