@@ -29,11 +29,9 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
+from pipeline.common.paths import CHECKPOINT_SUBMIT, COHERENCE_SUBMIT, TRAINING_SUBMIT
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
 
-TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
-CHECKPOINT_SCRIPT = "pipeline_checkpoint_submit.sbatch"
-COHERENCE_SCRIPT = "pipeline_coherence_submit.sbatch"
 STATE_DIR = "_experiments"  # $PIPELINE_RUNS_DIR/_experiments/<experiment>/: submissions, plots, results
 
 
@@ -173,7 +171,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
 
     name = exp.run_name(run, phase)
     ov = {**run.overrides, **phase.overrides}
-    job = Job(phase=phase.name, kind="train", script=TRAINING_SCRIPT, args=[], run_name=name,
+    job = Job(phase=phase.name, kind="train", script=TRAINING_SUBMIT, args=[], run_name=name,
               sbatch=_merge_opts([f"--nodes={exp.base.nodes}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)
     if src is not None:
@@ -256,8 +254,8 @@ def _hf_reasoning(exp: Experiment, args: tuple[str, ...]) -> list[str]:
 
 
 def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
-    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SCRIPT, args=[], after=src.phase,
-              sbatch=_merge_opts(_directives(CHECKPOINT_SCRIPT), exp.base.sbatch, phase.sbatch,
+    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SUBMIT, args=[], after=src.phase,
+              sbatch=_merge_opts(_directives(CHECKPOINT_SUBMIT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=checkpoint-{exp.name}.{run.label}.{phase.name}"]))
     if src.save is None or src.iters is None:  # (plan_run passes a phase that was planned: iters is set)
         job.problems.append(f"phase {src.phase!r} saves no checkpoints (checkpoint.save is null)")
@@ -272,8 +270,8 @@ def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
 
 
 def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
-    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SCRIPT, args=[], after=src.phase,
-              sbatch=_merge_opts(_directives(COHERENCE_SCRIPT), exp.base.sbatch, phase.sbatch,
+    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SUBMIT, args=[], after=src.phase,
+              sbatch=_merge_opts(_directives(COHERENCE_SUBMIT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=coherence-{exp.name}.{run.label}.{phase.name}"]))
     if src.save is None or src.iters is None:
         job.problems.append(f"phase {src.phase!r} produces no model to test")
@@ -291,7 +289,7 @@ def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
 
 def _upload_all_job(exp: Experiment, run: Run, phase: Phase, train: Job) -> Job:
     args = phase.upload_all or ()
-    return Job(phase=f"{phase.name}.upload_all", kind="upload-all", script=CHECKPOINT_SCRIPT,
+    return Job(phase=f"{phase.name}.upload_all", kind="upload-all", script=CHECKPOINT_SUBMIT,
                args=["upload-all", str(train.save), *_hf_reasoning(exp, args), "--poll", *args],
                sbatch=_merge_opts(exp.base.sbatch, phase.sbatch), after=phase.name, dep_type="after",
                save=train.save, iters=train.iters, pre_create=train.save)
