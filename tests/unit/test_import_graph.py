@@ -71,3 +71,41 @@ def test_megatron_is_imported_by_one_low_level_module_only():
     assert set(dynamic) == {"pipeline.bridge"}, dynamic
     own = {i for i in imports_of(SRC / "pipeline" / "bridge.py") if i.startswith("pipeline.")}
     assert own and all(i.startswith(("pipeline.config", "pipeline.common")) for i in own), own
+
+
+
+def path_edits(source: str) -> list[int]:
+    """The lines where ``source`` changes the import path: ``sys.path`` assigned, augmented, assigned into or
+    mutated by a method call, or ``site.addsitedir``. Reading ``sys.path`` (env/closure.py lists the image's own
+    entries) is not an edit."""
+    mutators = {"insert", "append", "extend", "remove", "pop", "clear", "__setitem__", "__iadd__"}
+
+    def is_sys_path(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys")
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        if any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)) for t in targets):
+            lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr == "addsitedir" or (node.func.attr in mutators and is_sys_path(node.func.value))):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_nothing_edits_the_import_path():
+    # Decision 33: the package is installed (editable), and a top-level pipeline_*.py that cannot import it starts
+    # again through common/entry.sh; neither the entry points nor the package touch sys.path.
+    files = sorted(ROOT.glob("pipeline_*.py")) + sorted(SRC.rglob("*.py"))
+    assert len(files) > 50
+    assert {f"{f.relative_to(ROOT)}:{n}" for f in files for n in path_edits(f.read_text())} == set()
+    # the checker sees each kind of edit, and a read is none
+    sample = ("import site, sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\nsys.path += ['z']\n"
+              "sys.path = []\nsite.addsitedir('w')\nkeep = [p for p in sys.path if p]\n")
+    assert path_edits(sample) == [2, 3, 4, 5, 6]

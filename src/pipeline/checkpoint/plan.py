@@ -31,10 +31,16 @@ from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
-from pipeline.config.parallel import Layout, model_shape_problems, node_local_problems, shape_fixes, weight_gb_per_gpu
+from pipeline.config.parallel import (
+    OVERHEAD_GB,
+    Layout,
+    model_shape_problems,
+    node_local_problems,
+    shape_fixes,
+    weight_gb_per_gpu,
+)
 from pipeline.env.runtimes import invisible_paths
 
-OVERHEAD_GB = 5.0
 GATHER_GB = 2.0  # export: the largest tensor gathered to one rank before it is written
 VERIFY_TOKENS = 64  # the verification prompts are a few short sentences
 

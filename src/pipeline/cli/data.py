@@ -200,8 +200,9 @@ def _from_config(args) -> dict:
         raise UserError(f"prepare: {args.config} names no sequence length or "
                         "dataset.offline_packing_specs.tokenizer_model_name")
     tokenizer = args.tokenizer or _tokenizer_of_config(tok, args.config)
-    out = {"dataset": ds.dataset_name, "dataset_root": Path(ds.dataset_root), "seq_length": int(seq),
-           "tokenizer": tokenizer, "pad_seq_to_mult": specs.pad_seq_to_mult or 1,
+    root, seq_length, pad = Path(ds.dataset_root), int(seq), specs.pad_seq_to_mult or 1
+    out = {"dataset": ds.dataset_name, "dataset_root": root, "seq_length": seq_length,
+           "tokenizer": tokenizer, "pad_seq_to_mult": pad,
            "context_parallel_size": cfg.model.context_parallel_size or 1,
            "tensor_parallel_size": cfg.model.tensor_model_parallel_size or 1,
            "sequence_parallel": bool(cfg.model.sequence_parallel)}
@@ -216,7 +217,7 @@ def _from_config(args) -> dict:
                         + "; drop them to prepare what the config reads")
     explicit = {k: v for k, v in (("train", specs.packed_train_data_path), ("validation", specs.packed_val_data_path),
                                   ("metadata", specs.packed_metadata_path)) if v}
-    planned = packed_paths(out["dataset_root"], tok, out["pad_seq_to_mult"], out["seq_length"])
+    planned = packed_paths(root, tok, pad, seq_length)
     wrong = [f"{k} {v} (prepare writes {planned[k]})" for k, v in explicit.items() if Path(v) != planned[k]]
     if wrong:
         raise UserError(f"prepare: {args.config} reads explicit packed paths prepare does not write: "
@@ -246,7 +247,12 @@ def _resolve_prepare(args, environ=None) -> dict:
         model = "smollm2-135m"
     args.model = model
     spec = get_model(model) if model else None
-    tokenizer = args.tokenizer or (spec.tokenizer_from or spec.name)
+    if args.tokenizer:
+        tokenizer = args.tokenizer
+    elif spec is not None:
+        tokenizer = spec.tokenizer_from or spec.name
+    else:  # an empty --model and no --tokenizer
+        raise UserError("prepare: name the model with --model (or the tokenizer with --tokenizer)")
     pad = args.pad_seq_to_mult if args.pad_seq_to_mult is not None else (spec.pad_seq_to_mult if spec else 1)
     if args.dataset_root is not None:
         root = args.dataset_root

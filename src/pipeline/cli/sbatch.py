@@ -28,8 +28,9 @@ from pathlib import Path
 
 from pipeline.cli.badnodes import COMMANDS as CRUD
 from pipeline.cli.badnodes import run_command
-from pipeline.cli.submission import TRAINING_SCRIPT, JobCheck, check_job, run_job_name, submission_profile
+from pipeline.cli.submission import JobCheck, check_job, run_job_name, submission_profile
 from pipeline.common.errors import UserError, cli_main
+from pipeline.common.paths import TRAINING_SUBMIT
 from pipeline.config.cluster import profile_sbatch_options  # pure; shared with the dry run
 from pipeline.slurm.badnodes import from_env
 from pipeline.slurm.hostlist import compress, expand, is_hostlist
@@ -137,7 +138,7 @@ def plan_submission(argv: list[str]) -> Submission:
     opts = [*opts, *profile_sbatch_options(profile, opts, script_directives(script))]
     if excluded:
         opts.append("--exclude=" + render_exclude(excluded))
-    if script is not None and Path(script).name == TRAINING_SCRIPT and option_value(opts, "--job-name", "-J") is None:
+    if script is not None and Path(script).name == TRAINING_SUBMIT and option_value(opts, "--job-name", "-J") is None:
         opts.insert(0, f"--job-name={run_job_name(checked.run_name, script_args[0])}")
     return Submission(opts=opts, script=script, script_args=list(script_args), bad=bad, bad_log=log.path)
 

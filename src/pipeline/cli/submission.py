@@ -18,19 +18,23 @@ from typing import Any
 
 from pipeline.common.argv import flag_values
 from pipeline.common.errors import UserError
+from pipeline.common.paths import (
+    CHECKPOINT_SUBMIT,
+    COHERENCE_SUBMIT,
+    DATA_SUBMIT,
+    ENV_SUBMIT,
+    EVAL_SUBMIT,
+    TRAINING_SUBMIT,
+)
 from pipeline.slurm.sbatch_options import gpus_per_node_asked, node_count, option_value, submitted_value
 
-TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
-DATA_SCRIPT = "pipeline_data_submit.sbatch"
-ENV_SCRIPT = "pipeline_env_submit.sbatch"
 DATA_ACTIONS = ("prepare", "tokenize", "pack")
 ENV_ACTIONS = ("setup", "validate")  # pipeline_env_submit.sbatch runs pipeline_env_setup.sh (bash: no parser here)
 PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
 # the job script -> its pipeline's CLI, whose plan_from_argv parses the job's arguments and plans it
-GPU_JOB_SCRIPTS = {"pipeline_checkpoint_submit.sbatch": "pipeline.cli.checkpoint",
-                   "pipeline_coherence_submit.sbatch": "pipeline.cli.coherence",
-                   "pipeline_eval_submit.sbatch": "pipeline.cli.evaluation"}
-PIPELINE_SCRIPTS = (TRAINING_SCRIPT, DATA_SCRIPT, ENV_SCRIPT, *GPU_JOB_SCRIPTS)
+GPU_JOB_SCRIPTS = {CHECKPOINT_SUBMIT: "pipeline.cli.checkpoint", COHERENCE_SUBMIT: "pipeline.cli.coherence",
+                   EVAL_SUBMIT: "pipeline.cli.evaluation"}
+PIPELINE_SCRIPTS = (TRAINING_SUBMIT, DATA_SUBMIT, ENV_SUBMIT, *GPU_JOB_SCRIPTS)
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def check_job(script: str, script_args: list[str], opts: list[str], required: bo
     submit_checks(script, script_args, inputs_later=inputs_later)
     if name in GPU_JOB_SCRIPTS:
         gpu_job_plan(script, script_args, opts, required=required, inputs_later=inputs_later)
-    if name == TRAINING_SCRIPT:
+    if name == TRAINING_SUBMIT:
         launch = training_preflight(script_args, opts, required=required, script=script)
         if launch is not None:
             run = launch.cfg.logger.wandb_exp_name
@@ -92,10 +96,10 @@ def check_training_gpus(launch, opts: list[str], script: str | None) -> None:
 def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> None:
     """The cheap checks of a data or environment submission (UserError naming the job script)."""
     name = Path(script).name
-    if name == ENV_SCRIPT:
+    if name == ENV_SUBMIT:
         if not args or args[0] not in ENV_ACTIONS:
             raise UserError(f"{name}: the action must be setup or validate (got {args[0] if args else 'none'!r})")
-    elif name == DATA_SCRIPT:
+    elif name == DATA_SUBMIT:
         from pipeline.cli import data
 
         # the job script's own mapping: any other first argument is the reference's positional pack-only form
@@ -151,7 +155,7 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
     count, the path checks a dependent job leaves to itself, the cluster) is set on the request, not appended to an
     argv for the parser to read again."""
     if len(script_args) < 3:
-        raise UserError(f"{TRAINING_SCRIPT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
+        raise UserError(f"{TRAINING_SUBMIT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
     nodes = node_count(opts)  # the training script's header sets no --nodes
     config, model, mode, *rest = script_args
     cluster = os.environ.get("PIPELINE_CLUSTER")
@@ -215,7 +219,7 @@ def submission_profile(script: str | None, script_args: list[str]):
 
     given = flag_values(script_args, "--cluster")  # the last one wins, as in the launcher's parser
     name = (given[-1] if given else None) or os.environ.get("PIPELINE_CLUSTER")
-    if not name and script is not None and Path(script).name == TRAINING_SCRIPT and script_args:
+    if not name and script is not None and Path(script).name == TRAINING_SUBMIT and script_args:
         try:
             text = Path(script_args[0]).read_text(errors="replace")
         except OSError:

@@ -68,7 +68,8 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     parser = build_parser()
     takes_value = {a for act in parser._actions for a in act.option_strings if act.nargs is None
                    and not isinstance(act, (argparse._StoreTrueAction, argparse._HelpAction))}
-    flags, overrides = [], []
+    flags: list[str] = []
+    overrides: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]

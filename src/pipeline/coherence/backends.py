@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from pipeline.common.errors import UserError
 
@@ -241,10 +242,10 @@ def endpoint_generate(base_url: str, model: str | None, prompts: list[str], max_
     served = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if model is None or (served and model not in served and not Path(model).exists()):
         model = model if model in served else (served[0] if served else model)
-    out = []
+    out: list[Generation] = []
     for prompt in prompts:
-        payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                   "temperature": 0.0, "stream": False}
+        payload: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                                   "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
         if reasoning is not None:
             payload["chat_template_kwargs"] = {"enable_thinking": reasoning}
         try:

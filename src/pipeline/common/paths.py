@@ -12,6 +12,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+# The batch scripts at the checkout's root, one per job: their names are written here and nowhere else in Python.
+TRAINING_SUBMIT = "pipeline_training_submit.sbatch"
+CHECKPOINT_SUBMIT = "pipeline_checkpoint_submit.sbatch"
+COHERENCE_SUBMIT = "pipeline_coherence_submit.sbatch"
+EVAL_SUBMIT = "pipeline_eval_submit.sbatch"
+DATA_SUBMIT = "pipeline_data_submit.sbatch"
+ENV_SUBMIT = "pipeline_env_submit.sbatch"
+
 # src/pipeline/common/paths.py -> the checkout (the editable install points here).
 _CHECKOUT = Path(__file__).resolve().parents[3]
 

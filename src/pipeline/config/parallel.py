@@ -152,6 +152,11 @@ def node_local_problems(layout: Layout, ranks_per_node: int, where: str) -> list
     return out
 
 
+# What a GPU job holds per GPU beyond its tensors (CUDA context, NCCL buffers, allocator fragmentation): the
+# training preflight's and the export/import plans' memory estimates add it.
+OVERHEAD_GB = 5.0
+
+
 def weight_gb_per_gpu(dense_params_b: float, expert_params_b: float, layout: Layout, bytes_per_param: int = 2
                       ) -> float:
     """One rank's share of the weights: the dense part split over tp x pp, the experts over etp x ep x pp."""

@@ -33,6 +33,7 @@ def load_tokenizer(name_or_path: str | Path):
     from pipeline.config.models import REGISTRY, tokenizer_path
 
     spec = REGISTRY.get(str(name_or_path))
+    path: str | Path
     if spec is not None and spec.is_local:
         path = tokenizer_path(spec)
     elif spec is not None:
@@ -177,7 +178,7 @@ def template_matches_transformers(chat_template: str, special: dict, messages: l
     versions: it is kept per machine under ``<cache_dir>/template_checks/`` keyed by their hash, so a later run on
     the same template and versions skips the import (issue 36: it was ~4% of the stage's time at 2 workers)."""
     key = _check_key(chat_template, special, messages)
-    path = key and _check_path(key)
+    path = _check_path(key) if key else None
     if path is not None:
         try:
             return json.loads(path.read_text(encoding="utf-8"))["matches"]
@@ -560,7 +561,9 @@ def reply_blind(chat_template: str | None, render_fn, eot: str) -> bool:
 
     The structure test catches what no finite probe set can (a check on some other word in a reply); the probes
     catch what the syntax tree hides (the whole message serialised by ``tojson``, a macro's body)."""
-    return bool(chat_template) and _content_only_output(chat_template) and _probes_agree(render_fn, eot)
+    if not chat_template:
+        return False
+    return _content_only_output(chat_template) and _probes_agree(render_fn, eot)
 
 
 def _content_only_output(chat_template: str) -> bool:

@@ -74,6 +74,7 @@ def input_identity(dataset: str, exclude: Path | None = None, glob: str | None =
         if p.is_dir():
             skip = exclude.resolve() if exclude is not None else None
             h, n, size, mtime = hashlib.sha256(), 0, 0, 0
+            walk: Iterable[tuple[str, list[str], list[str]]]
             if _is_saved_dataset(p):  # every file under it (but the output folder) is part of the dataset
                 walk = os.walk(p)
             elif glob is not None or is_text_folder(p):  # a text corpus: exactly the files iter_texts reads
@@ -205,11 +206,11 @@ def export_slice(path: Path, start: int, end: int) -> tuple[list[bytes], list[tu
         row = _parse_line(raw)
         if row is BLANK:
             continue
-        conv, reason = normalise(row)
-        if reason:
-            dropped.append((n, reason))
+        normal = normalise(row)
+        if normal[0] is None:
+            dropped.append((n, normal[1]))
         else:
-            kept.append(export_line(conv))
+            kept.append(export_line(normal[0]))
         n += 1
     return kept, dropped, n
 
@@ -325,7 +326,7 @@ def iter_raw_rows(dataset: str, split: str = "train") -> Iterator[dict]:
     raise UserError(f"dataset '{dataset}' not found: not a file, a directory, an org/name id, or one of {BUILTIN}")
 
 
-def normalise(row: Any) -> tuple[dict | None, str | None]:
+def normalise(row: Any) -> tuple[dict, None] | tuple[None, str]:
     """Return (``{"messages": [...]}``, None) or (None, reason)."""
     if not isinstance(row, dict):
         return None, "not_an_object"
@@ -375,7 +376,7 @@ def load_conversations(dataset: str, split: str = "train", limit: int | None = N
     for row in iter_raw_rows(dataset, split):
         stats["rows_in"] += 1
         conv, reason = normalise(row)
-        if reason:
+        if conv is None:
             stats[f"dropped_{reason}"] += 1
             continue
         convs.append(conv)

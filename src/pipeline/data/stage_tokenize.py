@@ -179,7 +179,7 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
         return result
     with timer.stage("tokenize"):
         tasks = [(src, a, b) for _, _, _, src, chunks in plans for _, _, sl in chunks if sl for a, b in sl]
-        first = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
+        first_conv = next((_first_line(src) for _, _, _, src, _ in plans if os.path.getsize(src)), None)
         check = None
         if tasks and pool is not None:  # files-made encoder: checked in a worker
             check = pool.submit(wk.template_check, PROBES)
@@ -189,7 +189,7 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
                 tok = load_tokenizer(opts.tokenizer)
             elif callable(tok) and not hasattr(tok, "apply_chat_template"):
                 tok = tok()
-            encoder = ChatEncoder.from_tokenizer(tok, (first or {}).get("messages"), name=opts.tokenizer)
+            encoder = ChatEncoder.from_tokenizer(tok, (first_conv or {}).get("messages"), name=opts.tokenizer)
             workers = min(wk.resolve_workers(opts.workers), max(1, len(tasks)))
             pool = wk.OrderedPool(workers, wk.init_chat, (encoder.payload(),) if workers > 1 else (),
                                   local=lambda: wk.set_chat(encoder))
@@ -199,7 +199,7 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
         with pool:
             results = pool.imap(wk.chat_slice, tasks)
             for split, out_dir, done, _, chunks in plans:
-                totals = collections.Counter()
+                totals: collections.Counter[str] = collections.Counter()
                 parts: list | None = [] if keep is not None and all(sl for _, _, sl in chunks) else None
                 for path, counts, sl in progress(chunks, opts.quiet, f"tokenize {split}", "chunk", len(chunks)):
                     if sl is None:
@@ -220,7 +220,7 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
                 summary = {"chunks": len(chunks), **{k: int(v) for k, v in totals.items()}, "fingerprint": fp}
                 write_json(done, summary)
                 result[split] = summary
-                if parts is not None:
+                if parts is not None and keep is not None:  # (parts is None without a keep)
                     keep[split] = tuple(np.concatenate([g[i] for g in parts]) if parts else np.zeros(0, dt)
                                         for i, dt in enumerate((np.int32, np.int8, np.int64)))
                 log.info("stage tokenize[%s]: %d examples, %d tokens (%d with loss) -> %s", split,

@@ -26,10 +26,14 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.common.errors import UserError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 WORKER_DIED = ("a tokenize worker process died (killed, or out of memory?); finished chunks are kept: re-run to "
                "resume, with fewer --workers if memory is short")
@@ -90,7 +94,7 @@ class OrderedPool:
 
     def __init__(self, workers: int, init: Callable, initargs: tuple, local: Callable | None = None):
         self.workers = workers
-        self._ex = None
+        self._ex: ProcessPoolExecutor | None = None
         if workers > 1:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
@@ -112,7 +116,7 @@ class OrderedPool:
     def submit(self, fn: Callable, *args):
         """One task outside the ordered stream: a future (already done with one worker)."""
         if self._ex is not None:
-            return self._submit(fn, *args)
+            return self._submit(self._ex, fn, *args)
         from concurrent.futures import Future
 
         fut: Future = Future()
@@ -123,24 +127,26 @@ class OrderedPool:
         return self._result(fut)
 
     def imap(self, fn: Callable, tasks: Iterable) -> Iterator:
-        if self._ex is None:
+        ex = self._ex
+        if ex is None:
             for t in tasks:
                 yield fn(t)
             return
         pending: collections.deque = collections.deque()
         window = 2 * self.workers + 2
         for t in tasks:
-            pending.append(self._submit(fn, t))
+            pending.append(self._submit(ex, fn, t))
             if len(pending) >= window:
                 yield self._result(pending.popleft())
         while pending:
             yield self._result(pending.popleft())
 
-    def _submit(self, fn: Callable, *args):
+    @staticmethod
+    def _submit(ex: ProcessPoolExecutor, fn: Callable, *args) -> Future:
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            return self._ex.submit(fn, *args)
+            return ex.submit(fn, *args)
         except BrokenProcessPool:  # a worker died before this task was handed out
             raise UserError(WORKER_DIED) from None
 

@@ -150,7 +150,7 @@ def platform_args(machine: str) -> list[str]:
 
 
 def marker_env(machine: str, extra: str = "") -> dict[str, str]:
-    env = dict(default_environment())
+    env: dict[str, str] = {k: str(v) for k, v in default_environment().items()}  # every marker value is a str
     env.update(python_version=PY, python_full_version=f"{PY}.0", sys_platform="linux", platform_system="Linux",
                os_name="posix", platform_machine=machine, implementation_name="cpython",
                platform_python_implementation="CPython", extra=extra)
@@ -272,7 +272,7 @@ def installed_image() -> dict[str, Version]:
                          capture_output=True, text=True, env=env)
     if res.returncode != 0:
         raise UserError(f"pip list failed: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
-    out = {}
+    out: dict[str, Version] = {}
     for line in res.stdout.splitlines():
         name, sep, ver = line.partition("==")
         if sep:

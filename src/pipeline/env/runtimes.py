@@ -83,7 +83,8 @@ def binds(cfg: RuntimeConfig) -> list[tuple[str, str]]:
     again."""
     paths: list[Path] = [cfg.root]
     if cfg.runtime == "charliecloud":
-        paths += [cfg.venv] + ([venv_home(cfg.venv)] if venv_home(cfg.venv) else [])
+        home = venv_home(cfg.venv)
+        paths += [cfg.venv] + ([home] if home else [])
     else:
         paths += [cfg.overlay, cfg.nccl_plugin_dir]
     pairs: list[tuple[str, str]] = []

@@ -408,7 +408,7 @@ CHECKS: list[Check] = [
     Check("import-transformer-engine", check_import_in_container("transformer_engine"),
           f"use an NGC NeMo image with Transformer Engine (PIPELINE_IMAGE); {SETUP} --only pull --force"),
     Check("ft-launcher", check_ft_launcher, f"{SETUP} --only overlay --force"),
-    Check("gpu-visible", check_gpu, "run on a GPU node (isambard_sbatch pipeline_env_submit.sbatch validate)"),
+    Check("gpu-visible", check_gpu, f"run on a GPU node (isambard_sbatch {paths.ENV_SUBMIT} validate)"),
     Check("nccl-plugin", check_nccl_plugin, f"{SETUP} --only nccl-plugin --force"),
     Check("gpu-allreduce", check_gpu_allreduce,
           "check the node (nvidia-smi); if it is broken: isambard_sbatch --mark-bad"),

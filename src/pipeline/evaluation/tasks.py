@@ -69,7 +69,8 @@ def _entries(folders: list[Path], defaults: bool) -> dict[str, dict]:
     for name, e in TaskManager(include_path=[str(f) for f in folders] or None,
                                include_defaults=defaults).task_index.items():
         cfg = e.cfg or {}
-        members = cfg.get("task") if isinstance(cfg.get("task"), list) else []
+        task = cfg.get("task")
+        members = task if isinstance(task, list) else []
         out[name] = {"yaml": str(e.yaml_path) if e.yaml_path else "", "dataset": str(cfg.get("dataset_path") or ""),
                      "custom": "custom_dataset" in cfg,
                      "task": [t if isinstance(t, str) else (t or {}).get("task") for t in members]}

@@ -29,11 +29,9 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
+from pipeline.common.paths import CHECKPOINT_SUBMIT, COHERENCE_SUBMIT, TRAINING_SUBMIT
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
 
-TRAINING_SCRIPT = "pipeline_training_submit.sbatch"
-CHECKPOINT_SCRIPT = "pipeline_checkpoint_submit.sbatch"
-COHERENCE_SCRIPT = "pipeline_coherence_submit.sbatch"
 STATE_DIR = "_experiments"  # $PIPELINE_RUNS_DIR/_experiments/<experiment>/: submissions, plots, results
 
 
@@ -149,6 +147,8 @@ def plan_run(exp: Experiment, run: Run, allow_config_change: bool = False) -> Ru
             job.problems.append(f"cannot be planned: phase {phase.start!r}, which it starts from, could not be planned")
         elif phase.kind == "train":
             job = _train_job(exp, run, phase, src, allow_config_change)
+        elif src is None:  # spec.py refuses an export or coherence phase without 'from'
+            raise ValueError(f"phase {phase.name!r}: a {phase.kind} phase starts from another")
         elif phase.kind == "export":
             job = _export_job(exp, run, phase, src)
         else:
@@ -171,13 +171,16 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
 
     name = exp.run_name(run, phase)
     ov = {**run.overrides, **phase.overrides}
-    job = Job(phase=phase.name, kind="train", script=TRAINING_SCRIPT, args=[], run_name=name,
+    job = Job(phase=phase.name, kind="train", script=TRAINING_SUBMIT, args=[], run_name=name,
               sbatch=_merge_opts([f"--nodes={exp.base.nodes}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)
     if src is not None:
+        if src.save is None:  # (that phase's own problem says so too)
+            job.problems.append(f"phase {src.phase!r} saves no checkpoints (checkpoint.save is null)")
+            return job
         it = src.iters if phase.iteration in (None, "last") else int(phase.iteration)
         saved = src.saved_iterations()
-        if it not in saved:
+        if it is None or it not in saved:
             job.problems.append(f"iteration {it} of phase {src.phase!r} is never saved (it saves "
                                 f"{', '.join(map(str, saved[:10]))}): pick one of those or change its "
                                 "checkpoint.save_interval")
@@ -220,7 +223,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     job.cfg, job.run_dir = cfg.to_dict(), Path(run_dir)
     job.save = Path(cfg.checkpoint.save) if cfg.checkpoint.save else None
     job.iters = cfg.train.train_iters
-    if job.continues is not None and (job.iters or 0) <= job.continues:
+    if src is not None and job.continues is not None and (job.iters or 0) <= job.continues:
         job.problems.append(f"train.train_iters={job.iters} is not past iteration {job.continues} of phase "
                             f"{src.phase!r}, which this phase continues: train_iters counts on from there (the "
                             "total); give the phase tokens: or a larger train.train_iters")
@@ -251,10 +254,10 @@ def _hf_reasoning(exp: Experiment, args: tuple[str, ...]) -> list[str]:
 
 
 def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
-    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SCRIPT, args=[], after=src.phase,
-              sbatch=_merge_opts(_directives(CHECKPOINT_SCRIPT), exp.base.sbatch, phase.sbatch,
+    job = Job(phase=phase.name, kind="export", script=CHECKPOINT_SUBMIT, args=[], after=src.phase,
+              sbatch=_merge_opts(_directives(CHECKPOINT_SUBMIT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=checkpoint-{exp.name}.{run.label}.{phase.name}"]))
-    if src.save is None:
+    if src.save is None or src.iters is None:  # (plan_run passes a phase that was planned: iters is set)
         job.problems.append(f"phase {src.phase!r} saves no checkpoints (checkpoint.save is null)")
         return job
     if "--iteration" in phase.args:
@@ -267,13 +270,15 @@ def _export_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
 
 
 def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
-    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SCRIPT, args=[], after=src.phase,
-              sbatch=_merge_opts(_directives(COHERENCE_SCRIPT), exp.base.sbatch, phase.sbatch,
+    job = Job(phase=phase.name, kind="coherence", script=COHERENCE_SUBMIT, args=[], after=src.phase,
+              sbatch=_merge_opts(_directives(COHERENCE_SUBMIT), exp.base.sbatch, phase.sbatch,
                                  [f"--job-name=coherence-{exp.name}.{run.label}.{phase.name}"]))
     if src.save is None or src.iters is None:
         job.problems.append(f"phase {src.phase!r} produces no model to test")
         return job
     model = src.output if src.kind == "export" else layout.iter_dir(src.save, src.iters)
+    if model is None:  # plan_run passes only an export that was planned, which has its output
+        raise ValueError(f"phase {src.phase!r} has no output to test")
     job.save, job.iters = src.save, src.iters
     job.args = [str(model), *phase.args]
     backend = flag_value(phase.args, "--backend") or "hf"
@@ -284,7 +289,7 @@ def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
 
 def _upload_all_job(exp: Experiment, run: Run, phase: Phase, train: Job) -> Job:
     args = phase.upload_all or ()
-    return Job(phase=f"{phase.name}.upload_all", kind="upload-all", script=CHECKPOINT_SCRIPT,
+    return Job(phase=f"{phase.name}.upload_all", kind="upload-all", script=CHECKPOINT_SUBMIT,
                args=["upload-all", str(train.save), *_hf_reasoning(exp, args), "--poll", *args],
                sbatch=_merge_opts(exp.base.sbatch, phase.sbatch), after=phase.name, dep_type="after",
                save=train.save, iters=train.iters, pre_create=train.save)
@@ -336,7 +341,8 @@ def shared_saves(plans: list[RunPlan]) -> None:
 
 def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
     """The exact shell lines that submit one run's chain (``--parsable`` ids in JOB_<n> variables)."""
-    out, var = [], {}
+    out: list[str] = []
+    var: dict[str, str] = {}
     for i, job in enumerate(rp.jobs, 1):
         if job.problems:
             out.append(f"# {job.phase}: submit refuses: {'; '.join(job.problems)}")

@@ -48,6 +48,7 @@ import json
 import math
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,11 +138,13 @@ class Experiment:
 
 
 # ---- computed values: OmegaConf interpolation with a small arithmetic resolver ----------------------------------
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
-        ast.UAdd: operator.pos}
-_FUNCS = {"min": min, "max": max, "int": int, "float": float, "round": round, "abs": abs, "ceil": math.ceil,
-          "floor": math.floor}
+_Fn = Callable[..., Any]
+_OPS: dict[type[ast.operator | ast.unaryop], _Fn] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg,
+    ast.UAdd: operator.pos}
+_FUNCS: dict[str, _Fn] = {"min": min, "max": max, "int": int, "float": float, "round": round, "abs": abs,
+                          "ceil": math.ceil, "floor": math.floor}
 
 
 CALC_INT_LIMIT = 2**63  # a config value; a bigger integer is a typo (9**9**9 hung the planner for good)

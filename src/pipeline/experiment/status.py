@@ -89,7 +89,7 @@ def _run(cmd: list[str]) -> str:
 
 
 def _fields(line: str) -> dict[str, str]:
-    return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+    return {m[1]: m[2] for m in re.finditer(r"(\w+)=(\S*)", line)}
 
 
 def slurm_states(job_ids: list[str]) -> dict[str, SlurmState]:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import UserError, cli_main
+from pipeline.common.paths import TRAINING_SUBMIT
 
 STOP_REGEX = r"\[after training is done\] datetime:"
-SCRIPT = "pipeline_training_submit.sbatch"
 
 # Runs one command (an argv list, never shell text) and returns its exit code and captured text.
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess]
@@ -146,7 +146,7 @@ def submit_successor(root: Path, job: str, name: str, nodes: str, submission: Se
                     f"{_tail(limit.stderr)}")
         return None
     res = run([str(root / "isambard_sbatch"), "--parsable", "--dependency=singleton", f"--job-name={name}",
-               f"--nodes={nodes}", f"--time={limit.stdout.strip()}", str(root / SCRIPT), *submission])
+               f"--nodes={nodes}", f"--time={limit.stdout.strip()}", str(root / TRAINING_SUBMIT), *submission])
     successor = res.stdout.strip().split(";")[0]
     if res.returncode != 0 or not successor:
         # The chain ends here, but this job still trains: say why the successor was not submitted.
@@ -159,7 +159,7 @@ def submit_successor(root: Path, job: str, name: str, nodes: str, submission: Se
 
 def resume_command(nodes: str, submission: Sequence[str]) -> str:
     """The submission that continues the run, as a shell line to copy."""
-    return shlex.join(["isambard_sbatch", f"--nodes={nodes}", SCRIPT, *submission])
+    return shlex.join(["isambard_sbatch", f"--nodes={nodes}", TRAINING_SUBMIT, *submission])
 
 
 def take_saved(request_file: str | None) -> bool:

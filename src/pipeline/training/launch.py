@@ -135,7 +135,7 @@ def check_placement(req: LaunchRequest, alloc: Allocation, nodes: int) -> None:
     if not alloc.in_slurm and nodes > 1:
         raise UserError(f"--nodes {nodes} outside any Slurm allocation: nothing starts the other {nodes - 1} node(s) "
                         f"and the launch would wait for them for ever; submit it (isambard_sbatch --nodes={nodes} "
-                        "pipeline_training_submit.sbatch ...), run it inside an allocation of that size, or plan it "
+                        f"{paths.TRAINING_SUBMIT} ...), run it inside an allocation of that size, or plan it "
                         "with --dry-run")
     if alloc.in_slurm and req.nodes is not None and req.nodes != alloc.nodes:
         raise UserError(f"--nodes {req.nodes} inside Slurm job {alloc.job_id}, which has {alloc.nodes} node(s): the "
@@ -229,7 +229,7 @@ def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str]
     if cluster is not None:
         if os.environ.get("PIPELINE_CLUSTER") != cluster.name:
             env = [f"PIPELINE_CLUSTER={shlex.quote(cluster.name)}"]
-        script = str(paths.repo_root() / "pipeline_training_submit.sbatch")
+        script = str(paths.repo_root() / paths.TRAINING_SUBMIT)
         opts = profile_sbatch_options(cluster, [f"--nodes={nodes}"], script_directives(script))
         log = (directive_value(script, "--output", "-o") or "slurm-%j.out").replace("%j", "<jobid>")
         k = effective_knobs(cluster)
@@ -238,8 +238,7 @@ def sbatch_line(config: str, model: str, mode: str, nodes: int, flags: list[str]
                 f"bad-node log {shlex.quote(os.environ.get('BAD_NODES_LOG') or k['PIPELINE_BAD_NODES_LOG'])}, "
                 f"partition {cluster.partition or '(cluster default)'}, gpus per node {cluster.gpus_per_node} "
                 f"(exported variables win); its log: {log}")
-    parts = ["isambard_sbatch", f"--nodes={nodes}", "pipeline_training_submit.sbatch", config, model, mode, *flags,
-             *overrides]
+    parts = ["isambard_sbatch", f"--nodes={nodes}", paths.TRAINING_SUBMIT, config, model, mode, *flags, *overrides]
     return " ".join([*env, *(shlex.quote(p) for p in parts)]) + note
 
 

@@ -31,13 +31,12 @@ from typing import Any
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile
 from pipeline.config.models import ModelSpec
-from pipeline.config.parallel import Layout, model_shape_problems, node_local_problems
+from pipeline.config.parallel import OVERHEAD_GB, Layout, model_shape_problems, node_local_problems
 from pipeline.config.schema import TrainingConfig
 from pipeline.data.packing import check_pad_multiple
 from pipeline.training import profiling
 
 GB = 1e9
-OVERHEAD_GB = 5.0
 
 @dataclasses.dataclass
 class Plan:
