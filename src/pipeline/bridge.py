@@ -166,6 +166,9 @@ def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, e
     from omegaconf import OmegaConf
 
     spec = get_model(model)
+    if spec.recipe_module is None:
+        raise UserError(f"model {model} has no Megatron Bridge recipe (a local-engine model): train it with the "
+                        "local engine")
     recipe = _import(spec.recipe_module, spec.recipe_name(mode, peft))
     container = recipe(peft_scheme=peft) if peft else recipe()
     ours = bridge_overrides(cfg)
@@ -361,7 +364,7 @@ def peft_iteration(iter_path: Path) -> PeftIteration | None:
     import, a pretraining or SFT save, a local-engine iteration)."""
     cfg = read_run_config(iter_path)
     peft = cfg.get("peft") if cfg else None
-    if not isinstance(peft, dict):
+    if not cfg or not isinstance(peft, dict):
         return None
     ckpt = cfg.get("checkpoint")
     pre = ckpt.get("pretrained_checkpoint") if isinstance(ckpt, dict) else None

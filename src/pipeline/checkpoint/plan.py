@@ -490,7 +490,7 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     if not parallel:
         if n_nodes > 1:
             plan.problems.append(f"import runs on one node, and {n_nodes} were asked for: isambard_sbatch --nodes=1 "
-                                 f"pipeline_checkpoint_submit.sbatch import {shlex.quote(hf_id)}")
+                                 f"{paths.CHECKPOINT_SUBMIT} import {shlex.quote(hf_id)}")
         if spec is not None:
             # the Megatron model built in host memory in the import's dtype (BF16, 2 bytes a parameter; CPU
             # initialisation) + the overhead; the HF weights stream from safetensors
