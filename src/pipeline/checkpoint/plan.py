@@ -515,8 +515,8 @@ def _plan_parallel_import(plan: JobPlan, spec: ModelSpec | None, profile: Cluste
         found = import_layout(spec, profile, n_nodes)
         if found is None:
             fit = next((k for k in range(1, 65) if import_layout(spec, profile, k)), None)
-            plan.problems.append(f"no import layout of {n_nodes} node(s) x {gpn} GPUs fits {spec.hf_id} "
-                                 f"({profile.memory_budget_gb:g} GB per GPU)" +
+            plan.problems.append(f"no import layout of {spec.hf_id} uses every GPU of {n_nodes} node(s) x {gpn} "
+                                 f"and fits {profile.memory_budget_gb:g} GB per GPU" +
                                  (f": submit it with --nodes={fit}" if fit else ""))
             return plan
         lay = found
