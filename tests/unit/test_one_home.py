@@ -4,7 +4,10 @@ once in src/pipeline, each imported from its home by every module that needs it.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from pipeline.common import paths
@@ -60,6 +63,19 @@ def test_every_batch_scripts_name_is_written_once_in_common_paths():
 
 def test_the_gpu_memory_overhead_has_one_home():
     assert definitions("OVERHEAD_GB") == ["config/parallel.py"]
+
+
+def test_pid_alive_and_barrier_have_one_home():
+    from pipeline.common.procs import pid_alive
+
+    for name in ("pid_alive", "barrier"):
+        assert definitions(name) == ["common/procs.py"], name
+        assert definitions(f"_{name}") == [], name
+    assert pid_alive(os.getpid()) is True
+    assert [pid_alive(p) for p in (0, -1, True, "12", None, 2**80)] == [None] * 6
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert pid_alive(dead.pid) is False
 
 
 def test_the_checker_sees_a_spelled_name_and_skips_docstrings(tmp_path):
