@@ -78,6 +78,22 @@ def test_pid_alive_and_barrier_have_one_home():
     assert pid_alive(dead.pid) is False
 
 
+def test_the_did_you_mean_hint_has_one_home_and_one_cutoff():
+    from pipeline.common.errors import HINT_CUTOFF, close_matches, did_you_mean
+
+    assert definitions("did_you_mean") == definitions("close_matches") == ["common/errors.py"]
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "difflib" in p.read_text())
+    assert users == ["common/errors.py"], "suggest names through pipeline.common.errors.close_matches"
+    assert HINT_CUTOFF == 0.75
+    assert did_you_mean("train.train_iter", ["train.train_iters", "train.micro_batch_size"]) == \
+        " (did you mean 'train.train_iters'?)"
+    assert did_you_mean("lrr", ["lr", "min_lr"], prefix="optimizer.") == " (did you mean 'optimizer.lr'?)"
+    assert did_you_mean("train.iters", ["train.train_iters"]) == " (did you mean 'train.train_iters'?)"
+    assert did_you_mean("iters", ["train_iters"]) == ""  # a fragment: the message lists the valid names
+    assert close_matches("pipeline_smok", ["pipeline_smoke", "hellaswag", "pipeline_smoke_2"], n=3) == [
+        "pipeline_smoke", "pipeline_smoke_2"]
+
+
 def test_the_checker_sees_a_spelled_name_and_skips_docstrings(tmp_path):
     mod = tmp_path / "m.py"
     mod.write_text('"""Runs pipeline_training_submit.sbatch."""\n\n\ndef f():\n    """pipeline_data_submit.sbatch"""\n'
