@@ -94,6 +94,21 @@ def test_the_did_you_mean_hint_has_one_home_and_one_cutoff():
         "pipeline_smoke", "pipeline_smoke_2"]
 
 
+def test_the_kinds_are_literal_types_in_one_place():
+    from pipeline.cli.train import build_parser
+    from pipeline.config import kinds
+    from pipeline.config.models import REGISTRY
+
+    assert kinds.ENGINES == ("local", "megatron_bridge") and {s.engine for s in REGISTRY.values()} == set(kinds.ENGINES)
+    assert kinds.MODES == ("pretrain", "cpt", "sft")
+    assert kinds.PHASE_KINDS == ("train", "export", "coherence")
+    assert set(kinds.JOB_KINDS) == {*kinds.PHASE_KINDS, "upload-all"}
+    (mode,) = [a for a in build_parser()._actions if "--mode" in a.option_strings]
+    assert tuple(mode.choices) == kinds.MODES
+    for name in ("MODES", "KINDS", "ENGINES", "PHASE_KINDS"):
+        assert definitions(name) in ([], ["config/kinds.py"]), name
+
+
 def test_the_checker_sees_a_spelled_name_and_skips_docstrings(tmp_path):
     mod = tmp_path / "m.py"
     mod.write_text('"""Runs pipeline_training_submit.sbatch."""\n\n\ndef f():\n    """pipeline_data_submit.sbatch"""\n'

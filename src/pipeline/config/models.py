@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError, did_you_mean
+from pipeline.config.kinds import Engine
 
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
 
@@ -66,7 +67,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
-    engine: str  # "local" | "megatron_bridge"
+    engine: Engine
     hf_id: str
     description: str
     # Megatron Bridge engine: recipe module and function name per mode ("{mode}" is substituted).

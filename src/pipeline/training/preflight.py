@@ -30,6 +30,7 @@ from typing import Any
 
 from pipeline.common.errors import UserError, did_you_mean
 from pipeline.config.cluster import ClusterProfile
+from pipeline.config.kinds import Engine, Mode
 from pipeline.config.models import ModelSpec
 from pipeline.config.parallel import OVERHEAD_GB, Layout, model_shape_problems, node_local_problems
 from pipeline.config.schema import TrainingConfig
@@ -41,8 +42,8 @@ GB = 1e9
 @dataclasses.dataclass
 class Plan:
     model: str
-    mode: str
-    engine: str
+    mode: Mode
+    engine: Engine
     cluster: str
     nodes: int
     ranks_per_node: int
@@ -136,7 +137,7 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
     return {k: round(v, 1) for k, v in parts.items()}
 
 
-def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: ClusterProfile, nodes: int,
+def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: ClusterProfile, nodes: int,
                   path_checks: bool = True, peft: str | None = None) -> Plan:
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
