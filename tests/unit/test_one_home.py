@@ -4,7 +4,10 @@ once in src/pipeline, each imported from its home by every module that needs it.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from pipeline.common import paths
@@ -60,6 +63,50 @@ def test_every_batch_scripts_name_is_written_once_in_common_paths():
 
 def test_the_gpu_memory_overhead_has_one_home():
     assert definitions("OVERHEAD_GB") == ["config/parallel.py"]
+
+
+def test_pid_alive_and_barrier_have_one_home():
+    from pipeline.common.procs import pid_alive
+
+    for name in ("pid_alive", "barrier"):
+        assert definitions(name) == ["common/procs.py"], name
+        assert definitions(f"_{name}") == [], name
+    assert pid_alive(os.getpid()) is True
+    assert [pid_alive(p) for p in (0, -1, True, "12", None, 2**80)] == [None] * 6
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert pid_alive(dead.pid) is False
+
+
+def test_the_did_you_mean_hint_has_one_home_and_one_cutoff():
+    from pipeline.common.errors import HINT_CUTOFF, close_matches, did_you_mean
+
+    assert definitions("did_you_mean") == definitions("close_matches") == ["common/errors.py"]
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "difflib" in p.read_text())
+    assert users == ["common/errors.py"], "suggest names through pipeline.common.errors.close_matches"
+    assert HINT_CUTOFF == 0.75
+    assert did_you_mean("train.train_iter", ["train.train_iters", "train.micro_batch_size"]) == \
+        " (did you mean 'train.train_iters'?)"
+    assert did_you_mean("lrr", ["lr", "min_lr"], prefix="optimizer.") == " (did you mean 'optimizer.lr'?)"
+    assert did_you_mean("train.iters", ["train.train_iters"]) == " (did you mean 'train.train_iters'?)"
+    assert did_you_mean("iters", ["train_iters"]) == ""  # a fragment: the message lists the valid names
+    assert close_matches("pipeline_smok", ["pipeline_smoke", "hellaswag", "pipeline_smoke_2"], n=3) == [
+        "pipeline_smoke", "pipeline_smoke_2"]
+
+
+def test_the_kinds_are_literal_types_in_one_place():
+    from pipeline.cli.train import build_parser
+    from pipeline.config import kinds
+    from pipeline.config.models import REGISTRY
+
+    assert kinds.ENGINES == ("local", "megatron_bridge") and {s.engine for s in REGISTRY.values()} == set(kinds.ENGINES)
+    assert kinds.MODES == ("pretrain", "cpt", "sft")
+    assert kinds.PHASE_KINDS == ("train", "export", "coherence")
+    assert set(kinds.JOB_KINDS) == {*kinds.PHASE_KINDS, "upload-all"}
+    (mode,) = [a for a in build_parser()._actions if "--mode" in a.option_strings]
+    assert tuple(mode.choices) == kinds.MODES
+    for name in ("MODES", "KINDS", "ENGINES", "PHASE_KINDS"):
+        assert definitions(name) in ([], ["config/kinds.py"]), name
 
 
 def test_the_checker_sees_a_spelled_name_and_skips_docstrings(tmp_path):

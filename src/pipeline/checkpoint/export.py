@@ -31,6 +31,7 @@ from pipeline.checkpoint.lock import Lock, iteration_lock_path
 from pipeline.checkpoint.verify import file_set_problems
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
+from pipeline.common.procs import barrier
 
 log = logging.getLogger(__name__)
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -65,13 +66,6 @@ def _apply_reasoning(hf_dir: Path, reasoning: bool) -> None:
 
 def _rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict: bool = True,
@@ -190,14 +184,14 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
             tmp = tmp_root / "hf"
             bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict, tp=tp, pp=pp, ep=ep)
             _free_gpu_memory()
-            _barrier()
+            barrier()
             # every rank runs the sharded source (a collective forward), unless the file set already fails: each
             # rank reads the same files, so all decide alike; then every rank frees its shard before rank 0 loads
             # the export onto the node's GPUs
             source_logits = None
             if not file_set_problems(tmp):
                 source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, tp=tp, pp=pp, ep=ep)
-            _barrier()
+            barrier()
             if rank != 0:
                 return {"verdict": "rank", "rank": rank}
             return _verify_and_publish(iter_path, tmp, out, engine, hf_model=hf_model, reasoning=reasoning,

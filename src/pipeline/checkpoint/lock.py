@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from pipeline.checkpoint import layout
+from pipeline.common.procs import pid_alive
 
 log = logging.getLogger(__name__)
 LOCK_DIR = "in_progress_checkpoints"
@@ -22,16 +23,6 @@ LOCK_DIR = "in_progress_checkpoints"
 
 def iteration_lock_path(ckpt: Path, iteration: int) -> Path:
     return Path(ckpt) / LOCK_DIR / f"{layout.iter_dirname(iteration)}.lock"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Lock:
@@ -92,8 +83,9 @@ class Lock:
                 return time.time() - self.path.stat().st_mtime > self.ttl
             except FileNotFoundError:
                 return True
-        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return not _pid_alive(info["pid"])
+        alive = pid_alive(info.get("pid")) if info.get("host") == socket.gethostname() else None
+        if alive is not None:  # this host's process: the lock is stale exactly when it is gone
+            return not alive
         try:
             return time.time() - float(info.get("time", 0)) > self.ttl
         except (TypeError, ValueError):

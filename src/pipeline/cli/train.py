@@ -32,9 +32,9 @@ from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.common.mappings import drop_unset
 from pipeline.config.cluster import env_words, job_environ
+from pipeline.config.kinds import MODES
 from pipeline.training import records
 from pipeline.training.launch import (
-    MODES,
     LaunchPlan,
     LaunchRequest,
     check_placement,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
+from pipeline.common.procs import pid_alive
 
 _TMP_MIDDLE = re.compile(r"(?P<host>[A-Za-z0-9_-]{1,64})~(?P<pid>[0-9]{1,10})~(?P<rand>[a-z0-9]{1,16})")
 
@@ -93,18 +94,6 @@ def tmp_owner(tmp: Path, name: str) -> tuple[str, int] | None:
     return (m.group("host"), int(m.group("pid"))) if m else None
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a real pid: never claim it is dead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     """Remove temporaries of ``path`` whose owner is provably dead (same host, pid gone); return them."""
     path = Path(path)
@@ -112,7 +101,8 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     host = _host()
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         owner = tmp_owner(tmp, path.name)
-        if owner is None or owner[0] != host or owner[1] == os.getpid() or _pid_alive(owner[1]):
+        # not a real pid (None): never claim it is dead
+        if owner is None or owner[0] != host or owner[1] == os.getpid() or pid_alive(owner[1]) is not False:
             continue
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,14 +6,13 @@ lists ``[1,2]``, quoted strings). Unknown keys fail with a hint naming the close
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.common import yamlio
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, did_you_mean
 from pipeline.config.schema import TrainingConfig, schema_dict
 
 
@@ -28,9 +27,9 @@ def _flat_keys(d: dict, prefix: str = "") -> list[str]:
 
 
 def _hint(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if close:
-        return f" (did you mean '{close[0]}'?)"
+    hint = did_you_mean(key, known)
+    if hint:
+        return hint
     section = key.split(".")[0]
     same = [k for k in known if k.startswith(section + ".") and k.count(".") == key.count(".")]
     return f" (valid keys in '{section}': {', '.join(s.split('.')[-1] for s in same[:12])})" if same else ""

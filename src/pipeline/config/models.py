@@ -9,12 +9,12 @@ random-initialised MoE models built from a transformers config for fast tests.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 from typing import Any
 
 from pipeline.common import paths
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, did_you_mean
+from pipeline.config.kinds import Engine
 
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
 
@@ -67,7 +67,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
-    engine: str  # "local" | "megatron_bridge"
+    engine: Engine
     hf_id: str
     description: str
     # Megatron Bridge engine: recipe module and function name per mode ("{mode}" is substituted).
@@ -372,9 +372,8 @@ def get_model(name: str) -> ModelSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, REGISTRY, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UserError(f"unknown model '{name}'{hint}; known models: {', '.join(REGISTRY)}") from None
+        raise UserError(f"unknown model '{name}'{did_you_mean(name, REGISTRY)}; known models: "
+                        f"{', '.join(REGISTRY)}") from None
 
 
 def models_dir() -> Path:

@@ -12,14 +12,13 @@ lm-eval version (cached under the cache folder).
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common import paths
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, close_matches
 
 LOCAL_TASKS_DIR = Path("configs/eval/tasks")
 SMOKE_TASK = "pipeline_smoke"
@@ -139,7 +138,7 @@ def check_tasks(tasks: tuple[str, ...], tasks_paths: tuple[Path, ...], profile) 
     offline = hub_offline(profile)
     for t in tasks:
         if t not in index:
-            near = difflib.get_close_matches(t, list(index), n=3)
+            near = close_matches(t, index, n=3)
             problems.append(f"unknown lm-eval task {t!r}" + (f" (did you mean {', '.join(near)}?)" if near else "") +
                             f"; the local task is {SMOKE_TASK}, and --tasks-path DIR adds a folder of task YAMLs")
             continue

@@ -30,6 +30,7 @@ from pipeline.common import paths
 from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
 from pipeline.common.paths import CHECKPOINT_SUBMIT, COHERENCE_SUBMIT, TRAINING_SUBMIT
+from pipeline.config.kinds import JobKind
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
 
 STATE_DIR = "_experiments"  # $PIPELINE_RUNS_DIR/_experiments/<experiment>/: submissions, plots, results
@@ -47,7 +48,7 @@ def lock_dir(exp: Experiment) -> Path:
 @dataclass
 class Job:
     phase: str                   # the phase name ("<phase>.upload_all" for the rider)
-    kind: str                    # train | export | coherence | upload-all
+    kind: JobKind
     script: str
     args: list[str]
     sbatch: list[str]

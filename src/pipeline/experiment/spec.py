@@ -57,13 +57,13 @@ import yaml
 
 from pipeline.common import mappings, yamlio
 from pipeline.common.errors import UserError
+from pipeline.config.kinds import PHASE_KINDS, PhaseKind, is_phase_kind
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 TOP_KEYS = {"name", "description", "base", "grid", "zip", "computed", "phases"}
 BASE_KEYS = {"config", "model", "mode", "nodes", "cluster", "flags", "sbatch", "overrides"}
 PHASE_KEYS = {"name", "kind", "from", "iteration", "init", "tokens", "overrides", "args", "sbatch", "upload_all"}
 INITS = ("continue", "weights")  # a training phase from a training phase: go on with its run, or its weights only
-KINDS = ("train", "export", "coherence")
 # Short names of common override keys in run labels (the last dotted component otherwise).
 ABBREV = {"global_batch_size": "gbs", "micro_batch_size": "mbs", "train_iters": "iters", "seq_length": "seq",
           "lr_warmup_iters": "warmup", "weight_decay": "wd", "min_lr": "minlr", "lr_decay_style": "decay",
@@ -87,7 +87,7 @@ class Base:
 @dataclass(frozen=True)
 class Phase:
     name: str
-    kind: str = "train"
+    kind: PhaseKind = "train"
     start: str | None = None            # ``from``: the phase whose outputs this one starts from
     iteration: int | str | None = None  # train phase from a train phase: "last" or a saved iteration
     init: str | None = None             # train phase from a train phase: "continue" (default) or "weights"
@@ -472,8 +472,8 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
         if any(q.name == name for q in out):
             raise UserError(f"{where}: phase {name!r} appears twice")
         kind = str(p.get("kind", "train"))
-        if kind not in KINDS:
-            raise UserError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        if not is_phase_kind(kind):
+            raise UserError(f"{where}: kind {kind!r} is not one of {', '.join(PHASE_KINDS)}")
         start = p.get("from", out[-1].name if out else None)
         if i == 0 and p.get("from") is not None:
             raise UserError(f"{where}: the first phase starts from nothing (remove 'from')")

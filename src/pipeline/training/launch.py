@@ -22,6 +22,7 @@ from pipeline.config.cluster import (
     resolve_profile,
     user_set,
 )
+from pipeline.config.kinds import MODES, is_mode
 from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
@@ -29,8 +30,6 @@ from pipeline.slurm.allocation import Allocation, current, rendezvous
 from pipeline.slurm.sbatch_options import directive_value, script_directives
 from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
 from pipeline.training.views import RunView, build_view
-
-MODES = ("pretrain", "cpt", "sft")
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     """Resolve (recipe defaults < YAML < overrides), place (cluster profile, allocation, run directory) and run the
     preflight. A request that cannot be planned raises UserError; a plan whose preflight failed has
     ``preflight.ok == False`` and its problems listed."""
-    if req.mode not in MODES:
+    if not is_mode(req.mode):
         raise UserError(f"--mode {req.mode!r} is not one of {', '.join(MODES)}")
     spec = get_model(req.model)
     if req.peft and spec.is_local:

@@ -28,8 +28,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.errors import UserError
+from pipeline.common.errors import UserError, did_you_mean
 from pipeline.config.cluster import ClusterProfile
+from pipeline.config.kinds import Engine, Mode
 from pipeline.config.models import ModelSpec
 from pipeline.config.parallel import OVERHEAD_GB, Layout, model_shape_problems, node_local_problems
 from pipeline.config.schema import TrainingConfig
@@ -41,8 +42,8 @@ GB = 1e9
 @dataclasses.dataclass
 class Plan:
     model: str
-    mode: str
-    engine: str
+    mode: Mode
+    engine: Engine
     cluster: str
     nodes: int
     ranks_per_node: int
@@ -136,7 +137,7 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
     return {k: round(v, 1) for k, v in parts.items()}
 
 
-def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: str, cluster: ClusterProfile, nodes: int,
+def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: ClusterProfile, nodes: int,
                   path_checks: bool = True, peft: str | None = None) -> Plan:
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
@@ -339,8 +340,6 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
     current), so this check runs on the login node without Bridge. The values of the schema's own fields were typed
     at load (their types agree with this table: tests/unit/test_config.py); here the table types the pass-through
     ``+key`` values and says which keys the recipe's classes have at all."""
-    import difflib
-
     from pipeline.config.loader import strip_suite_only
     from pipeline.config.models import recipe_mode
 
@@ -362,8 +361,7 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
             if k not in fields and types_only and in_schema(dotted):
                 continue  # a key of our schema: the local engine reads it (e.g. dataset_root for indexed data)
             if k not in fields:
-                close = difflib.get_close_matches(k, list(fields), n=1, cutoff=0.75)
-                hint = f" (did you mean '{(where + '.') if where else ''}{close[0]}'?)" if close else ""
+                hint = did_you_mean(k, fields, prefix=f"{where}." if where else "")
                 if dotted.split(".")[0] == "peft" and not peft:
                     hint = " (the LoRA settings apply with --peft lora)"
                 if dotted in ("dataset.dataset_root", "dataset.offline_packing_specs") and "data_path" in fields:
@@ -400,15 +398,12 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
 
 def _check_suite_keys(cfg: TrainingConfig, plan: Plan) -> None:
     """A ``+pipeline...`` key that is not a field: the suite-only section never reaches an engine, so it is a typo."""
-    import difflib
-
     from pipeline.common.mappings import flatten
     from pipeline.config.schema import field_types
 
     known = [k for k in field_types() if k.startswith("pipeline.")]
     for key in flatten({"pipeline": cfg.extra["pipeline"]} if "pipeline" in cfg.extra else {}):
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-        hint = f" (did you mean '{close[0]}'?)" if close else f" (its keys: {', '.join(known)})"
+        hint = did_you_mean(key, known) or f" (its keys: {', '.join(known)})"
         plan.problems.append(f"'{key}' is not a config key: the pipeline section is the suite's own{hint}")
 
 

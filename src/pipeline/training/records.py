@@ -42,6 +42,7 @@ from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, write_json, write_text
 from pipeline.common.mappings import flatten
+from pipeline.common.procs import pid_alive
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import goodput
 
@@ -282,18 +283,6 @@ def _writer_record() -> dict[str, Any]:
             "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def same_writer(holder: dict, me: dict) -> bool:
     """Whether the launch ``me`` belongs to the training that holds the run directory's lock (``holder``; both as
     :func:`_writer_record` writes them). The same Slurm job is not enough: a second launch inside one ``salloc``
@@ -339,7 +328,7 @@ def claim_run_dir(run_dir: Path) -> int | None:
         if same_writer(holder, me):
             return None  # this training's own writer (another node's launcher, or a requeue's previous incarnation)
         pid = holder.get("pid", "?")
-        alive = " (alive)" if holder.get("host") == me["host"] and _pid_alive(pid) else ""
+        alive = " (alive)" if holder.get("host") == me["host"] and pid_alive(pid) else ""
         where = f"pid {pid}{alive} on host {holder.get('host', '?')}"
         who = (f"Slurm job {holder['slurm_job_id']} step {holder.get('slurm_step_id') or '(none)'} ({where})"
                if holder.get("slurm_job_id") else where)

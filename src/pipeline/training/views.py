@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
+from pipeline.config.kinds import Mode
 from pipeline.config.models import ModelSpec
 from pipeline.config.schema import TrainingConfig
 from pipeline.data.chat import tokenizer_model_name
@@ -108,7 +109,7 @@ class RunView:
                    save=Path(d["save"]) if d.get("save") else None, seed=int(d.get("seed", 1234)))
 
 
-def build_view(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan) -> RunView:
+def build_view(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, plan: Plan) -> RunView:
     """The view of a config whose preflight passed (``plan.ok``): every value here was checked there."""
     if not plan.ok:
         raise ValueError("build_view needs a plan whose preflight passed")

@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
 from pipeline.common.mappings import flatten
+from pipeline.common.procs import barrier
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import fault_tolerance, profiling, records
@@ -216,7 +217,7 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
         """Move the Trainer's checkpoint-N into <save>/iter_000000N, then update the tracker (written last)."""
 
         def on_save(self, args, st, control, **kw):
-            _barrier()
+            barrier()
             if st.is_world_process_zero:
                 staged = Path(args.output_dir) / f"checkpoint-{st.global_step}"
                 if staged.is_dir():
@@ -224,7 +225,7 @@ def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: 
                         "engine": "local", "model": spec.name, "hf_id": spec.hf_id, "mode": mode,
                         "iteration": st.global_step, "run_dir": str(run_dir), "time": time.time()})
                     log.info("saved checkpoint %s", target)
-            _barrier()
+            barrier()
             return control
 
     class Records(TrainerCallback):
@@ -351,13 +352,6 @@ def _all_ranks_any(flag: bool) -> bool:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
     return flag
-
-
-def _barrier():
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def use_bf16_autocast(cfg: TrainingConfig) -> bool:
