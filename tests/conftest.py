@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from tests import parallel
 from tests.helpers import ROOT
+from tests.parallel import (  # noqa: F401  (the workers' groups and their scheduler: hooks)
+    pytest_collection_finish,
+    pytest_configure_node,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
+)
 from tests.tiers import FIXTURES_OF, TIERS, TierError, gpu_exemption, required_tiers
 
 os.environ.setdefault("PIPELINE_ROOT", str(ROOT))
@@ -49,8 +57,11 @@ def tokenizer(smollm2_dir):
 
 
 # ---- test tiers (tests/tiers.py): a required tier never skips; the summary counts every tier and its time ------
+# Counted from the reports where they arrive (pytest_runtest_logreport): in the one pytest process, or in xdist's
+# controller from every worker's reports (each report carries its test's tiers, set where the test ran).
 _OUTCOMES: dict[str, tuple[tuple[str, ...], str]] = {}
 _SECONDS: dict[str, float] = {}  # per test: its set-up, call and tear-down, summed (a module fixture's build included)
+_STARTED: list[float] = []
 
 
 def _tiers_of(item) -> tuple[str, ...]:
@@ -62,6 +73,11 @@ def pytest_configure(config):
         required_tiers()
     except TierError as exc:
         raise pytest.UsageError(str(exc)) from None
+    parallel.configure(config)
+
+
+def pytest_sessionstart(session):
+    _STARTED.append(time.monotonic())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -79,6 +95,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     tiers = _tiers_of(item)
+    rep.pipeline_tiers = tiers  # an extra attribute of the report: xdist sends it to the controller with the rest
     if rep.skipped and not hasattr(rep, "wasxfail"):
         must = [t for t in tiers if t in required_tiers() and not (t == "gpu" and gpu_exemption())]
         if must:  # a skip inside a required tier, whoever raised it, fails the test with its reason
@@ -86,13 +103,19 @@ def pytest_runtest_makereport(item, call):
             reason = reason.removeprefix("Skipped: ")
             rep.outcome = "failed"
             rep.longrepr = f"required test tier {must[0]} skipped a test: {reason}"
-    prev = _OUTCOMES.get(item.nodeid, (tiers, "passed"))[1]
-    now = "failed" if rep.failed or prev == "failed" else "skipped" if rep.skipped else prev
-    _OUTCOMES[item.nodeid] = (tiers, now)
-    _SECONDS[item.nodeid] = _SECONDS.get(item.nodeid, 0.0) + rep.duration
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_runtest_logreport(report):
+    if report.when not in ("setup", "call", "teardown"):
+        return
+    tiers = tuple(getattr(report, "pipeline_tiers", ()))
+    prev = _OUTCOMES.get(report.nodeid, (tiers, "passed"))[1]
+    now = "failed" if report.failed or prev == "failed" else "skipped" if report.skipped else prev
+    _OUTCOMES[report.nodeid] = (tiers, now)
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
     if not _OUTCOMES:
         return
     required = required_tiers()
@@ -105,5 +128,10 @@ def pytest_terminal_summary(terminalreporter):
         note = " (required)" if tier in required else ""
         if tier == "gpu" and gpu_exemption():
             note = f"; {gpu_exemption()}"
-        # tests run one after another: a tier's wall time is its tests' time, the tiers' add up to pytest's
+        # a tier's wall time: its tests' time; on one worker the tiers' add up to pytest's, on two (tests/parallel.py)
+        # the serial group's tiers run on one worker beside the others, and the line below says how the two compare
         tr.write_line(f"tier {tier}: {counts}{note}; wall {sum(_SECONDS.get(i, 0.0) for i in ids):.1f} s")
+    workers = len(getattr(config.option, "tx", None) or ()) if getattr(config.option, "dist", "no") != "no" else 0
+    if workers and _STARTED:
+        tr.write_line(f"tiers together: {sum(_SECONDS.values()):.1f} s of tests on {workers} workers in "
+                      f"{time.monotonic() - _STARTED[0]:.1f} s")

@@ -4,7 +4,8 @@
 # Usage: bash tests/run.sh [pytest args...]
 #
 # Installs everything the tests need (the pinned venv + test requirements, via pipeline_env_setup.sh),
-# starts the local Slurm cluster, then runs pytest. pytest's "no tests collected" (exit 5) is a failure here,
+# starts the local Slurm cluster, then runs pytest on two workers (tests/parallel.py; PIPELINE_TEST_WORKERS=0 for
+# one process). pytest's "no tests collected" (exit 5) is a failure here,
 # never a silent pass. Under CI=true (or for the tiers named in PIPELINE_REQUIRE_TIERS=slurm,bridge,...|all)
 # a test tier that cannot start fails the run with one line naming the tier and the log to read; pytest's
 # summary counts the tests each tier ran and skipped (tests/tiers.py).
@@ -53,8 +54,11 @@ else
 fi
 rm -f "$slurm_log"
 
+# Two pytest workers (tests/parallel.py): one runs the slurm tier's tests one after another (they mostly wait on
+# their jobs) beside the other's computing; PIPELINE_TEST_WORKERS=0 runs every test in the one pytest process,
+# and an -n on the command line wins.
 set +e
-python -m pytest "$@"
+python -m pytest -n "${PIPELINE_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then
