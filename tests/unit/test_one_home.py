@@ -115,3 +115,28 @@ def test_the_checker_sees_a_spelled_name_and_skips_docstrings(tmp_path):
                    '    return f"isambard_sbatch pipeline_training_submit.sbatch {1}"\n')
     hits = [(n, t) for n, t in code_strings(mod) if re.search(r"_submit\.sbatch", t)]
     assert hits == [(6, "isambard_sbatch pipeline_training_submit.sbatch ")]
+
+
+def test_one_layout_class_holds_the_parallel_factors():
+    """config/parallel.py's Layout is the one class with the parallel factors as int fields: the preflight's plan,
+    the run view and the GPU-job plans hold one (none restates tp/pp/ep as its own). A request's optional factors
+    (coherence's --tp/--pp/--ep, None: the plan chooses) are what the user asked for, not a layout."""
+    factors = {"tp", "pp", "ep"}
+    holders = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                          and isinstance(s.target, ast.Name) and ast.unparse(s.annotation) == "int"}
+                if factors <= fields:
+                    holders.append(f"{path.relative_to(SRC)}:{node.name}")
+    assert holders == ["config/parallel.py:Layout"]
+    import typing
+
+    from pipeline.checkpoint.plan import JobPlan
+    from pipeline.config.parallel import Layout
+    from pipeline.training.preflight import Plan
+    from pipeline.training.views import RunView
+
+    for cls in (Plan, RunView, JobPlan):
+        assert Layout in typing.get_type_hints(cls).values(), cls

@@ -18,7 +18,7 @@ def test_view_carries_the_checked_layout_batch_and_data_paths(pipeline_env, tmp_
     assert plan.preflight.ok, plan.preflight.problems
     v = plan.view
     assert (v.model, v.mode) == ("tiny-qwen3-moe", "sft")
-    assert v.parallel.world == plan.preflight.world and v.parallel.dp == plan.preflight.dp
+    assert v.parallel == plan.preflight.layout
     assert (v.batch.global_batch_size, v.batch.micro_batch_size) == (8, 2)
     assert v.batch.grad_accum == plan.preflight.grad_accum and v.batch.grad_accum_for(2) == 2
     assert v.batch.tokens_per_iter == 8 * v.batch.seq_length == plan.preflight.tokens_per_iter

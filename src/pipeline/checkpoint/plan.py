@@ -87,7 +87,7 @@ class JobPlan:
         lay = self.layout
         return {"job": self.job, "model": self.model, "engine": self.engine, "cluster": self.cluster,
                 "world_size": self.world_size, "nodes": self.nodes, "procs_per_node": self.procs_per_node,
-                "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp,
+                **{k: v for k, v in lay.as_record().items() if k != "world"},
                 "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": self.memory_gb,
                 "memory_budget_gb": self.memory_budget_gb, "host_memory_gb": self.host_memory_gb,
                 "gpus_per_node": self.gpus_per_node,

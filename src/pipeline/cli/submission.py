@@ -194,7 +194,8 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
                         + f"\npreflight: {len(plan.problems)} problem(s); nothing was submitted")
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"Preflight: PASS - world {plan.world} (tp {plan.tp} pp {plan.pp} cp {plan.cp} ep {plan.ep} dp {plan.dp}), "
+    lay = plan.layout
+    print(f"Preflight: PASS - world {lay.world} (tp {lay.tp} pp {lay.pp} cp {lay.cp} ep {lay.ep} dp {lay.dp}), "
           f"memory estimate {plan.memory_gb.get('total', 0):.1f} of {plan.memory_budget_gb:g} GB", file=sys.stderr)
     return launch
 

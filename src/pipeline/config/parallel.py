@@ -64,14 +64,18 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        return self.world // (self.tp * self.pp * self.cp)
+        """The data-parallel size, world / (tp x pp x cp); 0 when that does not divide (one of ``problems()``)."""
+        mp = self.tp * self.pp * self.cp
+        return self.world // mp if mp and self.world % mp == 0 else 0
 
     @property
     def edp(self) -> int:
         return self.world // (self.etp * self.ep * self.pp)
 
-    def problems(self) -> list[str]:
-        """Megatron's divisibility rules, one line each (empty: the groups can be formed)."""
+    def problems(self, world_is: str = "", resize: str = "the world size") -> list[str]:
+        """Megatron's divisibility rules, one line each with every factor and the fix (empty: the groups can be
+        formed); the one statement of them. ``world_is`` says where the world size comes from (the preflight's
+        " = nodes(2) * gpus_per_node(4)"), ``resize`` what to change instead of the parallelism."""
         out = []
         for name in ("world", "tp", "pp", "cp", "ep", "etp"):
             v = getattr(self, name)
@@ -82,14 +86,24 @@ class Layout:
                     f"{self.cp}, ep {self.ep}, etp {self.etp})"]
         mp = self.tp * self.pp * self.cp
         if self.world % mp:
-            out.append(f"world size {self.world} is not divisible by tp({self.tp}) * pp({self.pp}) * cp({self.cp}) "
-                       f"= {mp}")
+            out.append(f"world size {self.world}{world_is} is not divisible by tp({self.tp}) * pp({self.pp}) * "
+                       f"cp({self.cp}) = {mp}: change {resize} to a multiple of {mp}, or the parallelism")
         stage = self.world // self.pp if self.world % self.pp == 0 else None
         if stage is None or stage % (self.ep * self.etp):
-            out.append(f"the {self.world // max(self.pp, 1)} rank(s) of a pipeline stage (world {self.world} / "
-                       f"pp {self.pp}) do not divide into expert groups of ep({self.ep}) * etp({self.etp}) = "
-                       f"{self.ep * self.etp}")
+            out.append(f"the {self.world // max(self.pp, 1)} rank(s) of a pipeline stage (world {self.world}"
+                       f"{world_is} / pp {self.pp}) do not divide into expert groups of ep({self.ep}) * "
+                       f"etp({self.etp}) = {self.ep * self.etp}: change ep, or {resize}")
         return out
+
+    def as_record(self) -> dict[str, int]:
+        """The layout as a run record writes it: every factor and dp."""
+        return {"world": self.world, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "etp": self.etp,
+                "dp": self.dp}
+
+    @classmethod
+    def from_record(cls, d: dict) -> Layout:
+        """The layout of :meth:`as_record`'s dict (its dp is derived, so not read)."""
+        return cls(**{k: d[k] for k in ("world", "tp", "pp", "cp", "ep", "etp") if k in d})
 
     def groups(self) -> dict[str, list[list[int]]]:
         """Every group megatron-core forms for this layout (``tp``, ``cp``, ``dp``, ``pp`` of the dense grid;

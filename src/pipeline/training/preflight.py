@@ -1,9 +1,9 @@
 """Login-node preflight: everything that can be checked without a GPU, before anything is queued.
 
 Each problem is one line naming every factor and the fix; ``run_preflight`` collects them all and the
-launcher exits 2 when there is any. The checks: parallel layout (world size divisibility by TP*PP*CP,
-expert groups by EP*ETP), the node-local rule of the cluster profile (every TP, CP and EP*ETP group inside a node,
-from megatron-core's rank mapping: config/parallel.py),
+launcher exits 2 when there is any. The checks: parallel layout (config/parallel.py's Layout: world size
+divisibility by TP*PP*CP, expert groups by EP*ETP), the node-local rule of the cluster profile (every TP, CP and
+EP*ETP group inside a node, from megatron-core's rank mapping: config/parallel.py),
 batch divisibility, sequence length vs packing and the context-parallel padding rule, dataset and
 checkpoint paths, tokens vs iterations, and a per-GPU memory estimate against the profile's memory.
 
@@ -47,13 +47,7 @@ class Plan:
     cluster: str
     nodes: int
     ranks_per_node: int
-    world: int
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    dp: int = 1
+    layout: Layout  # the counts as read (all 1 until every one is set and >= 1); its problems are the plan's
     gbs: int = 0
     mbs: int = 0
     grad_accum: int = 0
@@ -70,6 +64,10 @@ class Plan:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def world(self) -> int:
+        return self.layout.world
 
 
 def _count(cfg: TrainingConfig, key: str, value: int | None, plan: Plan) -> int:
@@ -114,7 +112,8 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
         return {"weights": 4 * p / GB, "grads": 4 * p / GB, "optimizer": 8 * p / GB,
                 "activations": act / GB, "logits": logits / GB, "overhead": 0.5,
                 "total": (16 * p + act + logits) / GB + 0.5}
-    tp, pp, cp, ep, etp, dp = plan.tp, plan.pp, plan.cp, plan.ep, plan.etp, plan.dp
+    lay = plan.layout
+    tp, pp, cp, ep, etp, dp = lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, max(1, lay.dp)
     dense = spec.dense_params_b * 1e9 / (tp * pp)
     expert = spec.expert_params_b * 1e9 / (ep * etp * pp)
     expert_dp = max(1, plan.world // (ep * etp * pp))
@@ -141,7 +140,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
                   path_checks: bool = True, peft: str | None = None) -> Plan:
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
-                ranks_per_node=cluster.ranks_per_node, world=nodes * cluster.ranks_per_node)
+                ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node))
     if nodes < 1:
         plan.problems.append(f"--nodes({nodes}) must be >= 1")
         return plan
@@ -154,11 +153,11 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     plan.problems += cfg.problems  # values whose type does not fit their field (found at load)
     before = len(plan.problems)
     m, t = cfg.model, cfg.train
-    tp = plan.tp = _count(cfg, "model.tensor_model_parallel_size", m.tensor_model_parallel_size, plan)
-    pp = plan.pp = _count(cfg, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, plan)
-    cp = plan.cp = _count(cfg, "model.context_parallel_size", m.context_parallel_size, plan)
-    ep = plan.ep = _count(cfg, "model.expert_model_parallel_size", m.expert_model_parallel_size, plan)
-    etp = plan.etp = _count(cfg, "model.expert_tensor_parallel_size", m.expert_tensor_parallel_size, plan)
+    tp = _count(cfg, "model.tensor_model_parallel_size", m.tensor_model_parallel_size, plan)
+    pp = _count(cfg, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, plan)
+    cp = _count(cfg, "model.context_parallel_size", m.context_parallel_size, plan)
+    ep = _count(cfg, "model.expert_model_parallel_size", m.expert_model_parallel_size, plan)
+    etp = _count(cfg, "model.expert_tensor_parallel_size", m.expert_tensor_parallel_size, plan)
     gbs = plan.gbs = _count(cfg, "train.global_batch_size", t.global_batch_size, plan)
     mbs = plan.mbs = _count(cfg, "train.micro_batch_size", t.micro_batch_size, plan)
     iters = plan.train_iters = _count(cfg, "train.train_iters", t.train_iters, plan)
@@ -167,39 +166,32 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
         return plan  # a count unset, < 1 or mistyped: the checks below divide by them
     gpn = cluster.ranks_per_node
     sp = bool(m.sequence_parallel)
+    lay = plan.layout = Layout(plan.world, tp, pp, cp, ep, etp)
 
     if local and (tp, pp, cp, ep, etp) != (1, 1, 1, 1, 1):
         plan.problems.append(f"the local engine has no model parallelism: tp({tp}) pp({pp}) cp({cp}) ep({ep}) "
                              f"etp({etp}) must all be 1; it scales by data parallelism only")
-    mp = tp * pp * cp
-    if plan.world % mp:
-        plan.problems.append(f"world size {plan.world} = nodes({nodes}) * {'gpus' if cluster.has_gpus else 'procs'}"
-                             f"_per_node({gpn}) is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {mp}: "
-                             f"use a node count whose GPU total is a multiple of {mp}, or change the parallelism")
-    else:
-        plan.dp = plan.world // mp
-    if (plan.world // max(pp, 1)) % (ep * etp):
-        plan.problems.append(f"world size / pp = {plan.world}/{pp} = {plan.world // pp} is not divisible by "
-                             f"ep({ep}) * etp({etp}) = {ep * etp}: expert groups cannot be formed; "
-                             "change ep or --nodes")
+    per_node = "gpus_per_node" if cluster.has_gpus else "procs_per_node"  # megatron-core's rules: config/parallel.py
+    plan.problems += lay.problems(f" = nodes({nodes}) * {per_node}({gpn})", f"the total (--nodes x {per_node})")
+    dp = lay.dp  # 0: the world does not divide (a problem above)
     if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py, decision #41)
-        plan.problems += node_local_problems(Layout(plan.world, tp, pp, cp, ep, etp), gpn, f"on '{cluster.name}'")
+        plan.problems += node_local_problems(lay, gpn, f"on '{cluster.name}'")
     # heads, KV heads, experts and layers against tp, cp, ep and pp (config/parallel.py, decision #80)
     extra_model = cfg.extra.get("model")
     stages: dict = extra_model if isinstance(extra_model, dict) else {}
     first, last = (stages.get(f"num_layers_in_{k}_pipeline_stage") for k in ("first", "last"))
     plan.problems += model_shape_problems(
-        spec, Layout(plan.world, tp, pp, cp, ep, etp),
+        spec, lay,
         sequence_parallel=None if m.sequence_parallel is None or local else sp,
         first_stage_layers=first if isinstance(first, int) and not isinstance(first, bool) else None,
         last_stage_layers=last if isinstance(last, int) and not isinstance(last, bool) else None)
-    if plan.dp and gbs % (mbs * plan.dp):
-        unit = mbs * plan.dp
+    if dp and gbs % (mbs * dp):
+        unit = mbs * dp
         plan.problems.append(f"train.global_batch_size({gbs}) is not divisible by micro_batch_size({mbs}) * "
-                             f"data_parallel({plan.dp}) = {unit}: use a multiple of {unit} "
+                             f"data_parallel({dp}) = {unit}: use a multiple of {unit} "
                              f"(e.g. {max(unit, round(gbs / unit) * unit)})")
-    elif plan.dp:
-        plan.grad_accum = gbs // (mbs * plan.dp)
+    elif dp:
+        plan.grad_accum = gbs // (mbs * dp)
     if iters < 1 and "train.train_iters" not in cfg.invalid:  # mistyped: already one line
         plan.problems.append(f"train.train_iters({iters}) must be >= 1")
 
@@ -420,10 +412,10 @@ def _hazards(cfg: TrainingConfig, plan: Plan, local: bool) -> None:
     if local:
         return
     lr = cfg.optimizer.lr
-    if plan.cp > 1 and lr is not None and lr >= 8e-5:
-        plan.warnings.append(f"optimizer.lr={lr:g} with context_parallel_size={plan.cp}: the reference measured NaN "
-                             "losses at 8e-5 under context parallelism (the recipe's SFT rate is 5e-6)")
-    if cfg.model.fp8 and (plan.ep > 1 or plan.model in ("nano", "super")):
+    if plan.layout.cp > 1 and lr is not None and lr >= 8e-5:
+        plan.warnings.append(f"optimizer.lr={lr:g} with context_parallel_size={plan.layout.cp}: the reference "
+                             "measured NaN losses at 8e-5 under context parallelism (the recipe's SFT rate is 5e-6)")
+    if cfg.model.fp8 and (plan.layout.ep > 1 or plan.model in ("nano", "super")):
         plan.warnings.append(f"model.fp8={cfg.model.fp8!r} on a MoE model: the reference saw stochastic "
                              "alignment crashes in MoE routing with FP8; BF16 is the certified setting")
 
@@ -571,11 +563,12 @@ def _note_epochs(train_path: Path, plan: Plan) -> None:
 
 
 def format_plan(plan: Plan) -> str:
+    lay = plan.layout
     lines = [
         f"model {plan.model} ({plan.engine} engine), mode {plan.mode}, cluster {plan.cluster}",
-        f"layout: nodes {plan.nodes} x {plan.ranks_per_node} ranks = world {plan.world}; tp {plan.tp} pp {plan.pp} "
-        f"cp {plan.cp} ep {plan.ep} etp {plan.etp} -> dp {plan.dp}",
-        f"batch: gbs {plan.gbs} = mbs {plan.mbs} x dp {plan.dp} x grad_accum {plan.grad_accum}; seq {plan.seq_length}",
+        f"layout: nodes {plan.nodes} x {plan.ranks_per_node} ranks = world {lay.world}; tp {lay.tp} pp {lay.pp} "
+        f"cp {lay.cp} ep {lay.ep} etp {lay.etp} -> dp {lay.dp}",
+        f"batch: gbs {plan.gbs} = mbs {plan.mbs} x dp {lay.dp} x grad_accum {plan.grad_accum}; seq {plan.seq_length}",
         f"tokens: {plan.tokens_per_iter:,} per iteration x {plan.train_iters} iterations = {plan.total_tokens:,}",
     ]
     if plan.memory_gb:
@@ -590,6 +583,8 @@ def format_plan(plan: Plan) -> str:
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
     d = dataclasses.asdict(plan)
+    del d["layout"]
+    d.update(plan.layout.as_record())  # the record keeps its flat world, tp, ..., dp
     d["ok"] = plan.ok
     return d
 

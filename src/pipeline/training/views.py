@@ -19,25 +19,13 @@ from typing import Any
 from pipeline.common.errors import UserError
 from pipeline.config.kinds import Mode
 from pipeline.config.models import ModelSpec
+from pipeline.config.parallel import Layout
 from pipeline.config.schema import TrainingConfig
 from pipeline.data.chat import tokenizer_model_name
 from pipeline.training.preflight import Plan, packed_data_paths
 
 VIEW_FILE = "view.json"
 VIEW_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """How the world is split: ``world = tp * pp * cp * dp``; experts use ``ep * etp`` of ``world / pp``."""
-
-    world: int
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    dp: int = 1
 
 
 @dataclass(frozen=True)
@@ -78,7 +66,7 @@ class DataView:
 class RunView:
     model: str
     mode: str
-    parallel: ParallelLayout
+    parallel: Layout  # the preflight's (config/parallel.py): world = tp * pp * cp * dp, experts ep * etp of world / pp
     batch: BatchView
     data: DataView
     save: Path | None
@@ -93,6 +81,7 @@ class RunView:
             return v
 
         d = dataclasses.asdict(self)
+        d["parallel"] = self.parallel.as_record()
         return {"version": VIEW_VERSION, **{k: plain(v) for k, v in d.items()}}
 
     @classmethod
@@ -101,7 +90,7 @@ class RunView:
             raise UserError(f"{VIEW_FILE} has version {d.get('version')!r}, this code reads {VIEW_VERSION}: relaunch "
                             "the run with pipeline_training_launch.sh to record it again")
         data = d["data"]
-        return cls(model=d["model"], mode=d["mode"], parallel=ParallelLayout(**d["parallel"]),
+        return cls(model=d["model"], mode=d["mode"], parallel=Layout.from_record(d["parallel"]),
                    batch=BatchView(**d["batch"]),
                    data=DataView(dataset_root=Path(data["dataset_root"]) if data.get("dataset_root") else None,
                                  tokenizer=data.get("tokenizer"),
@@ -119,8 +108,7 @@ def build_view(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, plan: Plan) -> 
     save = cfg.checkpoint.save
     return RunView(
         model=spec.name, mode=mode,
-        parallel=ParallelLayout(world=plan.world, tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, etp=plan.etp,
-                                dp=plan.dp),
+        parallel=plan.layout,
         batch=BatchView(global_batch_size=plan.gbs, micro_batch_size=plan.mbs, grad_accum=plan.grad_accum,
                         seq_length=plan.seq_length, train_iters=plan.train_iters),
         data=DataView(dataset_root=Path(root) if root else None, tokenizer=tok, packed=dict(packed)),
