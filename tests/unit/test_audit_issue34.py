@@ -76,14 +76,14 @@ def iteration(tmp_path, tokenizer):
 
 def test_an_export_without_tokenizer_files_fails_verification_in_one_line(iteration):
     """The verification loaded an empty tokenizer and died in an IndexError (a traceback)."""
-    from pipeline.checkpoint.export import FAILED, VerificationFailed, export_iteration
+    from pipeline.checkpoint.export import FAILED, ExportRequest, VerificationFailed, export_iteration
 
     for f in iteration.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")) or f.name in ("chat_template.jinja", "vocab.json",
                                                                            "merges.txt"):
             f.unlink()
     with pytest.raises(VerificationFailed, match=r"^tokenizer: the export has no tokenizer files"):
-        export_iteration(iteration, hf_model="test/llama", reasoning=False)
+        export_iteration(iteration, ExportRequest(hf_model="test/llama", reasoning=False))
     assert json.loads((iteration / FAILED).read_text())["decided_on"] == "tokenizer"
     assert not (iteration / "hf").exists()
 
@@ -94,7 +94,7 @@ RAISING = ("{% if messages[0]['role'] != 'system' %}{{ raise_exception('System t
 
 def test_an_export_whose_chat_template_raises_says_so_and_coherence_is_one_line(iteration, tmp_path):
     """It verified PASS, then coherence crashed in a jinja2 TemplateError."""
-    from pipeline.checkpoint.export import VerificationFailed, export_iteration
+    from pipeline.checkpoint.export import ExportRequest, VerificationFailed, export_iteration
     from pipeline.coherence.backends import hf_generate
 
     config = iteration / "tokenizer_config.json"
@@ -104,12 +104,12 @@ def test_an_export_whose_chat_template_raises_says_so_and_coherence_is_one_line(
     (iteration / "chat_template.jinja").write_text(RAISING)
     strict = tmp_path / "strict" / iteration.name
     shutil.copytree(iteration, strict)
-    rec = export_iteration(iteration, hf_model="test/llama", reasoning=False)
+    rec = export_iteration(iteration, ExportRequest(hf_model="test/llama", reasoning=False))
     warning = ("the chat template refuses a conversation of one user turn (TemplateError: System turn required): "
                "coherence and chat serving will refuse it too")
     assert rec["verdict"] == "PASS" and warning in rec["quality"]["warnings"]
     with pytest.raises(VerificationFailed, match=re.escape(warning)):  # fatal with --require-quality
-        export_iteration(strict, hf_model="test/llama", reasoning=False, require_quality=True)
+        export_iteration(strict, ExportRequest(hf_model="test/llama", reasoning=False, require_quality=True))
     with pytest.raises(UserError) as e:
         hf_generate(str(iteration / "hf"), ["Hello"], 4, False)
     assert str(e.value) == (f"the chat template of {iteration / 'hf'} refuses the coherence prompts (one user turn): "

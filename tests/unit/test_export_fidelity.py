@@ -13,7 +13,14 @@ import shutil
 import pytest
 
 from pipeline.checkpoint import layout
-from pipeline.checkpoint.export import FAILED, VerificationFailed, _copy_local, _verify_and_publish, export_iteration
+from pipeline.checkpoint.export import (
+    FAILED,
+    ExportRequest,
+    VerificationFailed,
+    _copy_local,
+    _verify_and_publish,
+    export_iteration,
+)
 from pipeline.checkpoint.verify import file_set_failures, file_set_problems
 from pipeline.common.io import read_json
 
@@ -57,7 +64,7 @@ def _edit_tensors(st_file, edit):
 
 def test_a_faithful_export_passes_with_kl_zero_and_full_agreement(checkpoints, tmp_path):
     it = _copy(checkpoints["untied"], tmp_path)
-    rec = export_iteration(it, hf_model="test/llama", reasoning=False)
+    rec = export_iteration(it, ExportRequest(hf_model="test/llama", reasoning=False))
     assert rec["verdict"] == "PASS" and rec["failures"] == [] and rec["file_set_problems"] == []
     assert rec["max_abs_logit_diff"] == 0.0 and rec["kl"] == 0.0 and rec["top1_agreement"] == 1.0
     assert rec["per_prompt_kl"] == [0.0] * 4 and rec["per_prompt_top1_agreement"] == [1.0] * 4
@@ -81,8 +88,8 @@ def test_a_perturbed_tensor_fails_on_logits_and_kl_and_is_not_published(checkpoi
 
     _edit_tensors(tmp_root / "hf" / "model.safetensors", perturb)
     with pytest.raises(VerificationFailed) as exc:
-        _verify_and_publish(it, tmp_root / "hf", it / "hf", "local", tmp_root=tmp_root, hf_model="test/llama",
-                            reasoning=False, strict=True, atol=None)
+        _verify_and_publish(it, tmp_root / "hf", it / "hf", "local", ExportRequest(hf_model="test/llama",
+                            reasoning=False, strict=True, atol=None), tmp_root=tmp_root, source_logits=None)
     failures = exc.value.record["failures"]
     assert re.fullmatch(r"logits differ from the source checkpoint by [0-9.e+-]+ \(tolerance 0\.001\)", failures[0])
     assert re.fullmatch(r"next-token KL\(source \|\| export\) is [0-9.e+-]+ \(tolerance 1e-06\)", failures[1])
@@ -95,7 +102,7 @@ def test_a_removed_tensor_fails_the_file_set_naming_it(checkpoints, tmp_path):
     it = _copy(checkpoints["untied"], tmp_path)
     _edit_tensors(it / "model.safetensors", lambda t: t.pop("model.layers.0.mlp.down_proj.weight"))
     with pytest.raises(VerificationFailed) as exc:
-        export_iteration(it, hf_model="test/llama", reasoning=False)
+        export_iteration(it, ExportRequest(hf_model="test/llama", reasoning=False))
     assert exc.value.record["failures"] == [f"file set: missing tensor model.layers.0.mlp.down_proj.weight "
                                             f"[{HIDDEN}, {INTER}]"]
     assert exc.value.record["decided_on"] == "file set"

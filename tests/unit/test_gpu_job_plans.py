@@ -252,17 +252,41 @@ def test_every_gpu_jobs_plan_sets_the_cluster_profiles_env(tmp_path, monkeypatch
 def test_upload_alls_per_iteration_torchrun_gets_the_profiles_env(tmp_path, monkeypatch):
     """upload-all of a Megatron checkpoint starts one torchrun per iteration (it needs GPUs and Megatron, so the
     command and the environment it is started with are checked here): the profile's env over the inherited one."""
-    from pipeline.cli.checkpoint import build_parser, export_torchrun
+    from pipeline.cli.checkpoint import export_torchrun, parse
 
     monkeypatch.setenv("PIPELINE_CLUSTER", str(probe_profile(tmp_path)))
     monkeypatch.setenv("PIPELINE_PROBE_VAR", "inherited")  # the profile's value wins, as training's always has
     argv = ["upload-all", str(tmp_path), "--hf-model", NANO, "--no-reasoning"]
     plan = checkpoint_plan(argv)
-    cmd, env = export_torchrun(tmp_path / "iter_0000010", build_parser().parse_args(argv), plan)
+    cmd, env = export_torchrun(tmp_path / "iter_0000010", parse(argv), plan)
     assert cmd[:4] == ["torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=4"]
     assert cmd[cmd.index("--iteration") + 1] == "10" and "--lock-held" in cmd
     assert env["PIPELINE_PROBE_VAR"] == "marker" and env["NCCL_NET"] == "AWS Libfabric"
     assert env["PATH"] == os.environ["PATH"]  # the rest of the environment is inherited
+
+
+def test_the_checkpoint_request_reads_every_option_of_every_action(tmp_path):
+    """cli/checkpoint.py reads its namespace once, into ConvertRequest: each option of export, import and
+    upload-all is a field (none dropped, none probed with getattr later), and the export it asks for carries the
+    plan's layout and the tolerances given."""
+    import dataclasses
+
+    from pipeline.cli.checkpoint import ConvertRequest, build_parser, parse
+    from pipeline.config.parallel import Layout
+
+    fields = {f.name for f in dataclasses.fields(ConvertRequest)}
+    sub = next(a for a in build_parser()._actions if a.dest == "action")
+    for name, parser in sub.choices.items():
+        dests = {a.dest for a in parser._actions if a.dest != "help"}
+        assert dests <= fields, (name, dests - fields)
+    req = parse(["upload-all", str(tmp_path), "--hf-model", NANO, "--no-reasoning", "--atol", "0.5",
+                 "--eval", "pipeline_smoke", "--eval-tasks-path", str(tmp_path)])
+    assert (req.action, req.eval, req.eval_tasks_path, req.hub_repo, req.iteration) == \
+        ("upload-all", "pipeline_smoke", (tmp_path,), None, None)
+    export = req.export(Layout(4, ep=4))
+    assert (export.atol, export.locked, export.layout.ep, export.strict) == (0.5, True, 4, True)
+    assert export.argv()[:8] == ["--hf-model", NANO, "--no-reasoning", "--tp", "1", "--pp", "1", "--ep"]
+    assert parse(["import", "nano", "--tp", "2"]).export(Layout(1)).hf_model == ""
 
 
 def test_one_rule_for_the_ranks_environment():

@@ -129,7 +129,7 @@ def test_export_on_another_hf_model_names_the_one_the_base_was_imported_from(run
     other = tmp_path / "other"
     other.mkdir()
     with pytest.raises(UserError) as e:
-        ex.export_iteration(lora, hf_model=str(other), reasoning=False)
+        ex.export_iteration(lora, ex.ExportRequest(hf_model=str(other), reasoning=False))
     msg = _one_line(e)
     assert f"{lora} is a LoRA iteration" in msg and f"its base checkpoint {base} was imported from {hf}" in msg
     assert msg.endswith(f"rerun the export with --hf-model {hf}")
@@ -142,7 +142,7 @@ def test_export_on_a_trained_base_says_to_export_the_base_first(tmp_path):
     base = _iteration(tmp_path / "sft", 100, hf=str(hf), trained=True)  # a trained save: its weights are not hf's
     lora = _iteration(tmp_path / "lora", 2, hf=str(hf), pretrained=str(base.parent), peft=LORA)
     with pytest.raises(UserError) as e:
-        ex.export_iteration(lora, hf_model=str(hf), reasoning=False)
+        ex.export_iteration(lora, ex.ExportRequest(hf_model=str(hf), reasoning=False))
     msg = _one_line(e)
     assert f"its base checkpoint {base} is not a Hugging Face import" in msg
     assert (f"export the base first (python -m pipeline.cli.checkpoint export {base.parent} --iteration 100 "
@@ -165,12 +165,12 @@ def test_export_without_a_recorded_base_or_of_dora_is_refused(tmp_path):
     hf.mkdir()
     orphan = _iteration(tmp_path / "a", 2, hf=str(hf), peft=LORA)
     with pytest.raises(UserError) as e:
-        ex.export_iteration(orphan, hf_model=str(hf), reasoning=False)
+        ex.export_iteration(orphan, ex.ExportRequest(hf_model=str(hf), reasoning=False))
     assert "names no base (checkpoint.pretrained_checkpoint)" in _one_line(e)
     dora = _iteration(tmp_path / "b", 2, hf=str(hf), pretrained=str(tmp_path / "a"),
                       peft="megatron.bridge.peft.dora.DoRA")
     with pytest.raises(UserError) as e:
-        ex.export_iteration(dora, hf_model=str(hf), reasoning=False)
+        ex.export_iteration(dora, ex.ExportRequest(hf_model=str(hf), reasoning=False))
     assert "only LoRA adapters can be merged" in _one_line(e)
 
 

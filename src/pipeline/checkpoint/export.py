@@ -19,10 +19,12 @@ be, and the export exits non-zero: no ``hf/`` directory that looks finished is e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +34,49 @@ from pipeline.checkpoint.verify import file_set_problems
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
 from pipeline.common.procs import barrier
+from pipeline.config.parallel import Layout
 
 log = logging.getLogger(__name__)
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt")
 FAILED = "hf_verification_FAILED.json"
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What one export of an iteration asks for: the command line's export (and upload-all) options, read once.
+
+    ``atol``, ``kl_tol``, ``top1_min``: the verification's tolerances, None for the engine's default
+    (``verify.default_tolerances``: fp32 for the local engine, bf16 for Megatron). ``layout``: the model-parallel
+    layout the export's ranks run (the plan's; one process: ``Layout(1)``). ``locked``: the caller holds the
+    iteration's lock (upload-all, and the torchrun it starts)."""
+
+    hf_model: str
+    reasoning: bool
+    strict: bool = True
+    atol: float | None = None
+    kl_tol: float | None = None
+    top1_min: float | None = None
+    require_quality: bool = False
+    force: bool = False
+    layout: Layout = Layout(1)
+    locked: bool = False
+
+    def replace(self, **changes: Any) -> ExportRequest:
+        return dataclasses.replace(self, **changes)
+
+    def argv(self) -> list[str]:
+        """The export's command-line options that say this request (upload-all's torchrun of one iteration)."""
+        lay = self.layout
+        return ["--hf-model", self.hf_model, "--reasoning" if self.reasoning else "--no-reasoning",
+                "--tp", str(lay.tp), "--pp", str(lay.pp), "--ep", str(lay.ep),
+                *(["--lock-held"] if self.locked else []),
+                *(["--atol", repr(self.atol)] if self.atol is not None else []),
+                *(["--kl-tol", repr(self.kl_tol)] if self.kl_tol is not None else []),
+                *(["--top1-min", repr(self.top1_min)] if self.top1_min is not None else []),
+                *(["--not-strict"] if not self.strict else []),
+                *(["--require-quality"] if self.require_quality else []),
+                *(["--force"] if self.force else [])]
 
 
 class VerificationFailed(Exception):
@@ -68,40 +108,33 @@ def _rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def export_iteration(iter_path: Path, *, hf_model: str, reasoning: bool, strict: bool = True,
-                     atol: float | None = None, force: bool = False, tp: int = 1, pp: int = 1, ep: int = 1,
-                     locked: bool = False, require_quality: bool = False, kl_tol: float | None = None,
-                     top1_min: float | None = None) -> dict[str, Any]:
+def export_iteration(iter_path: Path, req: ExportRequest) -> dict[str, Any]:
     """Export and verify exactly one iteration directory (both engines); returns the verification record.
 
     The one publish-and-verify flow: the export is written to a temporary sibling of ``hf/``, the source
     checkpoint and the export are compared (``verify.py``), and only a PASS is renamed to ``hf/`` with
     ``verification.json`` inside. Local-engine iterations are HF checkpoints already (copied); Megatron
     iterations go through ``pipeline.bridge.export_to_hf`` with exactly ``iter_path`` (GPU; one torchrun rank
-    per GPU when ``tp * pp * ep > 1``, rank 0 verifies and publishes). One writer per ``hf/``: the export holds the
-    iteration's lock (the one ``upload-all`` holds; ``locked=True`` when the caller already does). Tolerances not
-    given (``atol``, ``kl_tol``, ``top1_min``) are the engine's defaults (``verify.default_tolerances``: fp32 for
-    the local engine, bf16 for Megatron)."""
+    per GPU of ``req.layout``, rank 0 verifies and publishes). One writer per ``hf/``: the export holds the
+    iteration's lock (the one ``upload-all`` holds; ``req.locked`` when the caller already does)."""
     iter_path = Path(iter_path)
     out = iter_path / "hf"
     rec = published_export(out)
-    if rec is not None and not force:
+    if rec is not None and not req.force:
         log.info("export: %s already exported and verified (%s), skipping", iter_path.name, rec.get("verdict"))
         return rec
-    if locked or int(os.environ.get("RANK", "0")) != 0:
-        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                       require_quality=require_quality, tp=tp, pp=pp, ep=ep, kl_tol=kl_tol, top1_min=top1_min)
+    if req.locked or int(os.environ.get("RANK", "0")) != 0:
+        return _export(iter_path, out, req)
     lock = Lock(iteration_lock_path(iter_path.parent, int(iter_path.name.split("_")[-1])), ttl=6 * 3600)
     if not lock.acquire():
         raise UserError(f"{iter_path.name} is being exported by {lock.holder()} ({lock.path}); wait for it, or "
                         "remove the lock if that process is gone")
     with lock:
         rec = published_export(out)  # the other writer may have published while we waited for the lock
-        if rec is not None and not force:
+        if rec is not None and not req.force:
             log.info("export: %s was exported and verified meanwhile, skipping", iter_path.name)
             return rec
-        return _export(iter_path, out, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                       require_quality=require_quality, tp=tp, pp=pp, ep=ep, kl_tol=kl_tol, top1_min=top1_min)
+        return _export(iter_path, out, req)
 
 
 RECORDS = ("verification.json", "pipeline_export.json")
@@ -159,9 +192,8 @@ def published_export(out: Path) -> dict | None:
     return rec
 
 
-def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, strict: bool, atol: float | None, tp: int,
-            pp: int, ep: int, require_quality: bool = False, kl_tol: float | None = None,
-            top1_min: float | None = None) -> dict[str, Any]:
+def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
+    hf_model, lay = req.hf_model, req.layout
     engine = layout.engine_of(iter_path)
     if engine not in ("local", "megatron"):
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
@@ -182,7 +214,8 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
                 (iter_path / FAILED).unlink(missing_ok=True)  # an earlier attempt's record is not this one's
             tmp_root = iter_path / f".hf.{os.environ.get('TORCHELASTIC_RUN_ID', 'export')}.tmp"
             tmp = tmp_root / "hf"
-            bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict, tp=tp, pp=pp, ep=ep)
+            bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=req.strict, tp=lay.tp, pp=lay.pp,
+                                ep=lay.ep)
             _free_gpu_memory()
             barrier()
             # every rank runs the sharded source (a collective forward), unless the file set already fails: each
@@ -190,13 +223,13 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
             # the export onto the node's GPUs
             source_logits = None
             if not file_set_problems(tmp):
-                source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, tp=tp, pp=pp, ep=ep)
+                source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, tp=lay.tp, pp=lay.pp,
+                                                        ep=lay.ep)
             barrier()
             if rank != 0:
                 return {"verdict": "rank", "rank": rank}
-            return _verify_and_publish(iter_path, tmp, out, engine, hf_model=hf_model, reasoning=reasoning,
-                                       strict=strict, atol=atol, require_quality=require_quality, tmp_root=tmp_root,
-                                       kl_tol=kl_tol, top1_min=top1_min, source_logits=source_logits)
+            return _verify_and_publish(iter_path, tmp, out, engine, req, tmp_root=tmp_root,
+                                       source_logits=source_logits)
 
     (iter_path / FAILED).unlink(missing_ok=True)
     with atomic_path(out) as tmp:
@@ -206,11 +239,10 @@ def _export(iter_path: Path, out: Path, *, hf_model: str, reasoning: bool, stric
             if base is not None:
                 _export_lora(iter_path, tmp, hf_model=hf_model)
             else:
-                bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=strict)
+                bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=req.strict)
         else:
             _copy_local(iter_path, tmp)
-        record = _verify(iter_path, tmp, engine, hf_model=hf_model, reasoning=reasoning, strict=strict, atol=atol,
-                         require_quality=require_quality, kl_tol=kl_tol, top1_min=top1_min, lora_base=base)
+        record = _verify(iter_path, tmp, engine, req, lora_base=base)
     log.info("export: %s -> %s (max |logit diff| %.2e, KL %.2e, top-1 agreement %.3f, reference loss %.3f)",
              iter_path.name, out, record["max_abs_logit_diff"], record["kl"], record["top1_agreement"],
              record["reference_loss"])
@@ -399,9 +431,7 @@ def _fail(iter_path: Path, record: dict) -> None:
     raise VerificationFailed(record)
 
 
-def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning: bool, strict: bool,
-            atol: float | None, require_quality: bool = False, kl_tol: float | None = None,
-            top1_min: float | None = None, source_logits: list | None = None,
+def _verify(iter_path: Path, tmp: Path, engine: str, req: ExportRequest, *, source_logits: list | None = None,
             lora_base: Path | None = None) -> dict[str, Any]:
     """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise.
 
@@ -413,6 +443,7 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
 
     from pipeline.checkpoint.verify import VERIFY_PROMPTS, file_set_failures, verify
 
+    hf_model, reasoning, strict, require_quality = req.hf_model, req.reasoning, req.strict, req.require_quality
     _apply_reasoning(tmp, reasoning)
     context = {"source": str(iter_path), "engine": engine, "hf_model": hf_model, "reasoning": reasoning,
                "strict": strict, "prompts": VERIFY_PROMPTS}
@@ -446,7 +477,7 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
                 raise UserError(f"strict export: parameter names differ ({sorted(a ^ b)[:5]}); --not-strict to allow")
         iteration = marker.get("iteration")
         model_name = marker.get("model")
-    record = verify(source, exported.eval(), tokenizer, atol=atol, kl_tol=kl_tol, top1_min=top1_min,
+    record = verify(source, exported.eval(), tokenizer, atol=req.atol, kl_tol=req.kl_tol, top1_min=req.top1_min,
                     require_quality=require_quality, source_logits=source_logits, engine=engine)
     if template_warning:  # the weights are verified; what serves them cannot chat: a quality warning, fatal with
         record.setdefault("quality", {}).setdefault("warnings", []).append(template_warning)  # --require-quality
@@ -469,9 +500,10 @@ def _verify(iter_path: Path, tmp: Path, engine: str, *, hf_model: str, reasoning
     return record
 
 
-def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, *, tmp_root: Path, **kw) -> dict:
+def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, req: ExportRequest, *, tmp_root: Path,
+                        source_logits: list | None) -> dict:
     try:
-        record = _verify(iter_path, tmp, engine, **kw)
+        record = _verify(iter_path, tmp, engine, req, source_logits=source_logits)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

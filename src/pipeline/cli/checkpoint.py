@@ -28,9 +28,11 @@ it sets the exported chat template's enable_thinking default where the template 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import bridge
@@ -46,6 +48,7 @@ from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import read_json
 from pipeline.common.log import setup_logging
 from pipeline.config.cluster import apply_job_env, job_environ, resolve_profile
+from pipeline.config.parallel import Layout
 
 SECONDS = bounded_float(0.001, 7 * 86400, "a number of seconds")  # --interval/--idle-timeout, checked by the plan
 
@@ -119,26 +122,83 @@ def build_parser() -> Parser:
     return parser
 
 
-def eval_run(args, hf: Path):
-    """upload-all's evaluation of one export (``--eval TASKS``), None without --eval."""
-    if getattr(args, "eval", None) is None:  # --eval '' is checked (and refused), not read as no --eval
-        return None
-    from pipeline.evaluation.run import EvalRun
+@dataclass(frozen=True)
+class ConvertRequest:
+    """One command line of the checkpoint pipeline, read once from ``build_parser``'s namespace (``from_args``):
+    every action's options, typed, with the defaults of those the action has not (an export has no --eval, an
+    import no --hf-model). The plan (``plan_request``) and the actions read this, never the namespace."""
 
-    return EvalRun(model=str(hf), tasks=args.eval, tasks_path=tuple(args.eval_tasks_path),
-                   num_fewshot=args.eval_num_fewshot, batch_size=args.eval_batch_size, limit=args.eval_limit,
-                   quiet=True)
+    action: str
+    argv: tuple[str, ...] = ()  # the command line as given (the plan's launch line repeats it)
+    ckpt_dir: Path | None = None
+    hf_model: str = ""
+    reasoning: bool = False
+    not_strict: bool = False
+    atol: float | None = None
+    kl_tol: float | None = None
+    top1_min: float | None = None
+    require_quality: bool = False
+    force: bool = False
+    tp: int | None = None  # None: the plan chooses the model's layout
+    pp: int | None = None
+    ep: int | None = None
+    dry_run: bool = False
+    nodes: int | None = None
+    json: bool = False
+    iteration: int | None = None  # export
+    lock_held: bool = False
+    push_to_hub: bool = False
+    hub_repo: str | None = None
+    hf_id: str = ""  # import
+    output: Path | None = None
+    poll: bool = False  # upload-all
+    interval: float = 60.0
+    idle_timeout: float | None = None
+    coherence: bool = False
+    eval: str | None = None  # --eval '' is checked (and refused), not read as no --eval
+    eval_limit: float | None = None
+    eval_num_fewshot: int | None = None
+    eval_batch_size: int = 8
+    eval_tasks_path: tuple[Path, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, argv: list[str] | tuple[str, ...] = ()) -> ConvertRequest:
+        given = vars(args)
+        values = {f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given}
+        values["eval_tasks_path"] = tuple(values.get("eval_tasks_path", ()))
+        return cls(**values, argv=tuple(argv))
+
+    def export(self, lay: Layout) -> ex.ExportRequest:
+        """One iteration's export on the plan's layout; upload-all holds the iteration's lock (and passes
+        --lock-held to the torchrun of each iteration)."""
+        return ex.ExportRequest(hf_model=self.hf_model, reasoning=self.reasoning, strict=not self.not_strict,
+                                atol=self.atol, kl_tol=self.kl_tol, top1_min=self.top1_min,
+                                require_quality=self.require_quality, force=self.force, layout=lay,
+                                locked=self.action == "upload-all" or self.lock_held)
+
+    def eval_run(self, hf: Path):
+        """upload-all's evaluation of one export (``--eval TASKS``), None without --eval."""
+        if self.eval is None:
+            return None
+        from pipeline.evaluation.run import EvalRun
+
+        return EvalRun(model=str(hf), tasks=self.eval, tasks_path=self.eval_tasks_path,
+                       num_fewshot=self.eval_num_fewshot, batch_size=self.eval_batch_size, limit=self.eval_limit,
+                       quiet=True)
 
 
-def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
-    """The plan of a parsed command line (``nodes``: Slurm's count when --nodes is not given; ``inputs_later``: the
-    job waits for the one that writes its checkpoint)."""
-    rest = strip_options(argv, ("--dry-run", "--json"), ("--nodes",))
-    nodes = args.nodes if args.nodes is not None else nodes
-    if args.action == "import":
-        return jobs.plan_import(args.hf_id, args.output, nodes=nodes, argv=rest, tp=args.tp, pp=args.pp, ep=args.ep)
-    plan = _plan_export(args, rest, nodes, inputs_later)
-    cfg = eval_run(args, args.ckpt_dir / "iter_0000000" / "hf")
+def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
+    """The plan of a command line (``nodes``: Slurm's count when --nodes is not given; ``inputs_later``: the job
+    waits for the one that writes its checkpoint)."""
+    rest = strip_options(list(req.argv), ("--dry-run", "--json"), ("--nodes",))
+    nodes = req.nodes if req.nodes is not None else nodes
+    if req.action == "import":
+        return jobs.plan_import(req.hf_id, req.output, nodes=nodes, argv=rest, tp=req.tp, pp=req.pp, ep=req.ep)
+    assert req.ckpt_dir is not None  # export and upload-all: a required positional
+    plan = jobs.plan_export(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep, iteration=req.iteration,
+                            nodes=nodes, job=req.action, argv=rest, inputs_later=inputs_later,
+                            strict=not req.not_strict, push_to_hub=req.push_to_hub)
+    cfg = req.eval_run(req.ckpt_dir / "iter_0000000" / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
         from pipeline.evaluation.tasks import check_tasks
 
@@ -147,40 +207,30 @@ def plan_from_args(args, argv: list[str], nodes: int | None = None, inputs_later
     return plan
 
 
-def _plan_export(args, rest: list[str], nodes: int | None, inputs_later: bool) -> jobs.JobPlan:
-    return jobs.plan_export(args.ckpt_dir, args.hf_model, tp=args.tp, pp=args.pp, ep=args.ep,
-                            iteration=getattr(args, "iteration", None), nodes=nodes, job=args.action, argv=rest,
-                            inputs_later=inputs_later, strict=not args.not_strict,
-                            push_to_hub=getattr(args, "push_to_hub", False))
+def parse(argv: list[str]) -> ConvertRequest:
+    return ConvertRequest.from_args(build_parser().parse_args(argv), argv)
 
 
 def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
     """The plan of ``pipeline_checkpoint_convert.sh ARGS`` (isambard_sbatch's submit-time check)."""
-    return plan_from_args(build_parser().parse_args(argv), argv, nodes, inputs_later)
+    return plan_request(parse(argv), nodes, inputs_later)
 
 
-def export_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> tuple[list[str], dict[str, str]]:
+def export_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) -> tuple[list[str], dict[str, str]]:
     """upload-all's export of one iteration on the node's GPUs: the torchrun line (the plan's layout, the poller's
     lock held) and the environment its ranks get (the cluster profile's env over this process's)."""
-    lay = plan.layout
-    cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", "-m", "pipeline.cli.checkpoint",
-           "export", str(args.ckpt_dir), "--iteration", str(int(iter_path.name.split("_")[-1])),
-           "--hf-model", args.hf_model, "--reasoning" if args.reasoning else "--no-reasoning",
-           "--tp", str(lay.tp), "--pp", str(lay.pp), "--ep", str(lay.ep), "--lock-held",
-           *(["--atol", repr(args.atol)] if args.atol is not None else []),
-           *(["--kl-tol", repr(args.kl_tol)] if args.kl_tol is not None else []),
-           *(["--top1-min", repr(args.top1_min)] if args.top1_min is not None else []),
-           *(["--not-strict"] if args.not_strict else []), *(["--require-quality"] if args.require_quality else []),
-           *(["--force"] if args.force else [])]
+    cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={plan.layout.world}", "-m",
+           "pipeline.cli.checkpoint", "export", str(req.ckpt_dir), "--iteration",
+           str(int(iter_path.name.split("_")[-1])), *req.export(plan.layout).replace(locked=True).argv()]
     return cmd, job_environ(plan.env)
 
 
-def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
+def _export_in_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) -> dict:
     """upload-all of a Megatron checkpoint on several GPUs: the poller stays one process and each iteration is
     exported by its own torchrun on the node's GPUs (the plan's layout), holding the poller's lock."""
     import subprocess
 
-    cmd, env = export_torchrun(iter_path, args, plan)
+    cmd, env = export_torchrun(iter_path, req, plan)
     print("launching: " + " ".join(cmd), flush=True)
     rc = subprocess.run(cmd, env=env).returncode
     rec = ex.published_export(iter_path / "hf")
@@ -194,64 +244,58 @@ def _export_in_torchrun(iter_path: Path, args, plan: jobs.JobPlan) -> dict:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    req = parse(argv)
     setup_logging()
-    plan = plan_from_args(args, argv)
-    if args.dry_run:
-        return jobs.print_plan(plan, args.json)
+    plan = plan_request(req)
+    if req.dry_run:
+        return jobs.print_plan(plan, req.json)
     jobs.refuse(plan)
     # The cluster profile's env for this process (a one-process export, import or upload-all runs here), the
     # torchrun it execs and the ranks: before anything initialises torch.distributed / NCCL.
     apply_job_env(plan.env)
-    if args.action == "import":
-        fetch, out, megatron = jobs.import_target(args.hf_id, args.output, resolve_profile())
+    if req.action == "import":
+        fetch, out, megatron = jobs.import_target(req.hf_id, req.output, resolve_profile())
         if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:  # one torchrun per node, a rank per GPU
-            ex.check_import_target(out, force=args.force)
+            ex.check_import_target(out, force=req.force)
             bridge.require_bridge(f"importing {fetch} as a Megatron checkpoint")  # here, not on every rank
             print("launching: " + " ".join(plan.launch), flush=True)
             os.execvp(plan.launch[0], plan.launch)
         lay = plan.layout
-        target = ex.import_hf(fetch, out, megatron=megatron, force=args.force, tp=lay.tp, pp=lay.pp, ep=lay.ep)
+        target = ex.import_hf(fetch, out, megatron=megatron, force=req.force, tp=lay.tp, pp=lay.pp, ep=lay.ep)
         if int(os.environ.get("RANK", "0")) != 0:
             return 0
         print(f"imported {fetch} -> {target}")
         print(f"use it with: checkpoint.pretrained_checkpoint={out}")
         return 0
 
-    lay = plan.layout
-    args.tp, args.pp, args.ep = lay.tp, lay.pp, lay.ep
+    assert req.ckpt_dir is not None  # export and upload-all: a required positional
+    ckpt_dir, export = req.ckpt_dir, req.export(plan.layout)
     hub_user = ""
-    if args.push_to_hub and "LOCAL_RANK" not in os.environ:  # before hours of conversion: the token and its rights
-        hub_user = ex.check_hub_access(getattr(args, "hub_repo", None))
+    if req.push_to_hub and "LOCAL_RANK" not in os.environ:  # before hours of conversion: the token and its rights
+        hub_user = ex.check_hub_access(req.hub_repo)
 
     def convert(iter_path: Path) -> dict:
-        if args.action == "upload-all" and plan.world_size > 1:
-            rec = _export_in_torchrun(iter_path, args, plan)
+        if req.action == "upload-all" and plan.world_size > 1:
+            rec = _export_in_torchrun(iter_path, req, plan)
         else:
-            rec = ex.export_iteration(iter_path, hf_model=args.hf_model, reasoning=args.reasoning,
-                                      strict=not args.not_strict, atol=args.atol, kl_tol=args.kl_tol,
-                                      top1_min=args.top1_min, force=args.force,
-                                      require_quality=args.require_quality,
-                                      # upload-all holds the iteration's lock (and passes --lock-held to torchrun)
-                                      locked=args.action == "upload-all" or getattr(args, "lock_held", False),
-                                      tp=args.tp or 1, pp=args.pp or 1, ep=args.ep or 1)
+            rec = ex.export_iteration(iter_path, export)
         if rec.get("verdict") == "rank":  # a non-zero rank of a model-parallel export: rank 0 reports
             return rec
-        if getattr(args, "coherence", False):
-            rc = run_coherence(CoherenceRun(model=str(iter_path / "hf"), reasoning=args.reasoning, quiet=True))
+        if req.coherence:
+            rc = run_coherence(CoherenceRun(model=str(iter_path / "hf"), reasoning=req.reasoning, quiet=True))
             rec = {**rec, "coherence_exit_code": rc}
-        if args.push_to_hub:
+        if req.push_to_hub:
             rec = {**rec, "hub_url": ex.push_to_hub(iter_path / "hf", hub_repo(iter_path))}
         return rec
 
     def hub_repo(iter_path: Path) -> str:
-        if getattr(args, "hub_repo", None):
-            return args.hub_repo
+        if req.hub_repo:
+            return req.hub_repo
         user = hub_user or ex.check_hub_access()  # a torchrun rank: its launcher checked before the exec
-        return f"{user}/{jobs.hub_repo_name(args.ckpt_dir, iter_path.name)}"
+        return f"{user}/{jobs.hub_repo_name(ckpt_dir, iter_path.name)}"
 
-    if args.action == "export":
-        iter_path = layout.resolve_iteration(args.ckpt_dir, args.iteration)
+    if req.action == "export":
+        iter_path = layout.resolve_iteration(ckpt_dir, req.iteration)
         if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:
             bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")  # fail here, not on every rank
             print("launching: " + " ".join(plan.launch), flush=True)
@@ -270,23 +314,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exported: {iter_path / 'hf'}")
         return 0
 
-    if not args.ckpt_dir.is_dir():
-        raise UserError(f"checkpoint directory {args.ckpt_dir} does not exist")
-    if not args.poll and not layout.list_iterations(args.ckpt_dir) and layout.read_tracker(args.ckpt_dir) is None:
-        raise UserError(f"{args.ckpt_dir} holds no iter_NNNNNNN checkpoints (is it the run's checkpoints/ folder? "
+    if not ckpt_dir.is_dir():
+        raise UserError(f"checkpoint directory {ckpt_dir} does not exist")
+    if not req.poll and not layout.list_iterations(ckpt_dir) and layout.read_tracker(ckpt_dir) is None:
+        raise UserError(f"{ckpt_dir} holds no iter_NNNNNNN checkpoints (is it the run's checkpoints/ folder? "
                         "--poll waits for the first one)")
     evaluate = None
-    if args.eval:
+    if req.eval:
         from pipeline.evaluation.run import run as run_eval
         from pipeline.evaluation.tasks import parse_tasks, results_name
 
         def evaluate(iter_path: Path) -> dict:
-            cfg = eval_run(args, iter_path / "hf")
+            cfg = req.eval_run(iter_path / "hf")
             return run_eval(cfg) if cfg is not None else {}
 
-    key = results_name(parse_tasks(args.eval)).removesuffix(".json") if args.eval else "eval"
-    conv, failed = upload_all(args.ckpt_dir, convert, poll=args.poll, interval=args.interval,
-                              idle_timeout=args.idle_timeout, evaluate=evaluate, eval_key=key)
+    key = results_name(parse_tasks(req.eval)).removesuffix(".json") if req.eval else "eval"
+    conv, failed = upload_all(ckpt_dir, convert, poll=req.poll, interval=req.interval,
+                              idle_timeout=req.idle_timeout, evaluate=evaluate, eval_key=key)
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")
     return 1 if failed else 0
 
