@@ -14,23 +14,18 @@ records). When a section (or the out-of-section time) runs past its timeout, the
 "Section 'step' has been open for ... Timeout is ..." / "FT timeout elapsed.", kills the rank, and
 ft_launcher restarts the worker group, which resumes from the latest complete checkpoint.
 
-Under torchrun (or without a monitor socket) everything here is a no-op. Fault injection for the tests:
-``pipeline.local.fault_inject_hang_step=N`` makes rank 0 stop making progress at step N (it sleeps, alive,
-inside the ``step`` section) on the first attempt only (``TORCHELASTIC_RESTART_COUNT`` and
-``SLURM_RESTART_COUNT`` 0), so the restarted group can finish. Under torchrun that hang lasts until something
-else kills the job.
-``pipeline.local.fault_inject_step_sleep=S`` makes every step S seconds slower on every rank (a straggler,
-inside the ``step`` section): the time-limit tests use it to make the tiny model's step time predictable on
-a shared machine, where its compute alone varies several-fold with the load.
+Under torchrun (or without a monitor socket) everything here is a no-op. The tests' fault injection
+(training/faults.py: a rank-0 hang on the first attempt, a slow step on every rank) runs inside the ``step``
+section, so the monitor times it as a real hang or straggler would be.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 
 from pipeline.config.schema import TrainingConfig
+from pipeline.training.faults import FaultHook
 
 log = logging.getLogger(__name__)
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # set by ft_launcher for each worker (nvidia_resiliency_ext data.py)
@@ -89,29 +84,17 @@ def start(cfg: TrainingConfig) -> FaultTolerance | None:
     return ft
 
 
-def callbacks(ft: FaultTolerance | None, cfg: TrainingConfig) -> list:
-    """Trainer callbacks: the FT sections (under ft_launcher) and the hang/slow-step injection (if configured).
-    Put them after the other callbacks so a save requested at step end (SaveAndExit) is timed too."""
+def callbacks(ft: FaultTolerance | None, faults: FaultHook) -> list:
+    """Trainer callbacks: the FT sections (under ft_launcher) and the tests' hang/slow-step injection (training/
+    faults.py). Put them after the other callbacks so a save requested at step end (SaveAndExit) is timed too."""
     from transformers import TrainerCallback
-
-    hang_step = cfg.pipeline.local.fault_inject_hang_step
-    step_sleep = cfg.pipeline.local.fault_inject_step_sleep or 0.0
-    first_attempt = (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0  # launcher restarts
-                     and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)    # Slurm requeues
-    hang = hang_step is not None and first_attempt and int(os.environ.get("RANK", "0")) == 0
 
     class Sections(TrainerCallback):
         def on_step_begin(self, args, st, control, **kw):
             if ft is not None:
                 ft.end("setup")
                 ft.start("step")
-            if hang and st.global_step + 1 == hang_step:
-                log.warning("fault injection: rank 0 hangs at step %d (pipeline.local.fault_inject_hang_step)",
-                            st.global_step + 1)
-                while True:  # alive, no progress: only a timeout (or a kill) ends this
-                    time.sleep(60)
-            if step_sleep > 0:
-                time.sleep(step_sleep)
+            faults.step_begin(st.global_step + 1)
             return control
 
         def on_step_end(self, args, st, control, **kw):
@@ -131,4 +114,4 @@ def callbacks(ft: FaultTolerance | None, cfg: TrainingConfig) -> list:
                 ft.end_all()
             return control
 
-    return [Sections()] if ft is not None or hang or step_sleep > 0 else []
+    return [Sections()] if ft is not None or faults.at_step_begin else []

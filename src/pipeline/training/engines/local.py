@@ -13,9 +13,7 @@ transformers' PyTorch fallback (attention layers do); Megatron's THD path resets
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import os
 import shutil
 import signal
@@ -27,10 +25,10 @@ import numpy as np
 from pipeline.checkpoint import layout
 from pipeline.common.errors import UserError
 from pipeline.common.mappings import flatten
-from pipeline.common.procs import barrier
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import fault_tolerance, profiling, records
+from pipeline.training.faults import FaultHook
 from pipeline.training.views import RunView, read_view
 
 log = logging.getLogger(__name__)
@@ -117,19 +115,6 @@ def collate(pad_id: int):
     return fn
 
 
-class _Shifted:
-    """``ds`` read ``k`` samples further on (pipeline.local.fault_inject_resume_shift)."""
-
-    def __init__(self, ds, k: int):
-        self.ds, self.k = ds, k
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        return self.ds[(i + self.k) % len(self.ds)]
-
-
 def unpacks(spec: ModelSpec) -> bool:
     """Whether the packed rows of this model's data are trained one document per sample (see ``isolates_packed``)."""
     return not spec.isolates_packed
@@ -208,152 +193,6 @@ def restore_weights(model, iter_path: Path) -> None:
     del src
 
 
-# ---- callbacks ---------------------------------------------------------------------------------------------
-def _callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: records.ProgressLog, state: dict,
-               recorder: profiling.Recorder | None = None):
-    from transformers import TrainerCallback
-
-    class CheckpointLayout(TrainerCallback):
-        """Move the Trainer's checkpoint-N into <save>/iter_000000N, then update the tracker (written last)."""
-
-        def on_save(self, args, st, control, **kw):
-            barrier()
-            if st.is_world_process_zero:
-                staged = Path(args.output_dir) / f"checkpoint-{st.global_step}"
-                if staged.is_dir():
-                    target = layout.publish_iteration(staged, save, st.global_step, {
-                        "engine": "local", "model": spec.name, "hf_id": spec.hf_id, "mode": mode,
-                        "iteration": st.global_step, "run_dir": str(run_dir), "time": time.time()})
-                    log.info("saved checkpoint %s", target)
-            barrier()
-            return control
-
-    class Records(TrainerCallback):
-        def on_log(self, args, st, control, logs=None, **kw):
-            logs = dict(logs or {})
-            loss, gn = logs.get("loss"), logs.get("grad_norm")
-            bad = [k for k, v in (("loss", loss), ("grad_norm", gn)) if isinstance(v, float) and not math.isfinite(v)]
-            if st.is_world_process_zero and "loss" in logs:
-                progress.log(st.global_step, {k: v for k, v in logs.items() if isinstance(v, (int, float))})
-            if bad:
-                msg = f"{' and '.join(bad)} became {loss if 'loss' in bad else gn} at step {st.global_step}"
-                if st.is_world_process_zero:
-                    records.mark_nan(run_dir, progress, st.global_step, msg)
-                raise FloatingPointError(f"stopping: {msg}; lower optimizer.lr or check the data "
-                                         f"(the run will not restart: {run_dir / records.NAN_MARKER})")
-            return control
-
-    request_files = records.save_request_files(run_dir)
-
-    class SaveAndExit(TrainerCallback):
-        """A time-limit warning (SIGUSR1/SIGTERM, or a request file) -> checkpoint at this step, exit.
-        The ranks agree on the decision (all-reduce), so every rank stops at the same step."""
-
-        def on_step_end(self, args, st, control, **kw):
-            wanted = bool(state.get("signal")) or any(f.exists() for f in request_files)
-            if _all_ranks_any(wanted):
-                if not state.get("stopping"):
-                    log.warning("save-and-exit requested: checkpointing at step %d and stopping", st.global_step)
-                state["stopping"] = True
-                control.should_save = True
-                control.should_training_stop = True
-            return control
-
-    class ProgressLines(TrainerCallback):
-        """Step / total, rate, ETA and loss as a plain line every PIPELINE_PROGRESS_INTERVAL seconds when the
-        output is a log file (the Trainer's bar only shows on a terminal)."""
-
-        def on_train_begin(self, args, st, control, **kw):
-            from pipeline.common.log import Progress
-
-            if st.is_world_process_zero and not os.isatty(2):
-                state["progress"] = Progress("train", total=st.max_steps, unit="step", logger=log)
-                state["progress"].n = state["progress"].n0 = st.global_step
-            return control
-
-        def on_log(self, args, st, control, logs=None, **kw):
-            p = state.get("progress")
-            if p is not None:
-                extra = {k: float(v) for k, v in (logs or {}).items() if k in ("loss", "grad_norm")
-                         and isinstance(v, (int, float))}
-                p.update(st.global_step - p.n, **extra)
-            return control
-
-        def on_train_end(self, args, st, control, **kw):
-            if state.get("progress") is not None:
-                state.pop("progress").close()
-            return control
-
-    class Timeline(TrainerCallback):
-        """The run's events (goodput): the first step's begin, each step's end and each save's end (after the
-        checkpoint is published; its begin is marked by ``_Trainer._save_checkpoint``)."""
-
-        def on_step_begin(self, args, st, control, **kw):
-            progress.clock.ready()
-            return control
-
-        def on_step_end(self, args, st, control, **kw):
-            progress.clock.step(st.global_step)
-            return control
-
-        def on_save(self, args, st, control, **kw):
-            progress.clock.save_end(st.global_step)
-            return control
-
-    first = [_profile_callback(run_dir, recorder)] if recorder is not None else []
-    return first + [CheckpointLayout(), Records(), SaveAndExit(), ProgressLines(), Timeline()]
-
-
-def _profile_callback(run_dir: Path, recorder: profiling.Recorder):
-    from transformers import TrainerCallback
-
-    class Profile(TrainerCallback):
-        """torch.profiler over the profiling window (training/profiling.py): started at its first step, stopped and
-        written at its last (or at the run's end inside it), the capture recorded in events.ndjson. First in the
-        list, so the trace's export counts in the window's last step (events.ndjson), not the next one."""
-
-        def on_step_begin(self, args, st, control, **kw):
-            recorder.begin(st.global_step + 1)
-            return control
-
-        def on_pre_optimizer_step(self, args, st, control, **kw):
-            recorder.open("optimizer")
-            return control
-
-        def on_optimizer_step(self, args, st, control, **kw):
-            recorder.close("optimizer")
-            return control
-
-        def on_step_end(self, args, st, control, **kw):
-            final = st.global_step >= st.max_steps or bool(control.should_training_stop)
-            self.written(recorder.end(st.global_step, final=final), st.global_step)
-            return control
-
-        def on_train_end(self, args, st, control, **kw):
-            self.written(recorder.finish(), st.global_step)
-            return control
-
-        @staticmethod
-        def written(rec, step):
-            if rec is not None:
-                records.record_profile(run_dir, rec)
-                log.info("profiler: steps %d-%d of rank %d written to %s (%.1f s)", rec["steps"][0],
-                         rec["steps"][1], rec["rank"], rec["trace"], rec["export_seconds"])
-
-    return Profile()
-
-
-def _all_ranks_any(flag: bool) -> bool:
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([1 if flag else 0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-    return flag
-
-
 def use_bf16_autocast(cfg: TrainingConfig) -> bool:
     """``pipeline.local.autocast``: bf16 autocast on, off, or (``auto``) on where the CPU computes bf16 natively
     (AMX tiles or AVX512-BF16: there it measured 0.74x fp32's step time on the quickstart, docs/benchmarks.md);
@@ -397,10 +236,65 @@ def _scheduler(cfg: TrainingConfig) -> tuple[str, dict]:
                     "(cosine, linear, constant, WSD)")
 
 
+def training_arguments(cfg: TrainingConfig, view: RunView, spec: ModelSpec, run_dir: Path, save: Path, *,
+                       world: int, accum: int, bf16: bool):
+    """transformers' TrainingArguments of the run: the view's batch and iterations, the config's optimizer,
+    schedule, intervals and seeds; checkpoints staged under ``<save>/.staging`` (moved into place on save)."""
+    import torch
+    from transformers import TrainingArguments
+
+    iters, mbs = view.batch.train_iters, view.batch.micro_batch_size
+    lg, opt = cfg.logger, cfg.optimizer
+    sched, sched_kwargs = _scheduler(cfg)
+    save_interval = cfg.checkpoint.save_interval or iters
+    eval_interval = cfg.validation.eval_interval or 0
+    # Optimizer values the config leaves unset take TrainingArguments' own defaults (Adam 0.9 / 0.999 / 1e-8,
+    # no weight decay, clipping at 1.0, no warm-up); the local recipe (config/models.py) sets them all.
+    optim = {k: v for k, v in {"learning_rate": opt.lr, "weight_decay": opt.weight_decay,
+                               "adam_beta1": opt.adam_beta1, "adam_beta2": opt.adam_beta2,
+                               "adam_epsilon": opt.adam_eps, "max_grad_norm": opt.clip_grad,
+                               "warmup_steps": cfg.scheduler.lr_warmup_iters}.items() if v is not None}
+    return TrainingArguments(
+        output_dir=str(save / ".staging"),
+        run_name=str(lg.wandb_exp_name or run_dir.name),
+        max_steps=iters,
+        per_device_train_batch_size=mbs,
+        gradient_accumulation_steps=accum,
+        **optim,
+        lr_scheduler_type=sched,
+        lr_scheduler_kwargs=sched_kwargs,
+        logging_steps=lg.log_interval or 1,
+        save_strategy="steps",
+        save_steps=save_interval,
+        save_only_model=cfg.checkpoint.save_optim is False,
+        eval_strategy="steps" if eval_interval else "no",
+        eval_steps=eval_interval or None,
+        seed=view.seed,
+        data_seed=cfg.dataset.seed or view.seed,
+        dataloader_num_workers=cfg.dataset.num_workers or 0,
+        remove_unused_columns=False,
+        report_to=[],  # W&B: the WandbRun callback (local_trainer.py), started through wandb's API
+        use_cpu=not torch.cuda.is_available(),
+        bf16=bf16,
+        ddp_backend="gloo" if not torch.cuda.is_available() else None,
+        # MoE layers leave unselected experts without gradients in a step; dense models never do.
+        ddp_find_unused_parameters=bool(spec.tiny_config) and world > 1,
+        disable_tqdm=not os.isatty(2),
+        logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
+    )
+
+
 def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     import torch
     import transformers
-    from transformers import Trainer, TrainingArguments
+
+    from pipeline.training.engines.local_trainer import (
+        LocalTrainer,
+        StopRequest,
+        TrainerHooks,
+        WandbTarget,
+        callbacks,
+    )
 
     view = read_view(run_dir)  # resolved and checked once, at launch
     spec = get_model(view.model)
@@ -446,128 +340,44 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     progress.clock.attempt()
     ft = fault_tolerance.start(cfg)  # under ft_launcher: the rank monitor client, 'setup' section open
     model, tokenizer = build_model_and_tokenizer(cfg, spec, mode)
+    faults = FaultHook.from_config(cfg)  # the tests' fault injection (training/faults.py); inert otherwise
     dataset, kind = build_dataset(view, spec)
-    shift = cfg.pipeline.local.fault_inject_resume_shift or 0
-    if shift and latest is not None:
-        # Fault injection for the resume-equivalence test: a resume that reads the data one batch off.
-        dataset = _Shifted(dataset, shift * mbs * accum * world)
+    dataset = faults.dataset(dataset, resuming=latest is not None, samples_per_step=mbs * accum * world)
     log.info("data: %d %s samples; world %d, mbs %d, grad accum %d, %d iterations", len(dataset), kind, world, mbs,
              accum, iters)
 
-    state: dict = {}
-
-    def _on_signal(signum, frame):
-        state["signal"] = signum
-
-    signal.signal(signal.SIGUSR1, _on_signal)
+    stop = StopRequest(files=tuple(records.save_request_files(run_dir)))
+    signal.signal(signal.SIGUSR1, stop.on_signal)
     if world == 1:
-        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGTERM, stop.on_signal)
 
-    sched, sched_kwargs = _scheduler(cfg)
-    lg, opt = cfg.logger, cfg.optimizer
-    wandb_on = bool(lg.wandb_project) and os.environ.get("WANDB_MODE") != "disabled"
-    if wandb_on:
-        os.environ["WANDB_PROJECT"] = str(lg.wandb_project)
-        os.environ["WANDB_DIR"] = str(lg.wandb_save_dir or run_dir)
-        Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
-        if lg.wandb_entity:
-            os.environ["WANDB_ENTITY"] = str(lg.wandb_entity)
+    lg = cfg.logger
+    wandb = None  # rank 0 logs to W&B (wandb.init with the config's project, entity and directory)
+    if lg.wandb_project and os.environ.get("WANDB_MODE") != "disabled" and rank == 0:
+        wandb = WandbTarget(project=str(lg.wandb_project), directory=Path(lg.wandb_save_dir or run_dir),
+                            entity=str(lg.wandb_entity) if lg.wandb_entity else None)
     bf16 = use_bf16_autocast(cfg)
     if rank == 0:
         log.info("compute: %s weights, %s; %d threads", cfg.pipeline.local.dtype,
                  "bf16 autocast" if bf16 else "no autocast", torch.get_num_threads())
-    save_interval = cfg.checkpoint.save_interval or iters
     eval_interval = cfg.validation.eval_interval or 0
-    # Optimizer values the config leaves unset take TrainingArguments' own defaults (Adam 0.9 / 0.999 / 1e-8,
-    # no weight decay, clipping at 1.0, no warm-up); the local recipe (config/models.py) sets them all.
-    optim = {k: v for k, v in {"learning_rate": opt.lr, "weight_decay": opt.weight_decay,
-                               "adam_beta1": opt.adam_beta1, "adam_beta2": opt.adam_beta2,
-                               "adam_epsilon": opt.adam_eps, "max_grad_norm": opt.clip_grad,
-                               "warmup_steps": cfg.scheduler.lr_warmup_iters}.items() if v is not None}
-    args = TrainingArguments(
-        output_dir=str(save / ".staging"),
-        run_name=str(lg.wandb_exp_name or run_dir.name),
-        max_steps=iters,
-        per_device_train_batch_size=mbs,
-        gradient_accumulation_steps=accum,
-        **optim,
-        lr_scheduler_type=sched,
-        lr_scheduler_kwargs=sched_kwargs,
-        logging_steps=lg.log_interval or 1,
-        save_strategy="steps",
-        save_steps=save_interval,
-        save_only_model=cfg.checkpoint.save_optim is False,
-        eval_strategy="steps" if eval_interval else "no",
-        eval_steps=eval_interval or None,
-        seed=view.seed,
-        data_seed=cfg.dataset.seed or view.seed,
-        dataloader_num_workers=cfg.dataset.num_workers or 0,
-        remove_unused_columns=False,
-        report_to=["wandb"] if wandb_on and rank == 0 else [],
-        use_cpu=not torch.cuda.is_available(),
-        bf16=bf16,
-        ddp_backend="gloo" if not torch.cuda.is_available() else None,
-        # MoE layers leave unselected experts without gradients in a step; dense models never do.
-        ddp_find_unused_parameters=bool(spec.tiny_config) and world > 1,
-        disable_tqdm=not os.isatty(2),
-        logging_nan_inf_filter=False,  # a NaN loss must reach the NaN guard, not be averaged away
-    )
+    args = training_arguments(cfg, view, spec, run_dir, save, world=world, accum=accum, bf16=bf16)
     if rank == 0:
         dropped = progress.start(start.iteration)  # resuming from it: the steps after it are redone
         if dropped:
             log.info("progress.ndjson: %d line(s) past the resumed step %d superseded", dropped, start.iteration)
 
-    class _Trainer(Trainer):
-        nan_step = cfg.pipeline.local.fault_inject_nan_step
-
-        def compute_loss(self, model, inputs, return_outputs=False, **kw):
-            with recorder.span("forward") if recorder is not None else contextlib.nullcontext():
-                out = super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
-            if self.nan_step is not None and self.state.global_step + 1 >= int(self.nan_step):
-                # Fault injection for the NaN guard's tests (pipeline.local.fault_inject_nan_step).
-                out = (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
-            return out
-
-        def _save_checkpoint(self, model, trial):
-            progress.clock.save_begin()
-            return super()._save_checkpoint(model, trial)
-
-        def _init_training_state(self, max_steps, *args, **kwargs):
-            out = super()._init_training_state(max_steps, *args, **kwargs)
-            # A loaded TrainerState brings its run's logging/eval/save intervals; a run continuing another (a
-            # cooldown with its own checkpoint.save_interval) keeps this config's, as Megatron does.
-            self.state.compute_steps(self.args, max_steps)
-            return out
-
-        def _load_optimizer_and_scheduler(self, checkpoint):
-            # The checkpoint's moments and step count with this config's hyperparameters and schedule (Megatron's
-            # override_opt_param_scheduler, which the launcher sets for a run continuing another): torch's
-            # load_state_dict brings back the saved lr, betas, eps and weight decay, and LambdaLR its saved
-            # base_lrs, so the fresh optimizer's values (from this config) are put back after the load.
-            keys = ("initial_lr", "betas", "eps", "weight_decay")
-            fresh = [{k: g[k] for k in keys if k in g} for g in self.optimizer.param_groups]
-            super()._load_optimizer_and_scheduler(checkpoint)
-            if checkpoint is None:
-                return
-            sched = self.lr_scheduler
-            for group, values in zip(self.optimizer.param_groups, fresh):
-                group.update(values)
-            sched.base_lrs = [g.get("initial_lr", self.args.learning_rate) for g in self.optimizer.param_groups]
-            lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
-            for group, lr in zip(self.optimizer.param_groups, lrs):
-                group["lr"] = lr
-            sched._last_lr = lrs
-
     eval_ds = None
     if eval_interval:
         val = view.data.packed.get("validation")
         eval_ds = PackedSFTDataset(val, unpack=unpacks(spec)) if val is not None and val.exists() else None
-    trainer = _Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_ds,
-                       data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                                             else tokenizer.eos_token_id),
-                       processing_class=tokenizer,
-                       callbacks=_callbacks(run_dir, save, spec, mode, progress, state, recorder)
-                       + fault_tolerance.callbacks(ft, cfg))
+    trainer = LocalTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_ds,
+                           data_collator=collate(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                                 else tokenizer.eos_token_id),
+                           processing_class=tokenizer,
+                           callbacks=callbacks(run_dir, save, spec, mode, progress, stop, recorder, wandb)
+                           + fault_tolerance.callbacks(ft, faults),
+                           hooks=TrainerHooks(clock=progress.clock, recorder=recorder, faults=faults))
     if recorder is not None:
         # The backward pass as its own range: Trainer.training_step ends in accelerator.backward(loss), which no
         # callback brackets. No range outside the window (Recorder.span).
@@ -591,7 +401,7 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     step = trainer.state.global_step
     if rank == 0:
         shutil.rmtree(save / ".staging", ignore_errors=True)
-    if state.get("stopping") and step < iters:
+    if stop.stopping and step < iters:
         if rank == 0:
             records.finish_preempted(run_dir, progress, step, iters, time.time() - t0)
         return 0
