@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from pipeline.common import io
-from pipeline.common.io import ConcurrentWriteError, atomic_path, exclusive_lock
+from pipeline.common.io import ConcurrentWriteError, atomic_path
+from pipeline.common.locks import exclusive_lock
 
 
 def _dead_pid() -> int:
@@ -52,7 +53,7 @@ def test_exclusive_lock_refuses_a_second_holder(tmp_path):
     code = f"""
 import sys, time
 sys.path.insert(0, {str(io.Path(io.__file__).parents[2])!r})
-from pipeline.common.io import exclusive_lock
+from pipeline.common.locks import exclusive_lock
 with exclusive_lock({str(lock)!r}, "x"):
     print("held", flush=True)
     time.sleep(60)

@@ -199,7 +199,7 @@ def test_two_submits_of_one_experiment_at_once_are_refused(tmp_path, pipeline_en
     """Submit reads then writes the experiment's locks and job record: a second concurrent submit is refused in one
     line (exit 2) before it submits anything, instead of losing the first one's job records."""
     from pipeline.cli.experiment import main
-    from pipeline.common.io import exclusive_lock
+    from pipeline.common.locks import exclusive_lock
     from pipeline.experiment.plan import state_dir
 
     (tmp_path / "e.yaml").write_text(BASE + "grid: {optimizer.lr: [0.1, 0.2]}\n")

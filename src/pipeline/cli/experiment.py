@@ -44,7 +44,8 @@ import yaml
 from pipeline.cli.parser import Parser, watch_seconds
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
-from pipeline.common.io import exclusive_lock, write_output_text
+from pipeline.common.io import write_output_text
+from pipeline.common.locks import exclusive_lock
 from pipeline.common.mappings import drop_unset
 from pipeline.experiment import locks, spec
 from pipeline.experiment import plan as planning

@@ -121,7 +121,7 @@ def _vanished(tmp: Path, path: Path) -> ConcurrentWriteError:
                                 "run one writer per output (nothing was published)")
 
 
-def _check_parent(path: Path) -> None:
+def check_parent(path: Path) -> None:
     """Create ``path``'s parent, but never recreate a vanished temporary directory of an atomic_path."""
     for anc in [path.parent, *path.parent.parents]:
         if _TMP_DIR_NAME.fullmatch(anc.name) and not anc.is_dir():
@@ -136,7 +136,7 @@ def _check_parent(path: Path) -> None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling path; on success it is renamed onto ``path`` (file or directory)."""
     path = Path(path)
-    _check_parent(path)
+    check_parent(path)
     remove_stale_temporaries(path)
     tmp = _tmp_name(path)
     os.mkdir(tmp, 0o777)  # ordinary mode under the umask (mkdtemp would make it 0700)
@@ -181,13 +181,13 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, like: os.stat_result | 
     user may) owner - for rewriting a shared file in place.
     """
     path = Path(path)
-    _check_parent(path)
+    check_parent(path)
     remove_stale_temporaries(path)
     tmp = _tmp_name(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileNotFoundError:
-        _check_parent(path)
+        check_parent(path)
         raise
     try:
         with os.fdopen(fd, "wb") as f:
@@ -233,39 +233,10 @@ def read_json(path: str | os.PathLike) -> Any:
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Append one line (for NDJSON progress logs); a line is written with a single write call."""
     path = Path(path)
-    _check_parent(path)
+    check_parent(path)
     with open(path, "a") as f:
         f.write(line.rstrip("\n") + "\n")
         f.flush()
-
-
-@contextlib.contextmanager
-def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_path`` or refuse at once (ConcurrentWriteError naming the holder).
-
-    For outputs one writer must own for a whole run (a data root): a second run is refused with one line
-    instead of interleaving its writes with the first one's.
-    """
-    import fcntl
-
-    lock_path = Path(lock_path)
-    _check_parent(lock_path)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            raise ConcurrentWriteError(f"{what} is in use by {holder} (lock {lock_path}); wait for it to finish "
-                                       "or use another output directory") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 DIRECT_OUTPUTS = ("/dev/null", "/dev/stdout", "/dev/stderr")

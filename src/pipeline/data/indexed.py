@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import atomic_path, exclusive_lock, write_json
+from pipeline.common.io import atomic_path, write_json
+from pipeline.common.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
 INDEX_HEADER = b"MMIDIDX\x00\x00"

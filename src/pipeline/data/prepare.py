@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import exclusive_lock
+from pipeline.common.locks import exclusive_lock
 from pipeline.data.stage_base import SPLIT_FILES, Timer
 from pipeline.data.stage_export import ExportOptions, export_fingerprint, stage_export
 from pipeline.data.stage_pack import PackOptions, check_pack_args, stage_pack

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import fcntl
 import getpass
 import math
 import os
@@ -39,6 +38,7 @@ from pathlib import Path
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_bytes
+from pipeline.common.locks import try_flock
 from pipeline.slurm.hostlist import expand, is_hostlist, is_node_name
 
 FMT = "%Y-%m-%dT%H:%M:%SZ"
@@ -137,16 +137,15 @@ class BadNodeLog:
         lock = target.with_name(target.name + ".lock")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lf = open(lock, "a")
+            fd, _ = try_flock(lock, wait=True)  # common/locks.py: writers from many login nodes wait their turn
         except OSError as exc:
             raise UserError(f"cannot lock the bad-node log {self.path} ({lock}: {exc.strerror or exc}); "
                             "nothing was changed") from None
-        with lf:
-            fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
+        assert fd is not None  # wait=True: held, or an OSError above
+        try:
+            yield
+        finally:
+            os.close(fd)
 
     def _read(self) -> bytes:
         self._require_regular()

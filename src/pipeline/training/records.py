@@ -41,6 +41,7 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, write_json, write_text
+from pipeline.common.locks import try_flock, write_holder
 from pipeline.common.mappings import flatten
 from pipeline.common.procs import pid_alive
 from pipeline.config.schema import TrainingConfig
@@ -309,17 +310,10 @@ def claim_run_dir(run_dir: Path) -> int | None:
     training (:func:`same_writer`: the other nodes of one job step, a requeued job's next incarnation) return None.
     Before this, a relaunch on a live run "resumed" and both wrote (progress.ndjson read 8, 10, 11, 9, 12, ...); and
     before the step was part of the rule, a second launch inside the same ``salloc`` rewrote the live run's records."""
-    import fcntl
-
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / WRITER_LOCK
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     me = _writer_record()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raw = os.pread(fd, 1000, 0).decode("utf-8", "replace")
-        os.close(fd)
+    fd, raw = try_flock(run_dir / WRITER_LOCK)  # common/locks.py
+    if fd is None:
         try:
             holder = json.loads(raw)
         except ValueError:
@@ -335,8 +329,7 @@ def claim_run_dir(run_dir: Path) -> int | None:
         raise UserError(f"run directory {run_dir} is being written by {who}, started {holder.get('started', '?')}: "
                         "one training per run directory; wait for it (or cancel it), or use another run "
                         "(logger.wandb_exp_name / --run-dir)") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    write_holder(fd, json.dumps(me))
     os.set_inheritable(fd, True)
     return fd
 

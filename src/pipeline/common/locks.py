@@ -1,0 +1,176 @@
+"""Every lock of the suite, in one module.
+
+Two mechanisms, chosen by what the filesystem and the holder need:
+
+- **flock** (:func:`try_flock`), where one host's processes share a local or flock-capable filesystem: the kernel
+  releases the lock when its holder dies, so there is never a stale lock to judge. Three users:
+  :func:`exclusive_lock` (an output one writer owns for a whole run: a data root, a tokenize output, an
+  experiment's submit; a second writer is refused at once, naming the holder), the bad-node log
+  (``slurm/badnodes.py``: writers from many login nodes wait their turn, ``wait=True``) and
+  ``training.records.claim_run_dir`` (one training per run directory: its descriptor is inherited through the exec
+  into torchrun, so the lock lives as long as the training).
+- **an O_EXCL file with a TTL** (:class:`ExpiringLock`), for locks that other hosts must see on a shared
+  filesystem where flock may not reach across hosts (the checkpoint iteration locks on Lustre/NFS): the file
+  names its holder's pid, host and time; a same-host holder that is gone is taken over at once, another host's
+  after the TTL.
+
+Why not ``filelock`` (installed with the local engine): the planner (the login node's isambard_sbatch, which writes
+the bad-node log) does not install it; its lock file cannot carry a holder record that the refusal names without
+its private descriptor; its descriptor is not inheritable (the run-directory claim must survive the exec into
+torchrun); and its soft fallback has no TTL takeover for another host's dead holder. Decision 84.
+
+(``experiment/locks.py`` is no lock: it is the experiment's config snapshot, as a package manager's lock file.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.common.io import ConcurrentWriteError, check_parent
+from pipeline.common.procs import pid_alive
+
+log = logging.getLogger(__name__)
+
+
+def try_flock(path: str | os.PathLike, *, wait: bool = False) -> tuple[int | None, str]:
+    """Open ``path`` (created, mode 0666 under the umask) and take an exclusive ``flock`` on it.
+
+    ``(fd, "")`` when this process holds it (release: close ``fd``, or ``fcntl.flock(fd, LOCK_UN)``); ``(None,
+    holder)`` when another does and ``wait`` is False, ``holder`` being the text its holder wrote into the file
+    (:func:`write_holder`). With ``wait`` it blocks until the lock is free."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip()
+        os.close(fd)
+        return None, holder
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, ""
+
+
+def write_holder(fd: int, text: str) -> None:
+    """Say who holds the lock of ``fd`` (what a refused second writer reads)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (text.rstrip("\n") + "\n").encode(), 0)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` or refuse at once (ConcurrentWriteError naming the holder).
+
+    For outputs one writer must own for a whole run (a data root): a second run is refused with one line
+    instead of interleaving its writes with the first one's.
+    """
+    lock_path = Path(lock_path)
+    check_parent(lock_path)
+    fd, holder = try_flock(lock_path)
+    if fd is None:
+        raise ConcurrentWriteError(f"{what} is in use by {holder or 'another process'} (lock {lock_path}); wait for "
+                                   "it to finish or use another output directory")
+    try:
+        write_holder(fd, f"pid {os.getpid()} on {socket.gethostname()}")
+        yield
+    finally:
+        os.close(fd)
+
+
+class ExpiringLock:
+    """A lock file created with O_EXCL holding ``{"pid", "host", "time"}``: ``acquire()`` -> True when this process
+    now holds it; ``holder()`` says who does. A holder on this host that is gone is taken over at once, one on
+    another host after ``ttl`` seconds (its process cannot be asked)."""
+
+    def __init__(self, path: Path, ttl: float):
+        self.path, self.ttl = path, ttl
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                stale = self._stale_content()
+                if stale is None:
+                    return False
+                # Take over atomically: move the stale lock aside, then check it is the one judged stale (two
+                # processes taking over at once: the loser moved the winner's fresh lock, and puts it back).
+                aside = self.path.with_name(f"{self.path.name}.{os.getpid()}.stale")
+                try:
+                    os.replace(self.path, aside)
+                except FileNotFoundError:
+                    continue
+                try:
+                    moved = aside.read_text()
+                except OSError:
+                    moved = ""
+                if moved != stale:
+                    try:
+                        os.link(aside, self.path)  # restore the live lock unless a newer one is already there
+                    except OSError:
+                        pass
+                    aside.unlink(missing_ok=True)
+                    return False
+                aside.unlink(missing_ok=True)
+                log.warning("taking over stale lock %s", self.path)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return True
+        return False
+
+    def _stale_content(self) -> str | None:
+        """The lock file's text when its owner is gone (or it is older than the TTL), else None."""
+        try:
+            text = self.path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return "" if self._stale() else None
+        return text if self._stale() else None
+
+    def _stale(self) -> bool:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            try:
+                return time.time() - self.path.stat().st_mtime > self.ttl
+            except FileNotFoundError:
+                return True
+        alive = pid_alive(info.get("pid")) if info.get("host") == socket.gethostname() else None
+        if alive is not None:  # this host's process: the lock is stale exactly when it is gone
+            return not alive
+        try:
+            return time.time() - float(info.get("time", 0)) > self.ttl
+        except (TypeError, ValueError):
+            return True
+
+    def release(self) -> None:
+        """Remove the lock only while it is still ours (another host may have taken it over after the TTL)."""
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+            self.path.unlink(missing_ok=True)
+
+    def holder(self) -> str:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return "an unknown process"
+        return f"pid {info.get('pid')} on {info.get('host')}"
+
+    def __enter__(self) -> ExpiringLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
