@@ -4,12 +4,13 @@
 # Usage:
 #   bash pipeline_checkpoint_convert.sh export CKPT_DIR --hf-model ID --reasoning|--no-reasoning \
 #        [--iteration N] [--not-strict] [--push-to-hub]
-#   bash pipeline_checkpoint_convert.sh import HF_ID [--output DIR]
+#   bash pipeline_checkpoint_convert.sh import NAME|HF_ID [--output DIR] [--force] [--tp T --pp P --ep E]
 #   bash pipeline_checkpoint_convert.sh upload-all CKPT_DIR --hf-model ID --no-reasoning [--poll] [--coherence]
 #   ... --dry-run [--nodes N] [--json]   the plan (layout, nodes, memory per GPU, launch line); needs no GPU
 #
 # Local-engine checkpoints convert in one process on CPU. Megatron checkpoints convert through Megatron
-# Bridge's AutoBridge on one node's GPUs (one torchrun rank per GPU; Nano and Super default to EP=4).
+# Bridge's AutoBridge on one node's GPUs (one torchrun rank per GPU; Nano and Super default to EP=4); a Super
+# import runs one torchrun per node it is given (the reference's --nodes=4: tp 1 pp 4 ep 4).
 # Logic: src/pipeline/cli/checkpoint.py (the command line), src/pipeline/checkpoint/ (export, verify, poll, plan).
 # Environment: pipeline_env_config.env.
 set -euo pipefail
