@@ -88,5 +88,9 @@ def test_problems_and_weights():
     assert Layout(8, tp=3).problems()[0].startswith("world size 8 is not divisible by tp(3)")
     assert "expert groups of ep(8) * etp(1) = 8" in Layout(8, pp=2, ep=8).problems()[0]
     assert Layout(4, tp=0).problems() == ["tp (0) must be an integer >= 1"]
+    # a world pp does not divide is one line (the tp * pp * cp one), not also an expert line for ep * etp = 1
+    assert len(Layout(64, pp=3).problems()) == 1 and Layout(64, pp=3).dp == 0
+    with pytest.raises(ValueError, match="no groups for a layout megatron-core refuses"):
+        Layout(64, pp=3).groups()
     # Super's export layout: dense 7.2B whole on each rank, 112.8B of experts over 4 ranks, BF16
     assert weight_gb_per_gpu(7.2, 112.8, Layout(4, ep=4)) == pytest.approx(2 * (7.2 + 28.2))

@@ -43,10 +43,11 @@ log = logging.getLogger(__name__)
 def try_flock(path: str | os.PathLike, *, wait: bool = False) -> tuple[int | None, str]:
     """Open ``path`` (created, mode 0666 under the umask) and take an exclusive ``flock`` on it.
 
-    ``(fd, "")`` when this process holds it (release: close ``fd``, or ``fcntl.flock(fd, LOCK_UN)``); ``(None,
+    ``(fd, "")`` when this process holds it (:func:`release` unlocks and closes it); ``(None,
     holder)`` when another does and ``wait`` is False, ``holder`` being the text its holder wrote into the file
-    (:func:`write_holder`). With ``wait`` it blocks until the lock is free."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    (:func:`write_holder`). With ``wait`` it blocks until the lock is free (and opens the file write-only: a
+    shared lock file needs no read permission then)."""
+    fd = os.open(path, (os.O_WRONLY if wait else os.O_RDWR) | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -57,6 +58,14 @@ def try_flock(path: str | os.PathLike, *, wait: bool = False) -> tuple[int | Non
         os.close(fd)
         raise
     return fd, ""
+
+
+def release(fd: int) -> None:
+    """Unlock and close (unlocked first: a copy of ``fd`` in a forked child does not keep the lock)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def write_holder(fd: int, text: str) -> None:
@@ -82,7 +91,7 @@ def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
         write_holder(fd, f"pid {os.getpid()} on {socket.gethostname()}")
         yield
     finally:
-        os.close(fd)
+        release(fd)
 
 
 class ExpiringLock:

@@ -88,8 +88,8 @@ class Layout:
         if self.world % mp:
             out.append(f"world size {self.world}{world_is} is not divisible by tp({self.tp}) * pp({self.pp}) * "
                        f"cp({self.cp}) = {mp}: change {resize} to a multiple of {mp}, or the parallelism")
-        stage = self.world // self.pp if self.world % self.pp == 0 else None
-        if stage is None or stage % (self.ep * self.etp):
+        stage = self.world // self.pp if self.world % self.pp == 0 else None  # else: the line above says so
+        if stage is not None and stage % (self.ep * self.etp):
             out.append(f"the {self.world // max(self.pp, 1)} rank(s) of a pipeline stage (world {self.world}"
                        f"{world_is} / pp {self.pp}) do not divide into expert groups of ep({self.ep}) * "
                        f"etp({self.etp}) = {self.ep * self.etp}: change ep, or {resize}")
@@ -108,6 +108,8 @@ class Layout:
     def groups(self) -> dict[str, list[list[int]]]:
         """Every group megatron-core forms for this layout (``tp``, ``cp``, ``dp``, ``pp`` of the dense grid;
         ``ep``, ``etp``, ``expert`` = etp x ep of the expert grid), as RankGenerator.get_ranks returns them."""
+        if self.problems():
+            raise ValueError(f"no groups for a layout megatron-core refuses: {'; '.join(self.problems())}")
         dense = [self.tp, self.cp, 1, self.dp, self.pp]  # order tp-cp-ep-dp-pp, ep = 1 in the dense generator
         expert = [self.etp, 1, self.ep, self.edp, self.pp]  # the same order, cp = 1, tp = etp
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_bytes
-from pipeline.common.locks import try_flock
+from pipeline.common.locks import release, try_flock
 from pipeline.slurm.hostlist import expand, is_hostlist, is_node_name
 
 FMT = "%Y-%m-%dT%H:%M:%SZ"
@@ -145,7 +145,7 @@ class BadNodeLog:
         try:
             yield
         finally:
-            os.close(fd)
+            release(fd)
 
     def _read(self) -> bytes:
         self._require_regular()

@@ -173,7 +173,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
                              f"etp({etp}) must all be 1; it scales by data parallelism only")
     per_node = "gpus_per_node" if cluster.has_gpus else "procs_per_node"  # megatron-core's rules: config/parallel.py
     plan.problems += lay.problems(f" = nodes({nodes}) * {per_node}({gpn})", f"the total (--nodes x {per_node})")
-    dp = lay.dp  # 0: the world does not divide (a problem above)
+    dp = max(1, lay.dp)  # the batch is checked against dp 1 when the world does not divide (a problem above)
     if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py, decision #41)
         plan.problems += node_local_problems(lay, gpn, f"on '{cluster.name}'")
     # heads, KV heads, experts and layers against tp, cp, ep and pp (config/parallel.py, decision #80)

@@ -227,12 +227,14 @@ class WandbRun(WandbCallback):
 def callbacks(run_dir: Path, save: Path, spec: ModelSpec, mode: str, progress: records.ProgressLog,
               stop: StopRequest, recorder: profiling.Recorder | None = None,
               wandb: WandbTarget | None = None) -> list[TrainerCallback]:
-    """The local engine's callbacks, in the order they run (the profiler first: its trace export counts in the
-    window's last step)."""
-    first: list[TrainerCallback] = [Profile(run_dir, recorder)] if recorder is not None else []
-    last: list[TrainerCallback] = [WandbRun(wandb)] if wandb is not None else []
+    """The local engine's callbacks, in the order they run: W&B first (where report_to put transformers' own: it logs
+    a non-finite step before Records stops the run, and sees a save's checkpoint-N before CheckpointLayout moves
+    it), then the profiler (its trace export counts in the window's last step), then the rest."""
+    first: list[TrainerCallback] = [WandbRun(wandb)] if wandb is not None else []
+    if recorder is not None:
+        first.append(Profile(run_dir, recorder))
     return first + [CheckpointLayout(run_dir, save, spec, mode), Records(run_dir, progress), SaveAndExit(stop),
-                    ProgressLines(), Timeline(progress.clock)] + last
+                    ProgressLines(), Timeline(progress.clock)]
 
 
 @dataclass
