@@ -76,8 +76,8 @@ def test_megatron_is_imported_by_one_low_level_module_only():
 
 def path_edits(source: str) -> list[int]:
     """The lines where ``source`` changes the import path: ``sys.path`` assigned, augmented, assigned into or
-    mutated by a method call, or ``site.addsitedir``. Reading ``sys.path`` (env/closure.py lists the image's own
-    entries) is not an edit."""
+    mutated by a method call, or ``site.addsitedir``. Reading ``sys.path`` would not be an edit (nothing in the suite
+    reads it either: env/closure.py asks a child interpreter without PYTHONPATH for the image's own packages)."""
     mutators = {"insert", "append", "extend", "remove", "pop", "clear", "__setitem__", "__iadd__"}
 
     def is_sys_path(node: ast.AST) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import email.parser
+import json
 import os
 import subprocess
 import sys
@@ -237,16 +238,14 @@ def overlay_requires(overlay: list[Pin], cache: Path, machine: str = "x86_64") -
     return {p.name: wheel_requires(fetch_wheel(p.name, p.version, cache, machine)) for p in overlay}
 
 
-def installed_requires(paths_: list[str]) -> dict[str, list[Requirement]]:
-    """Requires-Dist of every distribution found on ``paths_`` (first one of a name wins, as for imports)."""
-    import importlib.metadata as md
-
+def _parse_requires(dists) -> dict[str, list[Requirement]]:
+    """``(name, Requires-Dist lines)`` per distribution, in path order -> the first of each name, parsed."""
     out: dict[str, list[Requirement]] = {}
-    for dist in md.distributions(path=paths_):
-        name = canonicalize_name(dist.metadata["Name"] or "")
+    for raw_name, raw_reqs in dists:
+        name = canonicalize_name(raw_name or "")
         if name and name not in out:
             reqs = []
-            for r in dist.requires or []:
+            for r in raw_reqs or []:
                 try:
                     reqs.append(Requirement(r))
                 except InvalidRequirement:
@@ -255,10 +254,27 @@ def installed_requires(paths_: list[str]) -> dict[str, list[Requirement]]:
     return out
 
 
-def image_paths() -> list[str]:
-    """This Python's path without the overlay and the suite's src/ (PYTHONPATH entries): the image's own."""
-    extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    return [p for p in sys.path if p and os.path.realpath(p) not in extra]
+def installed_requires(paths_: list[str]) -> dict[str, list[Requirement]]:
+    """Requires-Dist of every distribution found on ``paths_`` (first one of a name wins, as for imports)."""
+    import importlib.metadata as md
+
+    return _parse_requires((d.metadata["Name"], d.requires) for d in md.distributions(path=paths_))
+
+
+# Run by this interpreter without PYTHONPATH (and -P: no script directory first): its distributions in path order.
+_LIST_DISTRIBUTIONS = ("import importlib.metadata as md, json; "
+                       "print(json.dumps([[d.metadata['Name'], d.requires] for d in md.distributions()]))")
+
+
+def image_requires() -> dict[str, list[Requirement]]:
+    """Requires-Dist of the image's own distributions: those this Python sees without PYTHONPATH (the overlay and
+    the suite's src/), asked of a child of the same interpreter, as the image's own pip sees them."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-P", "-c", _LIST_DISTRIBUTIONS], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise UserError(f"listing the image's distributions failed: "
+                        f"{(res.stderr.strip().splitlines() or ['?'])[-1]}")
+    return _parse_requires(json.loads(res.stdout))
 
 
 def installed_image() -> dict[str, Version]:
@@ -311,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         image.setdefault(canonicalize_name(name), Version("0"))
     overlay = read_overlay(args.overlay)
     problems = check(image, overlay, overlay_requires(overlay, args.wheels, args.machine), local_pins(SUITE_NEEDS),
-                     args.machine, installed_requires(image_paths()) if args.installed else None)
+                     args.machine, image_requires() if args.installed else None)
     if not args.installed:
         print("note: the image packages' own requirements are checked where the image is installed (--installed, "
               "in the container or the container twin)", file=sys.stderr)

@@ -260,7 +260,7 @@ def check_overlay_closure() -> str:
     image = closure.installed_image()
     requires = closure.installed_requires([overlay_dir])
     problems = closure.check(image, pins, requires, closure.local_pins(closure.SUITE_NEEDS), platform.machine(),
-                             closure.installed_requires(closure.image_paths()))
+                             closure.image_requires())
     _require(not problems, "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
     return f"{len(pins)} overlay pins close over the image's {len(image)} packages"
 
