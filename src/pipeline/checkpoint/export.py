@@ -19,7 +19,6 @@ be, and the export exits non-zero: no ``hf/`` directory that looks finished is e
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -61,9 +60,6 @@ class ExportRequest:
     force: bool = False
     layout: Layout = Layout(1)
     locked: bool = False
-
-    def replace(self, **changes: Any) -> ExportRequest:
-        return dataclasses.replace(self, **changes)
 
     def argv(self) -> list[str]:
         """The export's command-line options that say this request (upload-all's torchrun of one iteration)."""

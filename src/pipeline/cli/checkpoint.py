@@ -221,7 +221,7 @@ def export_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) ->
     lock held) and the environment its ranks get (the cluster profile's env over this process's)."""
     cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={plan.layout.world}", "-m",
            "pipeline.cli.checkpoint", "export", str(req.ckpt_dir), "--iteration",
-           str(int(iter_path.name.split("_")[-1])), *req.export(plan.layout).replace(locked=True).argv()]
+           str(int(iter_path.name.split("_")[-1])), *req.export(plan.layout).argv()]  # upload-all's: locked
     return cmd, job_environ(plan.env)
 
 
