@@ -223,3 +223,104 @@ def test_prepare_is_byte_identical_with_one_render_and_with_two(tmp_path, monkey
     monkeypatch.setattr("pipeline.data.chat.reply_blind", lambda *a: False)
     twice = run(tmp_path / "twice")
     assert len(once) >= 3 and once == twice
+
+
+# ---- masks from the tokens' byte lengths instead of the encodings' offsets (issue 36) ----------------------------
+MULTILINGUAL_REPLIES = ["é", "😀", "😀x", "x😀", "日本語", "e\u0301", "a\u200db", "﷽", " é ", "\t😀\n", "١٢٣", "Ωmega",
+                        "naïve café", "🇬🇧🇫🇷", "\r\n", "  two  ", "<b>é</b>"]
+
+
+def _byte_and_offset_encoders(tokenizer):
+    fast = _encoder(tokenizer)
+    assert fast.token_bytes() is not None  # SmolLM2's byte-level BPE keeps the text's bytes
+    slow = _encoder(tokenizer)
+    slow._token_bytes = None  # what the encoder does for a tokenizer token_byte_lengths refuses
+    return fast, slow
+
+
+def test_masks_from_byte_lengths_are_the_masks_from_offsets(tokenizer):
+    """The encoding without offsets (``encode_batch_fast``) and the tokens' byte lengths give the same ids and masks
+    as ``encode_batch``'s offsets, on the hostile replies, multi-byte characters at the reply's edges, and whole
+    multi-turn conversations; the same conversations dropped for the same reasons."""
+    fast, slow = _byte_and_offset_encoders(tokenizer)
+    convs = _hostile_conversations() + [conversation(r, q) for r in MULTILINGUAL_REPLIES
+                                        for q in ("é?", "why 😀", "plain")]
+    convs += [{"messages": [{"role": "user", "content": a}, {"role": "assistant", "content": b},
+                            {"role": "user", "content": b}, {"role": "assistant", "content": a}]}
+              for a, b in zip(MULTILINGUAL_REPLIES, MULTILINGUAL_REPLIES[::-1], strict=True)]
+    a, b = fast.encode(convs), slow.encode(convs)
+    for x, y in zip(a[:3], b[:3], strict=True):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert a[3] == b[3]
+    assert int(a[1].sum()) > len(convs)  # masks were set, not two empty arrays
+
+
+def test_a_conversation_whose_bytes_do_not_add_up_is_masked_by_its_offsets(tokenizer, monkeypatch):
+    """The per-conversation check: where the tokens' byte lengths do not add up to the text's bytes (a tokenizer that
+    passed the checks yet changes a text), that conversation is encoded again with offsets; the rest keep the fast
+    path. Forced here by giving "😀"'s tokens a wrong length."""
+    fast, slow = _byte_and_offset_encoders(tokenizer)
+    table = fast.token_bytes().copy()
+    for i in tokenizer.backend_tokenizer.encode("😀", add_special_tokens=False).ids:
+        table[i] += 1
+    fast._token_bytes = table
+    encoded = []
+    real = fast.backend.encode
+    monkeypatch.setattr(fast, "backend", _Spy(fast.backend, encoded))
+    convs = [conversation("plain"), conversation("😀 yes"), conversation("ok")]
+    a, b = fast.encode(convs), slow.encode(convs)
+    assert encoded == [real(fast.render(convs[1]["messages"])[0], add_special_tokens=False).ids]
+    for x, y in zip(a[:3], b[:3], strict=True):
+        assert np.array_equal(x, y)
+
+
+class _Spy:
+    """The Rust tokenizer, recording the ids of each single ``encode`` (the per-conversation fallback)."""
+
+    def __init__(self, backend, calls):
+        self._backend, self._calls = backend, calls
+
+    def encode(self, text, **kw):
+        enc = self._backend.encode(text, **kw)
+        self._calls.append(enc.ids)
+        return enc
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda j: j.update(normalizer={"type": "NFC"}), "a normalizer rewrites the text"),
+    (lambda j: j.update(post_processor={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                        "use_regex": True}), "a post-processor trims offsets"),
+    (lambda j: j["pre_tokenizer"].update(add_prefix_space=True), "a prefix space is added"),
+    (lambda j: j["added_tokens"][2].update(rstrip=True), "an added token swallows whitespace"),
+    (lambda j: j.update(pre_tokenizer={"type": "Whitespace"}), "not byte-level"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_a_tokenizer_that_may_not_keep_the_bytes_uses_the_offsets(tokenizer, change, why):
+    """token_byte_lengths refuses every pipeline that may change, add or trim the text's bytes (the encoder then masks
+    by the offsets, as before), and accepts SmolLM2's own JSON unchanged."""
+    from tokenizers import Tokenizer
+
+    from pipeline.data.chat import token_byte_lengths
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    assert token_byte_lengths(Tokenizer.from_str(json.dumps(spec))) is not None
+    change(spec)
+    assert token_byte_lengths(Tokenizer.from_str(json.dumps(spec))) is None, why
+
+
+def test_prepare_is_byte_identical_with_byte_lengths_and_with_offsets(tmp_path, monkeypatch):
+    """The quickstart data through prepare (one worker, in this process, so the switch reaches it): the same tokenized
+    chunks, packed Parquet and metadata whether masks come from the byte lengths (the default for SmolLM2) or from the
+    offsets."""
+    pats = ["tokenized/*/*/chunk_*.parquet", "packed/*/*.parquet", "packed/*/*_metadata.jsonl"]
+
+    def run(root):
+        prepare(PrepareOptions(dataset="chatterbot-corpus", dataset_root=root, seq_length=256, quiet=True, workers=1))
+        return {str(p.relative_to(root)): p.read_bytes() for pat in pats for p in sorted(root.glob(pat))}
+
+    fast = run(tmp_path / "fast")
+    monkeypatch.setattr("pipeline.data.chat.token_byte_lengths", lambda backend: None)
+    slow = run(tmp_path / "slow")
+    assert len(fast) >= 3 and fast == slow

@@ -252,3 +252,15 @@ def test_the_template_check_verdict_is_kept_per_machine(tmp_path, monkeypatch, t
     assert chat.template_matches_transformers(tokenizer.chat_template, special, msgs) is True and calls == []
     assert chat.template_matches_transformers(tokenizer.chat_template, {**special, "eos_token": "x"}, msgs) is False
     assert len(calls) == 1
+
+
+def test_documents_are_the_tokenizers_own_ids_without_offsets(tokenizer, monkeypatch):
+    """The tokenize action encodes documents with ``encode_batch_fast`` (no offsets tracked): each document's ids are
+    the Rust tokenizer's ``encode`` of it, followed by EOD, for short documents and for one cut into pieces."""
+    monkeypatch.setattr(wk, "MAX_ENCODE_CHARS", 64)
+    backend = tokenizer.backend_tokenizer
+    docs = ["Hello world.", "", "é 😀 日本語\n\nline two", "long line\n" * 20, "x" * 150]
+    out, lens = wk.encode_documents(backend, docs, 0, np.dtype(np.int32))
+    want = [backend.encode(d, add_special_tokens=False).ids for d in docs if d]
+    assert lens.tolist() == [len(w) + 1 for w in want]
+    assert out.tolist() == [t for w in want for t in [*w, 0]]

@@ -321,6 +321,7 @@ class ChatEncoder:
         self._special_texts: list[str] | None = None
         self._reply_blind: bool | None = None
         self._special_firsts: str | None = None
+        self._token_bytes: np.ndarray | None | bool = False  # False: not decided yet (:meth:`token_bytes`)
 
     @classmethod
     def from_tokenizer(cls, tokenizer, check: list[dict] | None = None, name: str | None = None) -> ChatEncoder:
@@ -399,6 +400,14 @@ class ChatEncoder:
             self._reply_blind = _REPLY_BLIND[key]
         return self._reply_blind
 
+    def token_bytes(self) -> np.ndarray | None:
+        """Each token id's length in bytes of the text it stands for, where the tokens' bytes are the text's bytes
+        exactly (:func:`token_byte_lengths`): then a token's offsets follow from these lengths and the encoding need
+        not track them. None otherwise. Decided once per encoder."""
+        if self._token_bytes is False:
+            self._token_bytes = token_byte_lengths(self.backend)
+        return self._token_bytes
+
     def special_texts(self) -> list[str]:
         """The text of the tokenizer's special tokens (``<|im_end|>``, ``<|endoftext|>``, ...)."""
         if self._special_texts is None:
@@ -438,21 +447,19 @@ class ChatEncoder:
         drops = dict.fromkeys(DROP_REASONS, 0)
         errors = template_errors()
         ids_parts, mask_parts, len_parts = [], [], []
+        token_bytes = self.token_bytes()
+        encode_batch = self.backend.encode_batch if token_bytes is None else self.backend.encode_batch_fast
 
-        def finish(encs, spans):
+        def finish(encs, texts, spans):
             lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
             total = int(lengths.sum())
-            ids_parts.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int32,
-                                         count=total))
+            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int32, count=total)
             mask = np.zeros(total, dtype=np.int8)
-            off = 0
-            for e, sp, n in zip(encs, spans, lengths.tolist(), strict=True):
-                for a, b in sp:
-                    lo = _char_to_token(e, a, +1)
-                    hi = _char_to_token(e, b - 1, -1)
-                    if lo is not None and hi is not None and hi >= lo:
-                        mask[off + lo: off + hi + 1] = 1
-                off += n
+            if token_bytes is None:
+                _mask_by_offsets(mask, encs, spans, lengths)
+            else:
+                _mask_by_bytes(mask, ids, token_bytes, texts, spans, lengths, self.backend)
+            ids_parts.append(ids)
             mask_parts.append(mask)
             len_parts.append(lengths)
 
@@ -475,14 +482,146 @@ class ChatEncoder:
                     texts.append(r[0])
                     spans.append(r[1])
                 if pending is not None:
-                    finish(pending[0].result(), pending[1])
-                pending = (pool.submit(self.backend.encode_batch, texts, add_special_tokens=False), spans) \
+                    finish(pending[0].result(), *pending[1:])
+                pending = (pool.submit(encode_batch, texts, add_special_tokens=False), texts, spans) \
                     if texts else None
             if pending is not None:
-                finish(pending[0].result(), pending[1])
+                finish(pending[0].result(), *pending[1:])
         if not len_parts:
             return np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int64), drops
         return np.concatenate(ids_parts), np.concatenate(mask_parts), np.concatenate(len_parts), drops
+
+
+def _mask_by_offsets(mask: np.ndarray, encs, spans, lengths: np.ndarray) -> None:
+    """Loss on the tokens from the one covering each span's first character to the one covering its last, by the
+    encodings' own offsets (``char_to_token``)."""
+    off = 0
+    for e, sp, n in zip(encs, spans, lengths.tolist(), strict=True):
+        for a, b in sp:
+            lo = _char_to_token(e, a, +1)
+            hi = _char_to_token(e, b - 1, -1)
+            if lo is not None and hi is not None and hi >= lo:
+                mask[off + lo: off + hi + 1] = 1
+        off += n
+
+
+def _byte_pos(text: str, pos: int) -> int:
+    return pos if text.isascii() else len(text[:pos].encode("utf-8", "surrogatepass"))
+
+
+def _mask_by_bytes(mask: np.ndarray, ids: np.ndarray, token_bytes: np.ndarray, texts: list[str], spans,
+                   lengths: np.ndarray, backend) -> None:
+    """:func:`_mask_by_offsets`' result without the offsets: the tokens' byte lengths laid end to end give each
+    token's byte range, and the token covering a character is the first whose range holds the character's first
+    byte (what ``char_to_token`` returns, the offsets being the characters a token's bytes touch). A conversation
+    whose tokens' bytes do not add up to its text's is masked by its own offsets instead."""
+    ends = np.cumsum(token_bytes[ids])  # the sub-batch's tokens' byte ends, laid end to end
+    tok_edges = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=tok_edges[1:])
+    byte_edges = np.concatenate([[0], ends])[tok_edges]  # each conversation's first byte in that layout
+    wanted = np.fromiter((len(t) if t.isascii() else len(t.encode("utf-8", "surrogatepass")) for t in texts),
+                         dtype=np.int64, count=len(texts))
+    los, his = [], []
+    for c, (text, sp) in enumerate(zip(texts, spans, strict=True)):
+        if byte_edges[c + 1] - byte_edges[c] != wanted[c]:  # never for the tokenizers let through; checked anyway
+            off = int(tok_edges[c])
+            _mask_by_offsets(mask[off:off + int(lengths[c])], [backend.encode(text, add_special_tokens=False)],
+                             [sp], lengths[c:c + 1])
+            continue
+        base = int(byte_edges[c])
+        for a, b in sp:
+            los.append(base + _byte_pos(text, a))
+            his.append(base + _byte_pos(text, b - 1))
+    if not los:
+        return
+    lo = np.searchsorted(ends, np.array(los, dtype=np.int64), side="right")
+    hi = np.searchsorted(ends, np.array(his, dtype=np.int64), side="right")
+    for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+        if b >= a:
+            mask[a:b + 1] = 1
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """The byte-level pre-tokenizer's character for each byte (GPT-2's table, as the Rust ``ByteLevel`` has it),
+    inverted: character -> byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars = {b: b for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + n
+            n += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+def _keeps_bytes(spec: dict) -> bool:
+    """Whether a tokenizer.json's pipeline keeps the text's bytes, in order, as its tokens' bytes, with untrimmed
+    offsets: no normalizer, a byte-level BPE (no byte fallback), splits that remove nothing, no prefix space, added
+    tokens that swallow no whitespace, and no post-processor that trims offsets."""
+    def pre_ok(p) -> bool:
+        kind = p.get("type")
+        if kind == "Sequence":
+            return all(pre_ok(q) for q in p.get("pretokenizers", []))
+        if kind == "ByteLevel":
+            return not p.get("add_prefix_space", False)
+        return kind == "Split" and p.get("behavior") != "Removed" or kind == "Digits"
+
+    def post_ok(p) -> bool:
+        if p is None:
+            return True
+        kind = p.get("type")
+        if kind == "Sequence":
+            return all(post_ok(q) for q in p.get("processors", []))
+        if kind == "ByteLevel":
+            return not p.get("trim_offsets", True)
+        return kind == "TemplateProcessing"
+
+    pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+    return (spec.get("normalizer") is None and model.get("type") == "BPE" and not model.get("byte_fallback")
+            and pre_ok(pre) and "ByteLevel" in json.dumps(pre) and post_ok(spec.get("post_processor"))
+            and not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens", [])))
+
+
+# What :func:`token_byte_lengths` checks, character by character, against the tokenizer's own offsets: multi-byte
+# characters at token edges, whitespace runs, special-token text, digits, template syntax.
+BYTE_CHECK_TEXTS = ["<|im_start|>user\nSay \"hi\" & <b>bye</b> {{ x }}<|im_end|>\n<|im_start|>assistant\n hi\n\nbye "
+                    "<|im_end|>\n", "é? 😀 日本語の文 \t\t  x\r\n 12345 6789 ﷽ e\u0301 a\u200db", "   ", "\n\n\n x"]
+
+
+def token_byte_lengths(backend) -> np.ndarray | None:
+    """Each token id's length in bytes, for a tokenizer whose pipeline keeps the text's bytes (:func:`_keeps_bytes`);
+    None for any other, or where any token is not byte-level text, or where the lengths do not give the tokenizer's
+    own ``char_to_token`` on every character of :data:`BYTE_CHECK_TEXTS` (then masks come from the offsets)."""
+    from pipeline.data.sources import loads
+
+    try:
+        spec = loads(backend.to_str().encode())
+    except (AttributeError, ValueError):
+        return None
+    if not _keeps_bytes(spec) or not hasattr(backend, "encode_batch_fast"):
+        return None
+    vocab = spec["model"].get("vocab")
+    if not isinstance(vocab, dict) or not set("".join(vocab)) <= _byte_alphabet().keys():
+        return None
+    lengths = np.full(backend.get_vocab_size(with_added_tokens=True), -1, dtype=np.int64)
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(lengths)):
+        return None
+    lengths[ids] = np.fromiter(map(len, vocab), dtype=np.int64, count=len(vocab))  # one byte per character
+    for i, added in backend.get_added_tokens_decoder().items():
+        lengths[i] = len(added.content.encode("utf-8"))
+    if (lengths < 0).any():
+        return None
+    for text in BYTE_CHECK_TEXTS + [t.content for t in backend.get_added_tokens_decoder().values()][:64]:
+        enc = backend.encode(text, add_special_tokens=False)
+        if backend.encode_batch_fast([text], add_special_tokens=False)[0].ids != enc.ids:
+            return None
+        ends = np.cumsum(lengths[np.array(enc.ids, dtype=np.int64)])
+        for pos in range(len(text)):
+            got = int(np.searchsorted(ends, _byte_pos(text, pos), side="right"))
+            if enc.char_to_token(pos) != (got if got < len(ends) else None):
+                return None
+    return lengths
 
 
 # Why :meth:`ChatEncoder.encode` leaves a conversation out (counted as ``dropped_<reason>`` by the tokenize stage).

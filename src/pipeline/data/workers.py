@@ -256,6 +256,12 @@ def set_text(backend, eod: int, dtype: str) -> None:
 MAX_ENCODE_CHARS = 1 << 20
 
 
+def _encode_batch(backend):
+    """The Rust tokenizer's batch encoding without offsets (``encode_batch_fast``, the same ids; offsets are not
+    needed for documents) where this tokenizers version has it."""
+    return getattr(backend, "encode_batch_fast", backend.encode_batch)
+
+
 def _pieces(text: str, bound: int | None = None) -> list[str]:
     bound = bound or MAX_ENCODE_CHARS
     out, i = [], 0
@@ -274,7 +280,7 @@ def _encode_long(backend, text: str, dtype: np.dtype) -> np.ndarray:
     """One long document's ids, encoded piece by piece (one piece's encoding alive at a time)."""
     parts = []
     for piece in _pieces(text):
-        ids = backend.encode(piece, add_special_tokens=False).ids
+        ids = _encode_batch(backend)([piece], add_special_tokens=False)[0].ids
         parts.append(np.fromiter(ids, dtype=dtype, count=len(ids)))
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
@@ -284,7 +290,7 @@ def encode_documents(backend, texts: list[str], eod: int, dtype: np.dtype) -> tu
     over MAX_ENCODE_CHARS is encoded in pieces (:func:`_encode_long`); the others in one batch."""
     long = {i for i, t in enumerate(texts) if len(t) > MAX_ENCODE_CHARS}
     if long:
-        encs = backend.encode_batch(["" if i in long else t for i, t in enumerate(texts)], add_special_tokens=False)
+        encs = _encode_batch(backend)(["" if i in long else t for i, t in enumerate(texts)], add_special_tokens=False)
         docs = [_encode_long(backend, texts[i], dtype) if i in long else np.fromiter(e.ids, dtype=dtype, count=len(e))
                 for i, e in enumerate(encs)]
         docs = [d for d in docs if len(d)]
@@ -292,7 +298,7 @@ def encode_documents(backend, texts: list[str], eod: int, dtype: np.dtype) -> tu
         out = np.concatenate([np.append(d, np.array([eod], dtype=dtype)) for d in docs]) if docs else \
             np.zeros(0, dtype)
         return out, lens.astype(np.int32)
-    encs = backend.encode_batch(texts, add_special_tokens=False)
+    encs = _encode_batch(backend)(texts, add_special_tokens=False)
     lens = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
     lens = lens[lens > 0] + 1
     flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=dtype,
