@@ -1,17 +1,21 @@
 """The tokenize stage of ``prepare`` at 1..N worker processes vs the tokenizer's own render + encode at 1..N threads.
 
     python bench/bench_tokenize.py [--conversations 20000] [--repeats 3] [--min-workers 1] [--max-workers N]
+                                   [--reference-src DIR]
 
 Both sides see the same conversations: chatterbot-corpus conversations joined deterministically into longer
 ones (3 exchanges, each turn joining 6 corpus turns; 20,000 of them are ~10.4 M tokens, ~520 per conversation).
 
   tokenizer(k)  the fast tokenizer itself with k Rust threads (RAYON_NUM_THREADS=k): transformers'
                 ``apply_chat_template(all, tokenize=False)`` (render) then the Rust ``encode_batch`` of the texts
-                (encode; no offsets read, no masks, no Python lists, nothing written).
+                (encode; no offsets read, no masks, no Python lists, nothing written). Also timed in the same
+                process: its ``encode_batch_fast`` (the same ids, no offsets tracked), the fastest encode it offers.
   stage(k)      ``stage_tokenize`` with ``workers=k`` on the same conversations exported as JSONL: reading them back,
                 rendering, encoding, assistant-only masks, Parquet chunks; worker start-up included.
   prepare       ``pipeline_data_prepare.py prepare`` end to end (export + tokenize + pack, a fresh process, default
                 workers) on the same conversations, vs tokenizer(N) (render + encode).
+  reference(k)  with --reference-src DIR: stage(k) as another checkout's src/ has it (the change measured side by
+                side with what it replaced).
 
 Each measurement runs in its own process (the Rust thread pool is sized once per process); the kinds alternate
 within every repeat so machine noise hits all of them; medians are reported. Fitted parts: T(k) = serial +
@@ -60,7 +64,11 @@ def child(kind: str, k: int, data: Path) -> dict:
         t1 = time.perf_counter()
         encs = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
         t2 = time.perf_counter()
-        return {"render": t1 - t0, "encode": t2 - t1, "total": t2 - t0, "tokens": sum(len(e) for e in encs)}
+        fast = tok.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        t3 = time.perf_counter()
+        assert [e.ids for e in fast] == [e.ids for e in encs]
+        return {"render": t1 - t0, "encode": t2 - t1, "total": t2 - t0, "encode_fast": t3 - t2,
+                "total_fast": t1 - t0 + t3 - t2, "tokens": sum(len(e) for e in encs)}
     from pipeline.data.stage_base import Timer
     from pipeline.data.stage_tokenize import TokenizeOptions, stage_tokenize
 
@@ -70,8 +78,11 @@ def child(kind: str, k: int, data: Path) -> dict:
     return {"total": time.perf_counter() - t0, "tokens": res["train"]["tokens"]}
 
 
-def run_child(kind: str, k: int, data: Path) -> dict:
+def run_child(kind: str, k: int, data: Path, reference_src: Path | None = None) -> dict:
     env = dict(os.environ, RAYON_NUM_THREADS=str(k), TOKENIZERS_PARALLELISM="true", HF_HUB_OFFLINE="1")
+    if kind == "reference":  # the stage as another checkout's src/ has it (its workers inherit the path)
+        env["PYTHONPATH"] = os.pathsep.join([str(reference_src), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        kind = "stage"
     res = subprocess.run([sys.executable, __file__, "--child", kind, str(k), str(data)], env=env, check=True,
                          capture_output=True, text=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -91,6 +102,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-workers", type=int, default=1, help="the smallest k measured (a fit needs two)")
     p.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--reference-src", type=Path, help="another checkout's src/ (e.g. a worktree of an earlier "
+                   "commit): its stage is measured too, in the same alternating repeats, as 'reference'")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -109,9 +122,10 @@ def main() -> None:
         times: dict[str, list] = {}
         tokens = None
         for r in range(args.repeats):
-            order = [(kind, k) for k in ks for kind in ("tokenizer", "stage")]
+            kinds = ("tokenizer", "stage") + (("reference",) if args.reference_src else ())
+            order = [(kind, k) for k in ks for kind in kinds]
             for kind, k in (order if r % 2 == 0 else order[::-1]):
-                res = run_child(kind, k, data)
+                res = run_child(kind, k, data, args.reference_src)
                 assert tokens in (None, res["tokens"]), (tokens, res)  # both sides encode the same tokens
                 tokens = res["tokens"]
                 times.setdefault(f"{kind}{k}", []).append(res)
@@ -143,6 +157,17 @@ def main() -> None:
         tt, ts = med(f"tokenizer{k}"), med(f"stage{k}")
         print(f"| {k} | {med(f'tokenizer{k}', 'render'):.2f} | {med(f'tokenizer{k}', 'encode'):.2f} | {tt:.2f} | "
               f"{ts:.2f} | {tt / ts:.0%} |")
+    print("\nThe same tokenizer with its encoding that tracks no offsets (encode_batch_fast), same medians:\n")
+    print("| k | tokenizer render + encode_batch_fast (s) | stage, k workers (s) | stage speed vs it |"
+          + (" reference stage (s) | reference vs it | stage vs reference |" if args.reference_src else ""))
+    print("|---|---|---|---|" + ("---|---|---|" if args.reference_src else ""))
+    for k in ks:
+        tf, ts = med(f"tokenizer{k}", "total_fast"), med(f"stage{k}")
+        ref = ""
+        if args.reference_src:
+            tr = med(f"reference{k}")
+            ref = f" {tr:.2f} | {tf / tr:.0%} | {tr / ts:.2f}x |"
+        print(f"| {k} | {tf:.2f} | {ts:.2f} | {tf / ts:.0%} |{ref}")
     if args.repeats > 1:
         print(f"\nper repeat, k = {ks[-1]} (stage, then prepare, vs the tokenizer of the same repeat): " + ", ".join(
             f"{t['total'] / s['total']:.0%} / {t['total'] / p['total']:.0%}" for t, s, p in

@@ -5,8 +5,10 @@ learns to stop) are located by the template's structure: the conversation is ren
 marker (:func:`locate_spans`). For a template that never inspects a reply's text (:func:`reply_blind`, decided once
 per template) the real text is that render with the replies put back, one render per conversation
 (:func:`substitute_spans`); otherwise the conversation is rendered a second time, as it is. The batch is then
-tokenised in one call of the fast tokenizer with offset mapping, and a token gets loss when it starts inside an
-assistant span.
+tokenised in one call of the fast tokenizer, and the tokens from the one covering a span's first character to the
+one covering its last get loss. Which token covers a character comes from the tokens' byte lengths where the
+tokenizer keeps the text's bytes (:func:`token_byte_lengths`; the batch is then encoded without offsets), else from
+the encodings' offsets.
 """
 
 from __future__ import annotations
