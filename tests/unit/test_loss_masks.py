@@ -296,6 +296,11 @@ class _Spy:
     (lambda j: j["pre_tokenizer"].update(add_prefix_space=True), "a prefix space is added"),
     (lambda j: j["added_tokens"][2].update(rstrip=True), "an added token swallows whitespace"),
     (lambda j: j.update(pre_tokenizer={"type": "Whitespace"}), "not byte-level"),
+    (lambda j: j.update(padding={"strategy": "BatchLongest", "direction": "Left", "pad_to_multiple_of": None,
+                                 "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"}),
+     "left padding shifts a shorter text's tokens in a batch"),
+    (lambda j: j.update(truncation={"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}),
+     "truncation cuts tokens"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_a_tokenizer_that_may_not_keep_the_bytes_uses_the_offsets(tokenizer, change, why):
     """token_byte_lengths refuses every pipeline that may change, add or trim the text's bytes (the encoder then masks
@@ -324,3 +329,19 @@ def test_prepare_is_byte_identical_with_byte_lengths_and_with_offsets(tmp_path, 
     monkeypatch.setattr("pipeline.data.chat.token_byte_lengths", lambda backend: None)
     slow = run(tmp_path / "slow")
     assert len(fast) >= 3 and fast == slow
+
+
+def test_an_empty_reply_at_the_start_of_the_text_masks_nothing_on_either_path(tokenizer):
+    """A template that renders only the contents puts an empty first reply at character 0 with no end-of-turn after
+    it: the span (0, 0). Both paths mask nothing (the offsets path raised on ``char_to_token(-1)``; the byte path
+    masked the whole conversation, found by review)."""
+    tpl = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    fast, slow = _encoder(tokenizer, tpl), _encoder(tokenizer, tpl)
+    slow._token_bytes = None
+    assert fast.token_bytes() is not None
+    convs = [{"messages": [{"role": "assistant", "content": ""}, {"role": "user", "content": q}]}
+             for q in ("héllo there friend", "hello there friend")]
+    a, b = fast.encode(convs), slow.encode(convs)
+    for x, y in zip(a[:3], b[:3], strict=True):
+        assert np.array_equal(x, y)
+    assert len(a[0]) > 0 and not a[1].any()

@@ -500,6 +500,8 @@ def _mask_by_offsets(mask: np.ndarray, encs, spans, lengths: np.ndarray) -> None
     off = 0
     for e, sp, n in zip(encs, spans, lengths.tolist(), strict=True):
         for a, b in sp:
+            if b <= 0:  # an empty span at the very start: nothing to mask (char_to_token(-1) raises)
+                continue
             lo = _char_to_token(e, a, +1)
             hi = _char_to_token(e, b - 1, -1)
             if lo is not None and hi is not None and hi >= lo:
@@ -532,6 +534,8 @@ def _mask_by_bytes(mask: np.ndarray, ids: np.ndarray, token_bytes: np.ndarray, t
             continue
         base = int(byte_edges[c])
         for a, b in sp:
+            if b <= 0:  # as in _mask_by_offsets
+                continue
             los.append(base + _byte_pos(text, a))
             his.append(base + _byte_pos(text, b - 1))
     if not los:
@@ -558,8 +562,8 @@ def _byte_alphabet() -> dict[str, int]:
 
 def _keeps_bytes(spec: dict) -> bool:
     """Whether a tokenizer.json's pipeline keeps the text's bytes, in order, as its tokens' bytes, with untrimmed
-    offsets: no normalizer, a byte-level BPE (no byte fallback), splits that remove nothing, no prefix space, added
-    tokens that swallow no whitespace, and no post-processor that trims offsets."""
+    offsets: no normalizer, no padding or truncation, a byte-level BPE (no byte fallback), splits that remove
+    nothing, no prefix space, added tokens that swallow no whitespace, and no post-processor that trims offsets."""
     def pre_ok(p) -> bool:
         kind = p.get("type")
         if kind == "Sequence":
@@ -579,7 +583,10 @@ def _keeps_bytes(spec: dict) -> bool:
         return kind == "TemplateProcessing"
 
     pre, model = spec.get("pre_tokenizer") or {}, spec.get("model") or {}
-    return (spec.get("normalizer") is None and model.get("type") == "BPE" and not model.get("byte_fallback")
+    # padding and truncation act on a batch as a whole (left padding shifts a shorter text's tokens), which the
+    # single-text checks cannot see
+    return (spec.get("normalizer") is None and spec.get("padding") is None and spec.get("truncation") is None
+            and model.get("type") == "BPE" and not model.get("byte_fallback")
             and pre_ok(pre) and "ByteLevel" in json.dumps(pre) and post_ok(spec.get("post_processor"))
             and not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens", [])))
 
