@@ -24,6 +24,8 @@ fi
 # shellcheck source=../pipeline_env_activate.sh
 source pipeline_env_activate.sh
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline
+# OpenMP threads that wait sleep instead of spinning: the two workers share two cores (tests/conftest.py, decision 88)
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 
 # Which test tiers must run (tests/tiers.py): under CI=true every tier that can run here, plus those named in
 # PIPELINE_REQUIRE_TIERS. A required tier that cannot start fails the run; any other is skipped, saying why.

@@ -22,7 +22,8 @@ from pipeline.common import paths
 RUNTIMES = ("venv", "apptainer", "charliecloud")
 # Environment passed into a container explicitly (apptainer runs with --cleanenv).
 PASS_ENV_PREFIXES = ("PIPELINE_", "HF_", "WANDB_", "NCCL_", "FI_", "SLURM_", "TORCH_", "CUDA_", "BAD_NODES_")
-PASS_ENV_NAMES = ("TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TRANSFORMERS_OFFLINE")
+PASS_ENV_NAMES = ("TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "PYTHONUNBUFFERED",
+                  "TRANSFORMERS_OFFLINE")
 
 
 @dataclasses.dataclass(frozen=True)
