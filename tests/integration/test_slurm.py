@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -106,7 +110,16 @@ def _wait_for_step(run_dir: Path, step: int, timeout: float = 300):
     raise AssertionError(f"training never reached step {step}")
 
 
-def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
+def _kill_group(proc: subprocess.Popen, log) -> None:
+    """Stop a process started with its own session, and whatever it started, if it is still running."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+
+
+def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path, request):
     """A real Slurm time limit, no scancel: --signal=B:USR1@90 on a 3-minute job. slurmctld checks limits every
     30 s and sends the warning early rather than late, so USR1 reaches the batch shell 90-120 s before the limit
     (60-90 s into the job). The training saves at the next step and the job requeues itself (~11 s here,
@@ -124,6 +137,15 @@ def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
     # Slurm's first SubmitTime, read now: a requeue resets it to the requeue's time
     submitted = _slurm_time(re.search(r"SubmitTime=(\S+)", run(["scontrol", "show", "job", "-o", job],
                                                                 env=senv).stdout).group(1))
+    # The uninterrupted reference trains beside the Slurm job (which mostly sleeps): it needs nothing from the job
+    ref = tmp_path / "uninterrupted"
+    ref_log = (tmp_path / "uninterrupted.log").open("w")
+    ref_proc = subprocess.Popen(
+        ["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
+         "--mode", "sft", "--disable-ft", f"train.train_iters={iters}", "checkpoint.save_interval=1000",
+         "--run-dir", str(ref)], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, cwd=ROOT,
+        stdout=ref_log, stderr=subprocess.STDOUT, start_new_session=True)
+    request.addfinalizer(lambda: _kill_group(ref_proc, ref_log))
     run_dir = tmp_path / "runs" / "tiny_moe_sft"
     deadline = time.time() + 480
     while time.time() < deadline:
@@ -158,10 +180,8 @@ def test_real_time_limit_checkpoints_requeues_and_finishes(senv, tmp_path):
     assert abs(parts - (end - submitted)) <= attempts, (parts, end - submitted, g)
     assert 0 < g["goodput"] < 1 and g["allocated_seconds"] < g["total_seconds"]
     # and the requeued run is the uninterrupted one, step for step, to the last bit (the sleep changes no number)
-    ref = tmp_path / "uninterrupted"
-    run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
-         "--mode", "sft", "--disable-ft", f"train.train_iters={iters}", "checkpoint.save_interval=1000",
-         "--run-dir", str(ref)], env={**senv, "PATH": f"{ROOT}/.venv/bin:{senv['PATH']}"}, check=True, timeout=600)
+    rc = ref_proc.wait(timeout=600)
+    assert rc == 0, (tmp_path / "uninterrupted.log").read_text()[-4000:]
 
     def per_step(d: Path) -> list[tuple]:
         recs = [json.loads(x) for x in (d / "progress.ndjson").read_text().splitlines() if x.strip()]
