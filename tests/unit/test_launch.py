@@ -1,6 +1,9 @@
 """Launch command and environment (pure functions): single node, multi-node under Slurm, ft_launcher flags,
 the Bridge override YAML, and the coherence side-by-side report."""
 
+import socket
+from pathlib import Path
+
 import yaml
 
 from pipeline.bridge import bridge_overrides_yaml
@@ -9,7 +12,7 @@ from pipeline.coherence.run import markdown
 from pipeline.config.cluster import load_cluster
 from pipeline.config.loader import load_config
 from pipeline.config.models import get_model
-from pipeline.slurm.allocation import Allocation
+from pipeline.slurm.allocation import Allocation, rendezvous
 from pipeline.training.launch import launch_command
 
 
@@ -26,7 +29,7 @@ def test_multi_node_ft_launcher_from_the_allocation(monkeypatch):
     gh = load_cluster("isambard_gh200")
     cmd = launch_command(get_model("nano"), gh, alloc, 16, "/r", disable_ft=False, max_restarts=3)
     assert cmd[0] == "ft_launcher"
-    assert "--rdzv-endpoint=10.1.0.1:41845" in cmd  # first node's address, per-job port 29500 + 12345 % 20000
+    assert "--rdzv-endpoint=10.1.0.1:32041" in cmd  # first node's address, per-job port 29500 + 12345 % 3268
     assert "--nnodes=16" in cmd and "--node-rank=3" in cmd and "--nproc-per-node=4" in cmd
     assert "--ft-rank_section_timeouts=setup:600,step:180,checkpointing:420" in cmd
     assert "--ft-rank_out_of_section_timeout=300" in cmd
@@ -74,3 +77,26 @@ def test_the_training_dry_run_shows_the_environment_the_launch_sets(tmp_path, ca
     out = capsys.readouterr().out.splitlines()
     launch = out[out.index("== launch command (per node) ==") + 1]
     assert launch.startswith("PIPELINE_PROBE_VAR=marker NCCL_NET=Socket torchrun --standalone "), launch
+
+
+def test_rendezvous_ports_stay_below_the_kernels_ephemeral_range():
+    """The port a job's nodes agree on is never one the kernel hands out for port 0 (a test's free-port server,
+    torchrun --standalone, any client's outgoing connection): read against this machine's range, and against
+    sockets really bound to port 0."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {rendezvous(Allocation(str(job), 2, 0, [], None, 0), 29500)[1] for job in range(0, 200000, 7)}
+    assert min(ports) == 29500 and max(ports) == 32767 and max(ports) < low
+    held = []
+    try:
+        for _ in range(64):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            held.append(sock)
+        assert not {s.getsockname()[1] for s in held} & ports
+    finally:
+        for sock in held:
+            sock.close()
+    # a base the operator put at or above the ephemeral range keeps its 20,000 ports, within 65535
+    assert rendezvous(Allocation("19999", 2, 0, [], None, 0), 40000)[1] == 59999
+    assert rendezvous(Allocation("19999", 2, 0, [], None, 0), 60000)[1] == 60000 + 19999 % 5536
