@@ -109,9 +109,11 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
         assert len(rows) == 4, out
         running = [r.split()[0] for r in rows if re.search(r"RUNNING\s+[1-5]/6\s+\d+\.\d{4}", r)]
         if running:
-            seen = running[0]
-            experiment(senv, "status", exp, check=True)  # the loss curves so far
-            mid = (tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "loss" / f"{seen}.png").read_bytes()
+            # the loss curves so far: kept only if this status, the one that drew them, still has the run mid-way
+            drawn = experiment(senv, "status", exp, check=True).stdout
+            if re.search(rf"^{re.escape(running[0])}\s+train\s+\d+\s+RUNNING\s+[1-5]/6\s", drawn, re.M):
+                seen = running[0]
+                mid = (tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "loss" / f"{seen}.png").read_bytes()
         time.sleep(1)
     assert seen, "no run was seen mid-training with a step and a loss"
 
