@@ -31,7 +31,7 @@ base:
   overrides:
     train.train_iters: 6
     checkpoint.save_interval: 3
-    pipeline.local.fault_inject_step_sleep: 0.5
+    pipeline.local.fault_inject_step_sleep: 2.0
 grid:
   optimizer.lr: [3.0e-3, 1.0e-3]
   train.global_batch_size: [2, 4]
@@ -101,21 +101,28 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
     locks = tmp_path / "locks" / f"sweep{tag}"
     assert sorted(p.name for p in locks.iterdir()) == [f"{x}.lock.yaml" for x in labels]
 
-    # while the runs train: a row per run with Slurm's state and a step / total
-    deadline, seen = time.time() + 300, None
-    while time.time() < deadline and seen is None:
-        out = experiment(senv, "status", exp, "--no-plots", check=True).stdout
+    # while the runs train: a row per run with Slurm's state and a step / total, and a loss curve drawn mid-run.
+    # A curve is known to be partial when its run had a step before the status that drew it began and fewer than
+    # all six after it returned (progress.ndjson only grows); each step sleeps 2 s so such a window exists.
+    def steps(label: str) -> int:
+        p = tmp_path / "runs" / f"sweep{tag}.{label}" / "progress.ndjson"
+        return sum(1 for x in p.read_text().splitlines() if x.strip()) if p.exists() else 0
+
+    deadline, shown, seen = time.time() + 300, None, None
+    while time.time() < deadline and not (shown and seen):
+        before = {label: steps(label) for label in labels}
+        out = experiment(senv, "status", exp, check=True).stdout
+        after = {label: steps(label) for label in labels}
         rows = [line for line in out.splitlines() if re.match(r"lr0\.00[13]_gbs[24]\s+train", line)]
         assert len(rows) == 4, out
-        running = [r.split()[0] for r in rows if re.search(r"RUNNING\s+[1-5]/6\s+\d+\.\d{4}", r)]
-        if running:
-            # the loss curves so far: kept only if this status, the one that drew them, still has the run mid-way
-            drawn = experiment(senv, "status", exp, check=True).stdout
-            if re.search(rf"^{re.escape(running[0])}\s+train\s+\d+\s+RUNNING\s+[1-5]/6\s", drawn, re.M):
-                seen = running[0]
-                mid = (tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "loss" / f"{seen}.png").read_bytes()
+        shown = shown or next((r.split()[0] for r in rows if re.search(r"RUNNING\s+[1-5]/6\s+\d+\.\d{4}", r)), None)
+        partial = [label for label in labels if before[label] >= 1 and after[label] < 6]
+        if partial and seen is None:
+            seen = partial[0]
+            mid = (tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "loss" / f"{seen}.png").read_bytes()
         time.sleep(1)
-    assert seen, "no run was seen mid-training with a step and a loss"
+    assert shown, "no run was shown mid-training with a step and a loss"
+    assert seen, "no loss curve was drawn mid-training"
 
     for job in jobs.values():
         assert wait_job(senv, job, timeout=400) == "COMPLETED", job_log("training", job)[-3000:]
@@ -132,7 +139,7 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
     # valid images whose bytes follow the data: four different curves, four different files
     assert all(png_size(p) == (600, 400) for p in pngs.values()) and png_size(overlay) == (800, 500)
     assert len({p.read_bytes() for p in pngs.values()}) == 4
-    assert len(pngs[seen].read_bytes()) != len(mid)  # the same run's curve, drawn with more steps
+    assert pngs[seen].read_bytes() != mid  # the same run's curve, drawn with more steps
 
     res = experiment(senv, "csv", exp, "--changed", check=True)
     rows = list(csv.DictReader((tmp_path / "runs" / "_experiments" / f"sweep{tag}" / "results.changed.csv").open()))
@@ -158,7 +165,7 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
     res = run(["bash", "pipeline_training_launch.sh", "configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
                "--mode", "sft", "--disable-ft", "train.train_iters=8", "checkpoint.save_interval=3",
                "optimizer.lr=0.003", "train.global_batch_size=2", "optimizer.min_lr=0.0003",
-               "pipeline.local.fault_inject_step_sleep=0.5", f"logger.wandb_exp_name={name}"], env=senv)
+               "pipeline.local.fault_inject_step_sleep=2.0", f"logger.wandb_exp_name={name}"], env=senv)
     assert res.returncode == 2 and "training already finished" not in res.stdout
     err = [x for x in res.stderr.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and "train.train_iters: 6 -> 8" in err[0] and "--allow-config-change" in err[0], res.stderr
