@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.training.records import read_progress
 from tests.helpers import ROOT, run
 
 from .test_slurm import job_log, wait_job
@@ -104,9 +105,8 @@ def test_sweep_status_csv_plots_and_lock(senv, tmp_path):
     # while the runs train: a row per run with Slurm's state and a step / total, and a loss curve drawn mid-run.
     # A curve is known to be partial when its run had a step before the status that drew it began and fewer than
     # all six after it returned (progress.ndjson only grows); each step sleeps 2 s so such a window exists.
-    def steps(label: str) -> int:
-        p = tmp_path / "runs" / f"sweep{tag}.{label}" / "progress.ndjson"
-        return sum(1 for x in p.read_text().splitlines() if x.strip()) if p.exists() else 0
+    def steps(label: str) -> int:  # the file's one reader, as the board and the plots read it
+        return len(read_progress(tmp_path / "runs" / f"sweep{tag}.{label}"))
 
     deadline, shown, seen = time.time() + 300, None, None
     while time.time() < deadline and not (shown and seen):
