@@ -180,8 +180,8 @@ def test_profile_renders_sbatch_options_and_user_options_win():
 
 @pytest.mark.parametrize("select", ["--cluster", "PIPELINE_CLUSTER"])
 def test_dry_run_and_sbatch_line_show_the_profile(select):
-    argv = ["bash", "pipeline_training_launch.sh", NANO, "--model", "nano", "--mode", "sft", "--dry-run",
-            "--nodes", "16", "--no-path-checks"]
+    argv = ["bash", "pipeline_training_launch.sh", NANO, "--model", "nano", "--mode", "sft", "--disable-ft",
+            "--dry-run", "--nodes", "16", "--no-path-checks"]
     if select == "--cluster":
         argv += ["--cluster", "isambard_gh200"]
     else:
@@ -211,8 +211,8 @@ def test_a_site_profile_with_partition_and_account_reaches_the_sbatch_line(tmp_p
     prof = tmp_path / "site.yaml"
     prof.write_text(text.replace("name: isambard_gh200", "name: site").replace("partition: null", "partition: gh200")
                     .replace("account: null", "account: a5k"))
-    res = run(["bash", "pipeline_training_launch.sh", SUPER, "--model", "super", "--mode", "sft", "--dry-run",
-               "--nodes", "16", "--no-path-checks", "--cluster", str(prof)],
+    res = run(["bash", "pipeline_training_launch.sh", SUPER, "--model", "super", "--mode", "sft", "--disable-ft",
+               "--dry-run", "--nodes", "16", "--no-path-checks", "--cluster", str(prof)],
               env=clean_env(PIPELINE_BAD_NODES_LOG=str(tmp_path / "our bad.log")), timeout=300)
     assert res.returncode == 0, res.stderr
     assert "slurm: partition gh200, account a5k, gpus per node 4" in res.stdout
@@ -224,8 +224,8 @@ def test_a_site_profile_with_partition_and_account_reaches_the_sbatch_line(tmp_p
 
 
 def test_the_super_quickstart_passes_the_preflight_on_isambard():
-    res = run(["bash", "pipeline_training_launch.sh", SUPER, "--model", "super", "--mode", "sft", "--dry-run",
-               "--nodes", "16", "--no-path-checks"], env=clean_env(), timeout=300)
+    res = run(["bash", "pipeline_training_launch.sh", SUPER, "--model", "super", "--mode", "sft", "--disable-ft",
+               "--dry-run", "--nodes", "16", "--no-path-checks"], env=clean_env(), timeout=300)
     assert res.returncode == 0, res.stderr
     assert "== preflight: PASS ==" in res.stdout
     assert "cluster isambard_gh200" in res.stdout and "tp 1 pp 8 cp 4 ep 4 etp 1 -> dp 2" in res.stdout

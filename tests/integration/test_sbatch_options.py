@@ -118,8 +118,8 @@ def test_cluster_login_node_plans_before_anything_is_queued(login_node, tmp_path
     assert re.search(r"preflight: \d+ problem\(s\); nothing was submitted", layout.stderr)
     assert not record.exists(), record.read_text()
     # The login node's dry run plans in the planner too (the container's pieces are not there).
-    dry = run(["bash", "pipeline_training_launch.sh", nano[2], "--model", "nano", "--mode", "sft", "--dry-run",
-               "--nodes", "16", "--no-path-checks"], env=env)
+    dry = run(["bash", "pipeline_training_launch.sh", nano[2], "--model", "nano", "--mode", "sft", "--disable-ft",
+               "--dry-run", "--nodes", "16", "--no-path-checks"], env=env)
     assert dry.returncode == 0 and "== launch command (per node) ==" in dry.stdout + dry.stderr, dry.stderr[-2000:]
     again = run(["bash", "pipeline_env_setup.sh", "--only", "planner"], env=env)
     assert again.returncode == 0 and "step planner: already done, skipping" in again.stderr

@@ -58,7 +58,7 @@ def test_launcher_and_sbatch_node_counts_must_agree(monkeypatch, tmp_path):
     monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
     monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
     argv = ["pipeline_training_submit.sbatch", "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "nano", "sft",
-            "--no-path-checks"]
+            "--disable-ft", "--no-path-checks"]
     with pytest.raises(UserError, match=r"the launcher's --nodes 32 and sbatch's --nodes=16 disagree"):
         sbatch_cli.build_submission(["--nodes=16", *argv, "--nodes", "32"])
     cmd, _, _ = sbatch_cli.build_submission(["--nodes=16", *argv, "--nodes", "16"])  # the same count twice is fine
@@ -78,7 +78,7 @@ def test_a_planned_training_submission_takes_its_plan_s_cluster(monkeypatch, tmp
     assert cfg["pipeline"]["cluster"] == "isambard_gh200"
     flow = tmp_path / "flow.yaml"
     flow.write_text(yaml.safe_dump(cfg, default_flow_style=True))
-    args = [str(flow), "nano", "sft", "--no-path-checks"]
+    args = [str(flow), "nano", "sft", "--disable-ft", "--no-path-checks"]
     from pipeline.cli.submission import submission_profile
 
     assert submission_profile("pipeline_training_submit.sbatch", args).name == "local_cpu"  # the pattern misses it

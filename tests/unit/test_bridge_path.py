@@ -61,16 +61,16 @@ def test_bridge_refuses_a_checkpoint_root(tmp_path):
 
 def test_launcher_turns_on_megatron_exit_signal_handling():
     lp = plan_from_argv([
-        "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--nodes", "16",
-        "--no-path-checks"])
+        "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--disable-ft",
+        "--nodes", "16", "--no-path-checks"])
     cfg = lp.cfg
     assert lp.preflight.ok and cfg.train.exit_signal_handler is True
     from pipeline.bridge import bridge_overrides_yaml
 
     assert "exit_signal_handler: true" in bridge_overrides_yaml(cfg)
     cfg = plan_from_argv([
-        "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--nodes", "16",
-        "--no-path-checks", "train.exit_signal_handler=false"]).cfg
+        "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--disable-ft",
+        "--nodes", "16", "--no-path-checks", "train.exit_signal_handler=false"]).cfg
     assert cfg.train.exit_signal_handler is False  # the user's explicit choice wins
     cfg = plan_from_argv(["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe",
                           "--mode", "sft", "--no-path-checks"]).cfg

@@ -88,7 +88,7 @@ def test_every_launcher_renders_the_binds_through_the_env_config(runtime):
 def test_training_refuses_a_dataset_outside_the_binds(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    plan = plan_from_argv([NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16",
+    plan = plan_from_argv([NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16",
                            f"dataset.dataset_root={data}"])
     line = (f"dataset.dataset_root {data} is not visible in the container (apptainer): add it (or a folder above "
             "it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
@@ -101,7 +101,7 @@ def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
     data, ckpt = tmp_path / "data", tmp_path / "models" / "nano"
     write_packs(data)  # a readable packed Parquet: the preflight reads it (decisions #56)
     ckpt.mkdir(parents=True)
-    argv = [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16", f"dataset.dataset_root={data}",
+    argv = [NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16", f"dataset.dataset_root={data}",
             f"checkpoint.pretrained_checkpoint={ckpt}"]
     assert any("checkpoint.pretrained_checkpoint" in p and "not visible" in p
                for p in plan_from_argv(argv).preflight.problems)

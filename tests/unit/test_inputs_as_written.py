@@ -154,7 +154,7 @@ def test_a_duplicate_key_in_an_experiment_is_refused(tmp_path):
 
 # ---- sbatch options as sbatch reads them ---------------------------------------------------------------------
 NANO_JOB = ["pipeline_training_submit.sbatch", "configs/quickstart/nemotron_nano_quickstart_sft.yaml", "nano", "sft",
-            "--no-path-checks"]
+            "--disable-ft", "--no-path-checks"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pipeline.config.parallel import Layout, model_shape_problems, pp_shape_prob
 
 NANO, SUPER = get_model("nano"), get_model("super")
 QUICKSTART = ["configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft",
-              "--dry-run", "--no-path-checks"]
+              "--disable-ft", "--dry-run", "--no-path-checks"]
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,9 @@ import pytest
 from pipeline.cli.train import main
 
 NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
-BASE = [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16", "--no-path-checks"]
+# as the config's header documents it: --disable-ft, since its checkpoint.save is null (issue 47)
+BASE = [NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16", "--no-path-checks"]
+SAVE = "checkpoint.save=/projects/a5k/public/checkpoints/megatron/nano_ft"
 
 
 def errors(capsys):
@@ -24,14 +26,34 @@ def test_nano_quickstart_plans_without_gpus(capsys):
 
 
 def test_ft_launcher_unless_disabled(capsys):
-    assert main(BASE) == 0
+    ft = [a for a in BASE if a != "--disable-ft"]
+    assert main(ft + [SAVE]) == 0
     assert "ft_launcher" in capsys.readouterr().out
-    assert main(BASE + ["--disable-ft"]) == 0
+    assert main(BASE) == 0
     out = capsys.readouterr().out
     launch = out.splitlines()[out.splitlines().index("== launch command (per node) ==") + 1]
     # the environment the launch sets (the profile's NCCL over libfabric) comes first, as NAME=value words
     assert launch.startswith("NCCL_NET='AWS Libfabric' FI_PROVIDER=cxi ") and " torchrun --" in launch
     assert "ft_launcher --" not in out
+
+
+def test_ft_launcher_without_a_save_directory_is_one_line(capsys):
+    """Issue 47 item 1: under ft_launcher (the Isambard profile's launcher unless --disable-ft) Megatron Bridge's
+    fault-tolerance setup raises on every rank when checkpoint.save is unset, and every restart burns: the quickstart
+    config (save: null) is refused at planning with the fix; with a save directory, or --disable-ft, it plans."""
+    ft = [a for a in BASE if a != "--disable-ft"]
+    assert main(ft) == 2
+    assert errors(capsys) == [
+        "error: checkpoint.save is null, and fault tolerance (ft_launcher, the launcher of cluster profile "
+        "'isambard_gh200') needs it: Megatron Bridge's fault-tolerance setup raises on every rank without a save "
+        "directory; set checkpoint.save=DIR, or pass --disable-ft (plain torchrun)"]
+    assert main(ft + [SAVE]) == 0
+    out = capsys.readouterr().out
+    assert "preflight: PASS" in out and " ft_launcher --" in out
+    assert main(ft + ["--disable-ft"]) == 0
+    assert "preflight: PASS" in capsys.readouterr().out
+    assert main(BASE + ["ft.enable_ft_package=true"]) == 2  # fault tolerance asked for by the config itself
+    assert errors(capsys)[0].endswith("set checkpoint.save=DIR, or set ft.enable_ft_package=false")
 
 
 def test_path_checks_name_the_missing_dataset(capsys):

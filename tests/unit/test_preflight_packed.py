@@ -15,7 +15,7 @@ SEQ, PAD = 32768, 16
 
 
 def argv(root, ckpt):
-    return [NANO, "--model", "nano", "--mode", "sft", "--dry-run", "--nodes", "16",
+    return [NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16",
             f"dataset.dataset_root={root}", f"checkpoint.pretrained_checkpoint={ckpt}"]
 
 

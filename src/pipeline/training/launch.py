@@ -121,7 +121,8 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     check_run_identity(run_dir, cfg, allow_change=req.allow_config_change,  # another config never resumes a run,
                        launch={"model": spec.name, "mode": req.mode, "peft": req.peft})  # nor another model
     check_save_owner(cfg.checkpoint.save, run_dir, cfg, allow_change=req.allow_config_change)  # nor another's save
-    preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft)
+    preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft,
+                              ft_launcher=uses_ft_launcher(cluster, req.disable_ft))
     view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None
     return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
 
@@ -188,10 +189,15 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
     return cfg
 
 
+def uses_ft_launcher(cluster: ClusterProfile, disable_ft: bool) -> bool:
+    """Whether the ranks start under ft_launcher (fault tolerance): the profile's launcher, unless --disable-ft."""
+    return (not disable_ft) and cluster.launcher == "ft_launcher"
+
+
 def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, nodes: int, run_dir: Path,
                    disable_ft: bool, max_restarts: int) -> list[str]:
     """torchrun / ft_launcher command line (pure function of its inputs)."""
-    use_ft = (not disable_ft) and cluster.launcher == "ft_launcher"
+    use_ft = uses_ft_launcher(cluster, disable_ft)
     cmd = ["ft_launcher" if use_ft else "torchrun"]
     if alloc.in_slurm or nodes > 1:
         host, port = rendezvous(alloc, cluster.rdzv_port)

@@ -137,7 +137,9 @@ def estimate_memory_gb(spec: ModelSpec, plan: Plan, recompute: str | None, seque
 
 
 def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: ClusterProfile, nodes: int,
-                  path_checks: bool = True, peft: str | None = None) -> Plan:
+                  path_checks: bool = True, peft: str | None = None, ft_launcher: bool = False) -> Plan:
+    """``ft_launcher``: the ranks start under ft_launcher (``launch.uses_ft_launcher``: the profile's launcher,
+    unless --disable-ft), which turns on Megatron's fault tolerance on the Bridge engine."""
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
                 ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node))
@@ -250,6 +252,15 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     if not local and cfg.checkpoint.save is None and cfg.logger.wandb_save_dir is None:
         plan.problems.append("checkpoint.save is null, so logger.wandb_save_dir must be set (W&B needs a writable "
                              "directory when no checkpoint directory exists)")
+    if not local and not cfg.checkpoint.save and (ft_launcher or cfg.ft.enable_ft_package):
+        # Bridge's fault_tolerance.setup raises "checkpointing save dir must be set to enable fault tolerance" on
+        # every rank, after the queue; under ft_launcher each restart does it again (issue 47)
+        why = (f"ft_launcher, the launcher of cluster profile '{cluster.name}'" if ft_launcher
+               else "ft.enable_ft_package=true")
+        off = "pass --disable-ft (plain torchrun)" if ft_launcher else "set ft.enable_ft_package=false"
+        plan.problems.append(f"checkpoint.save is null, and fault tolerance ({why}) needs it: Megatron Bridge's "
+                             f"fault-tolerance setup raises on every rank without a save directory; set "
+                             f"checkpoint.save=DIR, or {off}")
     return plan
 
 
