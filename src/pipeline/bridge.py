@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from pipeline.common import yamlio
+from pipeline.common.eos import end_ids
 from pipeline.common.errors import UserError, exc_line
 from pipeline.config.loader import strip_suite_only
 from pipeline.config.models import get_model
@@ -704,6 +705,22 @@ def _next_token_fn(models, tp: int, pp: int):
     return next_token
 
 
+def greedy_decode(next_token: Callable[[Any], int], ids, max_tokens: int, stop: frozenset[int]
+                  ) -> tuple[list[int], bool]:
+    """Up to ``max_tokens`` greedy tokens after ``ids`` (a [1, n] tensor); the first one in ``stop`` ends the
+    generation (not kept). Returns (the new tokens, finished by itself)."""
+    import torch
+
+    new: list[int] = []
+    for _ in range(max_tokens):
+        nxt = next_token(ids)
+        if nxt in stop:
+            return new, True
+        new.append(nxt)
+        ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], dim=1)
+    return new, False
+
+
 def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int, *, tp: int, pp: int, ep: int,
              reasoning: bool) -> list[tuple[str, int, bool]]:
     """Greedy generation straight from a Megatron iteration: one rank per GPU under torchrun when the layout has
@@ -724,6 +741,7 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
         for m in models:
             m.eval()
         tok = AutoTokenizer.from_pretrained(hf_model)
+        stop = end_ids(hf_model, tok)  # the hf backend's end ids: the generation config's and the tokenizer's
         next_token = _next_token_fn(models, tp, pp)
         device = _device()
         out = []
@@ -732,17 +750,8 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
             enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                           tokenize=True, return_dict=True, return_tensors="pt",
                                           enable_thinking=reasoning)
-            ids = enc["input_ids"].to(device)
-            new: list[int] = []
-            finished = False
             with torch.no_grad():
-                for _ in range(max_tokens):
-                    nxt = next_token(ids)
-                    if nxt == tok.eos_token_id:
-                        finished = True
-                        break
-                    new.append(nxt)
-                    ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], dim=1)
+                new, finished = greedy_decode(next_token, enc["input_ids"].to(device), max_tokens, stop)
             out.append((tok.decode(new, skip_special_tokens=True).strip(), len(new), finished))
         del models
     finally:

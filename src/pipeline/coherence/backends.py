@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pipeline.common.eos import end_ids
 from pipeline.common.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,7 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model.to(device)
     model.eval()
-    eos = {tok.eos_token_id} | set(model.generation_config.eos_token_id
-                                   if isinstance(model.generation_config.eos_token_id, list)
-                                   else [model.generation_config.eos_token_id])
-    eos.discard(None)
+    eos = end_ids(model_path, tok)  # the megatron backend's end ids too (pipeline.common.eos)
     context = getattr(model.config, "max_position_embeddings", None)
     out = []
     for prompt in prompts:
@@ -83,7 +81,7 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
             continue
         enc = {k: v.to(device) for k, v in enc.items()}
         with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=room, do_sample=False,
+            gen = model.generate(**enc, max_new_tokens=room, do_sample=False, eos_token_id=sorted(eos) or None,
                                  pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
         new = gen[0, n_prompt:].tolist()
         finished = bool(new) and new[-1] in eos
