@@ -234,6 +234,32 @@ def test_bf16_autocast_choice(monkeypatch):
         assert use_bf16_autocast(cfg("auto")) == (amx or avx)  # auto: only where the CPU computes bf16 natively
 
 
+def test_auto_autocast_is_bf16_on_a_cuda_gpu_that_computes_it(monkeypatch):
+    """Issue 47 item 3: ``autocast: auto`` trained fp32 on every CUDA machine. The decision is a pure function of
+    the device and its facts, so the CUDA branch is tested here without a GPU; the CPU rule is unchanged."""
+    import torch
+
+    from pipeline.config.schema import TrainingConfig
+    from pipeline.training.engines.local import bf16_autocast, use_bf16_autocast
+
+    for cuda_bf16 in (True, False):
+        for amx, avx in ((True, True), (False, False)):  # the CPU's facts do not decide on a GPU
+            assert bf16_autocast("auto", "cuda", cuda_bf16=cuda_bf16, cpu_amx=amx, cpu_avx512_bf16=avx) == cuda_bf16
+            assert bf16_autocast("auto", "cpu", cuda_bf16=cuda_bf16, cpu_amx=amx, cpu_avx512_bf16=avx) == amx
+    for device in ("cuda", "cpu"):
+        assert bf16_autocast("bf16", device, cuda_bf16=False, cpu_amx=False, cpu_avx512_bf16=False)
+        assert not bf16_autocast("off", device, cuda_bf16=True, cpu_amx=True, cpu_avx512_bf16=True)
+    assert bf16_autocast("auto", "cpu", cuda_bf16=False, cpu_amx=False, cpu_avx512_bf16=True)
+    # the engine's own call reads the GPU's facts (an H100/GH200 computes bf16; a V100 does not)
+    auto = TrainingConfig.from_dict({"pipeline": {"local": {"autocast": "auto"}}})
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for supported in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, s=supported, **k: s)
+        assert use_bf16_autocast(auto) == supported
+
+
 TINY = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode", "sft", "--dry-run", "--no-path-checks"]
 
 

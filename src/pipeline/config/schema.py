@@ -247,8 +247,9 @@ class ProfilingConfig:
 class LocalEngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = _f("local engine weight dtype (CPU: float32)", "float32")
     autocast: Literal["off", "bf16", "auto"] = _f(
-        "bf16 autocast of the forward (weights, grads and optimizer stay in dtype); auto: where the CPU computes "
-        "bf16 natively (AMX or AVX512-BF16), off elsewhere and on CUDA", "off")
+        "bf16 autocast of the forward (weights, grads and optimizer stay in dtype); auto: on a CUDA GPU that computes "
+        "bf16 (torch.cuda.is_bf16_supported) and on a CPU that does natively (AMX or AVX512-BF16), off elsewhere",
+        "off")
     gradient_checkpointing: bool = _f("recompute activations in the backward pass", False)
     # Fault injection for the tests (training/engines/local.py, training/fault_tolerance.py).
     fault_inject_nan_step: int | None = _f("the loss becomes NaN from this step on (tests)")

@@ -193,20 +193,31 @@ def restore_weights(model, iter_path: Path) -> None:
     del src
 
 
-def use_bf16_autocast(cfg: TrainingConfig) -> bool:
-    """``pipeline.local.autocast``: bf16 autocast on, off, or (``auto``) on where the CPU computes bf16 natively
-    (AMX tiles or AVX512-BF16: there it measured 0.74x fp32's step time on the quickstart, docs/benchmarks.md);
-    elsewhere bf16 on CPU is emulated and slower than fp32."""
-    import torch
-
-    mode = cfg.pipeline.local.autocast
+def bf16_autocast(mode: str, device: str, *, cuda_bf16: bool, cpu_amx: bool, cpu_avx512_bf16: bool) -> bool:
+    """``pipeline.local.autocast`` decided from the machine's facts (pure: testable without the device). ``bf16``
+    and ``off`` are what they say; ``auto`` is bf16 on a CUDA GPU that computes it (``torch.cuda.is_bf16_supported``:
+    Ampere and later, GH200 included), and on a CPU only with AMX tiles or AVX512-BF16 (there it measured 0.74x
+    fp32's step time on the quickstart, docs/benchmarks.md; elsewhere bf16 on CPU is emulated and slower)."""
     if mode == "bf16":
         return True
-    if mode != "auto" or torch.cuda.is_available():
+    if mode != "auto":
         return False
+    if device == "cuda":
+        return cuda_bf16
+    return cpu_amx or cpu_avx512_bf16
+
+
+def use_bf16_autocast(cfg: TrainingConfig) -> bool:
+    """:func:`bf16_autocast` on this machine: the training device is CUDA when torch sees a GPU (as the Trainer's
+    ``use_cpu`` decides), else the CPU."""
+    import torch
+
+    cuda = torch.cuda.is_available()
     cpu = getattr(torch, "cpu", None)
-    native = [getattr(cpu, f, lambda: False) for f in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
-    return any(f() for f in native)
+    fact = lambda name: not cuda and bool(getattr(cpu, name, lambda: False)())
+    return bf16_autocast(cfg.pipeline.local.autocast, "cuda" if cuda else "cpu",
+                         cuda_bf16=cuda and bool(torch.cuda.is_bf16_supported()),
+                         cpu_amx=fact("_is_amx_tile_supported"), cpu_avx512_bf16=fact("_is_avx512_bf16_supported"))
 
 
 def _scheduler(cfg: TrainingConfig) -> tuple[str, dict]:
