@@ -29,7 +29,8 @@
 #   image        charliecloud: debootstrap a Debian $PIPELINE_CH_SUITE image into $PIPELINE_CH_IMAGE (root), digest
 #   pull         apptainer: pull $PIPELINE_IMAGE to $PIPELINE_SIF, record its digest
 #   nccl-plugin  apptainer: build aws-ofi-nccl $AWS_OFI_NCCL_VERSION against libfabric into $PIPELINE_NCCL_PLUGIN_DIR
-#   overlay      apptainer: pip-install 3rdparty/requirements-container.txt into $PIPELINE_OVERLAY
+#   overlay      apptainer: 3rdparty/requirements-container.txt into $PIPELINE_OVERLAY as wheels (--no-deps), and
+#                megatron-core's dataset-helpers Makefile (src/pipeline/env/overlay.py install)
 #   validate     run the named checks inside the runtime (always runs; PASS/FAIL/SKIP + the fixing command)
 set -euo pipefail
 PIPELINE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -208,8 +209,10 @@ do_overlay() {
   # Built aside and renamed into place: a reader never sees a half-built overlay.
   local tmp="$PIPELINE_OVERLAY.tmp.$$"
   rm -rf "$tmp"; mkdir -p "$tmp"
+  # the pins as wheels (source-only ones built), installed --no-deps --target, then megatron-core's dataset-helpers
+  # Makefile (without it Bridge's compile_helpers() exits 1): src/pipeline/env/overlay.py, as the twin runs it
   apptainer exec --bind "$PIPELINE_ROOT,$tmp" "$PIPELINE_SIF" \
-    python -m pip install -q --no-deps --target "$tmp" -r "$PIPELINE_ROOT/3rdparty/requirements-container.txt"
+    python "$PIPELINE_ROOT/src/pipeline/env/overlay.py" install "$tmp" "$PIPELINE_ROOT/3rdparty/requirements-container.txt"
   touch "$tmp/.pipeline_overlay.done"
   rm -rf "$PIPELINE_OVERLAY"; mv "$tmp" "$PIPELINE_OVERLAY"
 }
@@ -235,7 +238,7 @@ case "$PIPELINE_RUNTIME" in
     step pull "$PIPELINE_IMAGE-$PIPELINE_SIF" do_pull "$PIPELINE_SIF"
     step nccl-plugin "$AWS_OFI_NCCL_VERSION-$LIBFABRIC_VERSION-$PIPELINE_NCCL_PLUGIN_DIR" do_nccl_plugin \
       "$PIPELINE_NCCL_PLUGIN_DIR/lib/libnccl-net.so"
-    step overlay "$(sha_of "$PIPELINE_ROOT/3rdparty/requirements-container.txt")-$PIPELINE_OVERLAY" do_overlay \
+    step overlay "$(sha_of "$PIPELINE_ROOT/3rdparty/requirements-container.txt" "$PIPELINE_ROOT/3rdparty/megatron-core-datasets.mk" "$PIPELINE_ROOT/src/pipeline/env/overlay.py")-$PIPELINE_OVERLAY" do_overlay \
       "$PIPELINE_OVERLAY/.pipeline_overlay.done" ;;
 esac
 if [[ -z "$ONLY" || "$ONLY" == validate ]]; then

@@ -22,7 +22,8 @@ STAMP="$VENV/.harness-pins"
 say() { echo "[bridge-harness setup] $*"; }
 
 command -v "$PYTHON" >/dev/null || { say "ERROR: $PYTHON not found"; exit 3; }
-KEY="$({ cat "$HERE/setup_env.sh" "$HERE/../machine_cache.sh" "$HERE/requirements.txt" "$HERE/megatron.txt"; \
+KEY="$({ cat "$HERE/setup_env.sh" "$HERE/../machine_cache.sh" "$HERE/requirements.txt" "$HERE/megatron.txt" \
+  "$ROOT/3rdparty/megatron-core-datasets.mk" "$ROOT/src/pipeline/env/overlay.py"; \
   "$PYTHON" --version; } | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/python" ]]; then
     say "venv $VENV is up to date (pins $KEY); nothing to do"
@@ -43,9 +44,14 @@ build_harness() {
     "$VENV/bin/python" -c "import torch, transformers; print('[bridge-harness setup] torch', torch.__version__, 'transformers', transformers.__version__)"
 
     MEG="$VENV/megatron-site"
-    say "pip install --target $MEG (Python 3.12 wheels, --no-deps --ignore-requires-python): $(grep -v '^#' "$HERE/megatron.txt" | xargs)"
-    "${PIP[@]}" --no-deps --ignore-requires-python --python-version 3.12 --only-binary=:all: \
+    say "pip install --target $MEG (--no-deps --ignore-requires-python): $(grep -v '^#' "$HERE/megatron.txt" | xargs)"
+    local pyver platform=()
+    pyver="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    for minor in $(seq 39 -1 17); do platform+=(--platform "manylinux_2_${minor}_$(uname -m)"); done
+    "${PIP[@]}" --no-deps --ignore-requires-python --python-version "$pyver" --only-binary=:all: "${platform[@]}" \
         --target "$MEG" -r "$HERE/megatron.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+    # megatron-core's dataset-helpers Makefile, as every install of it gets (Bridge's compile_helpers runs make)
+    "$VENV/bin/python" "$ROOT/src/pipeline/env/overlay.py" complete "$MEG"
     SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     echo "$MEG" > "$SITE/megatron-harness.pth"
     { test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core"; } || { say "ERROR: megatron not installed in $MEG"; exit 1; }

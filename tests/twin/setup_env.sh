@@ -17,8 +17,9 @@
 #                     torchvision, triton's NVIDIA build: absent (GPU kernels; megatron-core falls back to its
 #                     local layer specs; triton comes as PyPI torch's own dependency)
 #   overlay         .cache/twin-overlay: 3rdparty/requirements-container.txt installed exactly as the env
-#                   setup's overlay step does (pip install --no-deps --target), for CPython 3.12 on this machine's
-#                   architecture (--platform every manylinux tag --only-binary=:all:)
+#                   setup's overlay step does, by the same script (src/pipeline/env/overlay.py install: the pins
+#                   as wheels, source-only ones built, pip install --no-deps --target, then megatron-core's
+#                   dataset-helpers Makefile), with the twin's CPython 3.12 on this machine's architecture
 # tests/twin/ puts the overlay and src/ first on PYTHONPATH, as pipeline_env_activate.sh does in the container.
 # Knobs: TWIN_PYTHON (a CPython 3.12; default python3.12, else pyenv's 3.12), TWIN_TORCH (2.13.0),
 # PIPELINE_MACHINE_CACHE (the machine's cache; off: build inside the checkout).
@@ -54,7 +55,8 @@ PLATFORM=()
 for minor in $(seq 39 -1 17); do PLATFORM+=(--platform "manylinux_2_${minor}_$(uname -m)"); done
 PLATFORM+=(--platform "manylinux2014_$(uname -m)" --platform "linux_$(uname -m)")
 
-KEY="$({ cat "$HERE/setup_env.sh" "$HERE/../machine_cache.sh" "$IMAGE_LIST" "$OVERLAY_PINS"; "$PYTHON" --version; } \
+KEY="$({ cat "$HERE/setup_env.sh" "$HERE/../machine_cache.sh" "$IMAGE_LIST" "$OVERLAY_PINS" \
+  "$ROOT/3rdparty/megatron-core-datasets.mk" "$ROOT/src/pipeline/env/overlay.py"; "$PYTHON" --version; } \
   | sha256sum | cut -c1-16)-$TORCH"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/python" && -d "$OVERLAY/megatron" ]]; then
   say "twin $VENV + $OVERLAY is up to date (pins $KEY); nothing to do"
@@ -92,9 +94,8 @@ build_twin() {
   say "$nvrx (glibc 2.39 wheel) unpacked into the image stand-in's site-packages"
   "${PIP[@]}" --no-deps --only-binary=:all: --python-version 3.12 "${PLATFORM[@]}" --target "$SITE" --upgrade "$nvrx" 2>&1 | quiet
 
-  say "the overlay, as the env setup installs it: pip install --no-deps --target $OVERLAY -r $(basename "$OVERLAY_PINS")"
-  "${PIP[@]}" --no-deps --only-binary=:all: --python-version 3.12 "${PLATFORM[@]}" --target "$OVERLAY" \
-    -r "$OVERLAY_PINS" 2>&1 | quiet
+  say "the overlay, as the env setup's overlay step installs it: src/pipeline/env/overlay.py install $OVERLAY"
+  "$VENV/bin/python" "$ROOT/src/pipeline/env/overlay.py" install "$OVERLAY" "$OVERLAY_PINS" 2>&1 | quiet
   [[ -d "$OVERLAY/megatron/bridge" && -d "$OVERLAY/megatron/core" ]] || die "megatron not installed in $OVERLAY"
   echo "$KEY" > "$VENV/.twin-pins"
   say "done in $((SECONDS - t0)) s ($(du -sh "$VENV" | cut -f1) + $(du -sh "$OVERLAY" | cut -f1))"

@@ -124,6 +124,30 @@ def test_the_old_nvrx_pin_crashes_megatron_core(twin, tmp_path):
     assert ok.returncode == 0, ok.stderr[-3000:]
 
 
+def test_compile_helpers_returns_with_the_overlays_megatron_core(twin, tmp_path):
+    """Bridge's setup calls megatron-core's own compile_helpers() (``make -C megatron/core/datasets``, sys.exit(1) when
+    make fails) on local rank 0 of every node. Imported from the overlay as the env setup installs it (with the
+    Makefile src/pipeline/env/overlay.py places), it returns: make finds the wheel's prebuilt CPython 3.12 helpers up
+    to date and writes nothing; the helpers then import. The wheel alone (no Makefile) exits 1: every Bridge
+    training's first minute before this fix."""
+    code = ("import os; from megatron.core.datasets.utils import compile_helpers; compile_helpers(); "
+            "from megatron.core.datasets import helpers_cpp; print('helpers:', helpers_cpp.__file__)")
+    datasets = OVERLAY / "megatron" / "core" / "datasets"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in datasets.iterdir())
+    r = in_twin(twin, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "make: Nothing to be done for 'default'." in r.stdout
+    assert f"helpers: {datasets / 'helpers_cpp.cpython-312-'}" in r.stdout
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in datasets.iterdir()) == before  # nothing written
+    bare = tmp_path / "wheel-only"  # the overlay's megatron-core as pip installs it, without the Makefile
+    shutil.copytree(OVERLAY / "megatron", bare / "megatron", symlinks=True)
+    (bare / "megatron" / "core" / "datasets" / "Makefile").unlink()
+    r = in_twin(twin, code, overlay=bare, extra_path=str(OVERLAY))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "No targets specified and no makefile found" in r.stderr
+    assert "Failed to compile the C++ dataset helper functions" in r.stdout + r.stderr
+
+
 def test_ft_launcher_runs(twin):
     """The image's ft_launcher entry point (NVRx 0.6.0), under the job's path."""
     code = ("import sys; from importlib.metadata import entry_points; "
