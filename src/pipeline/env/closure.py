@@ -125,7 +125,9 @@ def wheel_requires(wheel: Path) -> list[Requirement]:
 
 
 def fetch_wheel(name: str, version: Version, cache: Path, machine: str = "x86_64") -> Path:
-    """The wheel of ``name==version`` for CPython 3.12 on linux/``machine`` (downloaded once into ``cache``)."""
+    """The wheel of ``name==version`` for CPython 3.12 on linux/``machine`` (downloaded once into ``cache``); for a
+    package published only as a source archive, the pure-Python wheel built from it, as the overlay step builds it
+    (src/pipeline/env/overlay.py install)."""
     stem = canonicalize_name(name).replace("-", "_")
     pattern = f"{stem}-{version}-*.whl"
     found = [w for w in cache.glob(pattern) if machine in w.name or w.name.endswith("-none-any.whl")]
@@ -137,6 +139,13 @@ def fetch_wheel(name: str, version: Version, cache: Path, machine: str = "x86_64
            "-d", str(cache)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     found = [w for w in cache.glob(pattern) if machine in w.name or w.name.endswith("-none-any.whl")]
+    if res.returncode != 0 or not found:  # published as a source archive only: the overlay step builds its wheel
+        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
+                                "--no-deps", "--no-binary", name, f"{name}=={version}", "-w", str(cache)],
+                               capture_output=True, text=True)
+        found = [w for w in cache.glob(pattern) if w.name.endswith("-none-any.whl")]  # pure Python only
+        if built.returncode == 0 and found:
+            return found[0]
     if res.returncode != 0 or not found:
         last = [ln for ln in res.stderr.splitlines() if ln.startswith("ERROR")] or res.stderr.splitlines() or ["?"]
         raise UserError(f"{name}=={version} has no wheel for CPython {PY} on linux {machine}: {last[-1].strip()}")
