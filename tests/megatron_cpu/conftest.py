@@ -28,7 +28,9 @@ def tier_env(extra: dict | None = None) -> dict:
                TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled", PYTHONDONTWRITEBYTECODE="1",
                PIPELINE_CLUSTER=str(PROFILE), PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-               PIPELINE_ROOT=str(ROOT))
+               PIPELINE_ROOT=str(ROOT),
+               # Bridge's JIT warm-up compiles megatron-core's fusions with Inductor on the CPU: one cache for the tier
+               TORCHINDUCTOR_CACHE_DIR=os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/megatron_cpu_inductor"))
     env.update(extra or {})
     return env
 

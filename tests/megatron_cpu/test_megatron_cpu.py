@@ -182,19 +182,29 @@ def test_a_model_parallel_import_under_torchrun_equals_the_single_process_one(ti
 
 
 def test_every_stand_in_is_named_in_its_header_and_the_suite_imports_none(tiny):
-    """The stand-in's PATCHED list (what it really replaced, once megatron is imported) against the calls its header
-    names; and no module of the suite refers to the stand-in."""
+    """What the stand-ins really replaced once megatron is imported (PATCHED: the model stand-in, and with
+    MEGATRON_CPU_TRAINING=1 the training loop's), each of a kind the tier allows ([cuda] or [kernel], decision 90)
+    and named in its file's header; nothing the tier runs for real (compile_helpers, NVRx, the JIT warm-up) is
+    patched; and no module of the suite refers to the stand-in."""
     probe = ("import sitecustomize, megatron.core.tensor_parallel.random, megatron.core.transformer.utils, "
              "megatron.core.pipeline_parallel.schedules, megatron.bridge.models.gpt_provider, "
-             "megatron.bridge.peft.utils, megatron.bridge.peft.module_matcher; print(repr(sitecustomize.PATCHED))")
-    r = tier_run([str(VENV / "bin" / "python"), "-c", probe])
+             "megatron.bridge.peft.utils, megatron.bridge.peft.module_matcher, megatron.bridge.training.setup, "
+             "megatron.bridge.training.initialize, megatron.bridge.training.pretrain, "
+             "megatron.core.optimizer.distrib_optimizer, megatron.core.optimizer.optimizer; "
+             "print(repr(sitecustomize.PATCHED))")
+    r = tier_run([str(VENV / "bin" / "python"), "-c", probe], env=tier_env({"MEGATRON_CPU_TRAINING": "1"}))
     assert r.returncode == 0, r.stderr[-2000:]
-    patched = ast.literal_eval(r.stdout.strip().splitlines()[-1])  # the list of strings the probe printed
-    header = "".join(line for line in (HERE / "standin" / "sitecustomize.py").read_text().splitlines(True)
-                     if line.startswith("#"))
-    assert len(patched) >= 12
-    for label in patched:
-        name = label.split(" ")[0].split(":")[0].split("(")[0]
-        assert name.split(".")[-1] in header, f"{label} is patched but its header does not name it"
+    patched = ast.literal_eval(r.stdout.strip().splitlines()[-1])  # the (label, kind) pairs the probe printed
+    header = "".join(line for f in ("sitecustomize.py", "training_standin.py")
+                     for line in (HERE / "standin" / f).read_text().splitlines(True) if line.startswith("#"))
+    assert len(patched) >= 25
+    assert {kind for _, kind in patched} == {"cuda", "kernel"}
+    for label, _kind in patched:
+        if ": torch." in label:  # a module's own torch (its "cuda" factories): the header names the factories
+            name = label.split(": ", 1)[1].split("(")[0]
+        else:
+            name = label.split(" ")[0].split(":")[0].split("(")[0].split(".")[-1]
+        assert name in header, f"{label} is patched but its header does not name it"
+        assert not any(w in label for w in ("compile_helpers", "CallWrapper", "_warmup_jit_function")), label
     for f in (ROOT / "src").rglob("*.py"):
         assert "megatron_cpu/standin" not in f.read_text(), f  # the tier's worker may be reused; its stand-in never

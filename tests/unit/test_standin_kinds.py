@@ -1,0 +1,92 @@
+"""The megatron_cpu tier's stand-ins follow the tier's rule (decision 90): every patch is a CUDA call mapped onto
+the CPU ([cuda]) or a GPU kernel mapped onto its library's own reference implementation ([kernel]), classified in
+its file's header; nothing else is stood in. Read from the stand-ins' source (no venv needed); the tier's own test
+(tests/megatron_cpu/test_megatron_cpu.py) checks the same of what the stand-ins really patched at run time."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from tests.helpers import ROOT
+
+STANDIN = ROOT / "tests" / "megatron_cpu" / "standin"
+FILES = sorted(STANDIN.glob("*.py"))
+KINDS = {"cuda", "kernel"}
+# What the tier once stood in and now runs for real (fixed in the product or installed as on the cluster): the
+# stand-ins' code must not name them again.
+RUN_FOR_REAL = ("compile_helpers", "CallWrapper", "_warmup_jit_function", "nvidia_resiliency_ext", "meta_path",
+                "helpers_cpp")
+
+
+def header(path) -> str:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def patch_calls(path) -> list[ast.Call]:
+    tree = ast.parse(path.read_text())
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id == "_patch"]
+
+
+def test_the_stand_in_files_are_the_two_known():
+    assert [f.name for f in FILES] == ["sitecustomize.py", "training_standin.py"]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_patch_names_an_allowed_kind(path):
+    calls = patch_calls(path)
+    assert calls, f"{path.name} patches nothing?"
+    for call in calls:
+        if any(isinstance(a, ast.Starred) for a in call.args):
+            continue  # the definition's own forwarding, if any
+        assert len(call.args) == 5, f"{path.name}:{call.lineno}: _patch(owner, name, value, label, kind)"
+        kind = call.args[4]
+        assert isinstance(kind, ast.Constant) and kind.value in KINDS, \
+            f"{path.name}:{call.lineno}: kind {ast.unparse(kind)} is not one of {sorted(KINDS)}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_patch_is_classified_in_the_header(path):
+    """Each patched attribute is named on a header line tagged with its kind, and the header tags no other kind."""
+    head = header(path)
+    tags = set(re.findall(r"^#\s+\[(\w+)\]", head, flags=re.M))
+    assert tags and tags <= KINDS, f"{path.name}'s header tags {tags}"
+    entries: dict[str, str] = {}  # kind -> the text of its header entries
+    current = None
+    for line in head.splitlines():
+        m = re.match(r"^#\s+\[(\w+)\]\s+(.*)", line)
+        if m:
+            current = m.group(1)
+            entries[current] = entries.get(current, "") + " " + m.group(2)
+        elif current and re.match(r"^#\s{6,}\S", line):
+            entries[current] += " " + line.lstrip("# ")
+        else:
+            current = None
+    for call in patch_calls(path):
+        if len(call.args) != 5:
+            continue
+        name, label, kind = call.args[1], call.args[3], call.args[4].value
+        if isinstance(name, ast.Constant) and name.value != "torch":
+            words = [name.value]
+        else:  # a variable attribute, or a module's torch (scoped factories): the label's fixed words name it
+            text = label.value if isinstance(label, ast.Constant) else "".join(
+                v.value for v in label.values if isinstance(v, ast.Constant))
+            words = [w for w in re.findall(r"[A-Za-z_][\w<>]*(?:\.[\w<>]+)*", text) if len(w) > 4]
+            words = [w.split(".")[-1] if w.count(".") > 1 else w for w in words]
+        for word in words:
+            assert word in entries.get(kind, ""), f"{path.name}:{call.lineno}: {word} is not in a [{kind}] header entry"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_what_runs_for_real_is_not_stood_in(path):
+    code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    for name in RUN_FOR_REAL:
+        assert name not in code, f"{path.name} stands in for {name}, which the tier runs for real"
