@@ -304,16 +304,32 @@ def smoke_overrides(run_dir: Path, *, world: int, tp: int, iters: int) -> list[s
             f"checkpoint.save_interval={iters}"]
 
 
+# Why the smoke run turns the recipe's distributed optimizer off where megatron-core has neither Transformer Engine's
+# nor Apex's FusedAdam (a bare GPU Python; never the cluster's container): megatron-core 0.19.2 then falls back to
+# torch's Adam, whose DistributedOptimizer.state_dict asserts one Adam step across a still-empty optimizer state
+# (distrib_optimizer.py:839), which Bridge's checkpoint load builds before the first step: the resume dies.
+NO_FUSED_ADAM = ("megatron-core found neither Transformer Engine's nor Apex's FusedAdam: its torch-Adam fallback "
+                 "cannot resume a DistributedOptimizer (distrib_optimizer.py:839)")
+
+
+def fused_adam_available() -> bool:
+    """Whether megatron-core's DistributedOptimizer runs on TE's or Apex's FusedAdam here (its own import rule)."""
+    return bool(_import("megatron.core.optimizer.distrib_optimizer", "HAVE_APEX_OR_TE"))
+
+
 def smoke_config(run_dir: Path, *, world: int, tp: int = 1, iters: int = 4, extra_overrides: Sequence[str] = ()):
     """The ``ConfigContainer`` of the smoke run: Bridge's own recipe and override code (buildable on CPU);
-    ``extra_overrides`` after the smoke's own (``pipeline.training.engines.smoke``: save-and-exit and resume)."""
+    ``extra_overrides`` after the smoke's own (``pipeline.training.engines.smoke``: save-and-exit and resume).
+    Without a FusedAdam (:data:`NO_FUSED_ADAM`) the distributed optimizer is off unless an override sets it."""
     if world % tp:
         raise UserError(f"{world} GPUs do not divide into tensor-parallel groups of {tp}")
     recipe = _import("megatron.bridge.recipes.gpt.vanilla_gpt", "vanilla_gpt_pretrain_config")
     process = _import("megatron.bridge.training.utils.omegaconf_utils", "process_config_with_overrides")
     extra = {o.split("=", 1)[0] for o in extra_overrides}  # one value per key: an extra one replaces the smoke's
-    base = [o for o in smoke_overrides(Path(run_dir), world=world, tp=tp, iters=iters)
-            if o.split("=", 1)[0] not in extra]
+    own = smoke_overrides(Path(run_dir), world=world, tp=tp, iters=iters)
+    if not fused_adam_available():
+        own += ["ddp.use_distributed_optimizer=false", "optimizer.use_distributed_optimizer=false"]
+    base = [o for o in own if o.split("=", 1)[0] not in extra]
     return process(config=recipe(), cli_overrides=[*base, *extra_overrides])
 
 

@@ -11,8 +11,9 @@
 #
 # The Python: $PYTHON, else python3 (the container's, or any Python 3.12 with CUDA torch and transformers). What it
 # lacks of Bridge's stack comes from the wheel folder (tests/gpu/fetch_wheels.sh fills .cache/gpu-wheels, with
-# network), installed with --no-deps --no-index into a temporary site folder; a wheel whose distribution the Python
-# already has is not installed. Without Transformer Engine, tests/gpu/no_te goes on PYTHONPATH (the import shim and
+# network), installed with --no-deps --no-index into a temporary site folder first on the path; a wheel whose
+# distribution the Python already has is not installed, except the container overlay's pins
+# (3rdparty/requirements-container.txt) at another version, which go first as the overlay does in the container. Without Transformer Engine, tests/gpu/no_te goes on PYTHONPATH (the import shim and
 # megatron-core's local layer spec; read its header), and the script says so.
 set -uo pipefail
 
@@ -62,25 +63,38 @@ if [[ -d "$WHEELS" ]]; then
     # a wheel's distribution name: the file name up to the first '-', normalised as importlib.metadata reads it
     while read -r whl; do
         missing+=("$whl")
-    done < <("$PY" - "$WHEELS" <<'PYEOF'
-import importlib.metadata as md, pathlib, sys
+    done < <("$PY" - "$WHEELS" "$ROOT/3rdparty/requirements-container.txt" <<'PYEOF'
+import importlib.metadata as md, pathlib, re, sys
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+overlay = {norm(line.split("==")[0]) for line in pathlib.Path(sys.argv[2]).read_text().splitlines()
+           if "==" in line and not line.startswith("#")}
 for whl in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
-    name = whl.name.split("-")[0].replace("_", "-")
+    name, version = norm(whl.name.split("-")[0]), whl.name.split("-")[1]
     try:
-        md.version(name)
+        have = md.version(name)
     except md.PackageNotFoundError:
+        print(whl)
+        continue
+    if name in overlay and have != version:  # the container's overlay pin goes first on the path there too
         print(whl)
 PYEOF
 )
 fi
 if (( ${#missing[@]} )); then
+    # --platform (with --target): NVRx's wheel is tagged manylinux_2_39; its pure-Python parts (what Bridge
+    # imports) load on any glibc
+    platform=(--only-binary=:all: --python-version "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
+    for minor in $(seq 39 -1 17); do platform+=(--platform "manylinux_2_${minor}_$(uname -m)"); done
     if ! out="$("$PY" -m pip install --disable-pip-version-check -q --no-deps --no-index --target "$SITE" \
-            "${missing[@]}" 2>&1)"; then
+            "${platform[@]}" --platform manylinux2014_"$(uname -m)" --platform any "${missing[@]}" 2>&1)"; then
         echo "device_check: install FAIL (pip install --no-deps --no-index --target: $(tail -1 <<<"$out"))"
         echo "device_check: 0 passed, 1 failed"
         exit 1
     fi
     echo "device_check: installed ${#missing[@]} wheel(s) this Python lacks from $WHEELS into $SITE"
+    if [[ -d "$SITE/megatron/core/datasets" ]]; then  # as every install of megatron-core gets it
+        "$PY" "$ROOT/src/pipeline/env/overlay.py" complete "$SITE" | sed 's/^overlay:/device_check: overlay:/'
+    fi
 else
     echo "device_check: no wheels installed (${WHEELS} absent or this Python has every one)"
 fi

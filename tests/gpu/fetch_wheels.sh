@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Downloads, here (with network), the wheels the GPU ready check carries to a GPU machine without network
-# (tests/gpu/device_check.sh installs the ones that machine's Python lacks). Python 3.12, manylinux_2_28 x86_64,
+# (tests/gpu/device_check.sh installs the ones that machine's Python lacks). Python 3.12, manylinux x86_64,
 # binaries only, no dependency resolution: the pins come from tests/bridge/megatron.txt (megatron-core,
-# megatron-bridge, megatron-energon) and tests/bridge/requirements.txt (Bridge's pure-Python dependencies).
+# megatron-bridge, megatron-energon, nvidia-resiliency-ext: Bridge's pretrain.py imports NVRx's inprocess module
+# unguarded) and tests/bridge/requirements.txt (Bridge's pure-Python dependencies).
 #
 #   bash tests/gpu/fetch_wheels.sh [DIR]      # default DIR: .cache/gpu-wheels (ignored by git)
 #
@@ -19,7 +20,7 @@ PY="${PYTHON:-python3}"
 # Bridge's dependencies that a CUDA-torch + transformers Python may lack (names as in requirements.txt).
 CARRY=(omegaconf hydra-core antlr4-python3-runtime einops braceexpand webdataset filetype pydantic pydantic_core
        annotated-types typing-inspection rich markdown-it-py mdurl Pygments typer click shellingham annotated-doc
-       datasets dill multiprocess xxhash absl-py tensorboard protobuf)
+       datasets dill multiprocess xxhash absl-py tensorboard protobuf defusedxml)
 
 # Published as a source archive only (no wheel): built here into a pure-Python wheel (pip wheel --no-deps).
 SDIST_ONLY=(antlr4-python3-runtime)
@@ -29,6 +30,12 @@ built=()
 while read -r line; do
     [[ "$line" =~ ^[A-Za-z0-9] ]] && pins+=("${line%%[[:space:]]*}")
 done < "$HERE/../bridge/megatron.txt"
+# The container overlay's pins (3rdparty/requirements-container.txt: transformers, huggingface-hub, tokenizers at
+# the versions Bridge accepts, ...): device_check.sh installs these over a different installed version, as the
+# overlay goes first on the container's path.
+while read -r line; do
+    [[ "$line" =~ ^[A-Za-z0-9] ]] && [[ " ${pins[*]} " != *" ${line%%[[:space:]]*} "* ]] && pins+=("${line%%[[:space:]]*}")
+done < "$ROOT/3rdparty/requirements-container.txt"
 for name in "${CARRY[@]}"; do
     pin="$(grep -i -E "^${name}==" "$HERE/../bridge/requirements.txt" | head -1 || true)"
     [[ -n "$pin" ]] || { echo "fetch_wheels: $name is not pinned in tests/bridge/requirements.txt" >&2; exit 1; }
@@ -38,10 +45,13 @@ done
 mkdir -p "$DEST"
 quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 echo "fetch_wheels: ${#pins[@]} wheels to download, ${#built[@]} to build -> $DEST"
+# every manylinux tag down from glibc 2.39 (NVRx 0.6.0 is published for manylinux_2_39 only; pip matches tags
+# exactly, so each is named)
+platform=()
+for minor in $(seq 39 -1 17); do platform+=(--platform "manylinux_2_${minor}_x86_64"); done
 "$PY" -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$DEST" "${pins[@]}" \
-    2>&1 | quiet
+    --implementation cp --abi cp312 --abi abi3 --abi none "${platform[@]}" --platform manylinux2014_x86_64 \
+    --platform any -d "$DEST" "${pins[@]}" 2>&1 | quiet
 (( PIPESTATUS[0] == 0 )) || { echo "fetch_wheels: ERROR: pip download failed" >&2; exit 1; }
 if (( ${#built[@]} )); then
     "$PY" -m pip wheel --disable-pip-version-check -q --no-deps -w "$DEST" "${built[@]}" 2>&1 | quiet

@@ -117,8 +117,10 @@ def check_train_resume(work: Path, gpus: int, timeout: float) -> str:
     if resumed != list(range(STOP_AT + 1, TRAIN_ITERS + 1)):
         raise CheckFail(f"resume ran steps {resumed}, want {STOP_AT + 1}..{TRAIN_ITERS}")
     losses = [s["loss"] for s in first["steps"] + second["steps"]]
+    optimizer = ("distributed optimizer" if second.get("distributed_optimizer")
+                 else f"distributed optimizer off: {second.get('distributed_optimizer_note') or 'by override'}")
     return (f"{gpus} GPU(s) tp {tp}: steps 1..{STOP_AT}, save-and-exit at {stopped}, resumed {resumed[0]}.."
-            f"{resumed[-1]}; loss {losses[0]:.3f} -> {losses[-1]:.3f}; {time.time() - t0:.0f}s")
+            f"{resumed[-1]}; loss {losses[0]:.3f} -> {losses[-1]:.3f}; {optimizer}; {time.time() - t0:.0f}s")
 
 
 def _tiny_model(work: Path, timeout: float) -> tuple[Path, Path, int]:
@@ -139,6 +141,21 @@ def _tiny_model(work: Path, timeout: float) -> tuple[Path, Path, int]:
     return hf, mcore, it
 
 
+def verdict_record(out: str) -> dict:
+    """The export's verification record in its output: the JSON object printed from a line ``{`` to a line ``}``
+    (Megatron's own lines before it print Python dicts on one line, which are not it)."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line == "{" and "}" in lines[i:]:
+            try:
+                rec = json.loads("\n".join(lines[i:lines.index("}", i) + 1]))
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "verdict" in rec:
+                return rec
+    return {}
+
+
 def check_export(work: Path, gpus: int, timeout: float) -> str:
     t0 = time.time()
     hf, mcore, it = _tiny_model(work, timeout / 2)
@@ -146,8 +163,7 @@ def check_export(work: Path, gpus: int, timeout: float) -> str:
                 "--hf-model", str(hf), "--no-reasoning", "--tp", "1", "--pp", "1", "--ep", "1"],
                work / "export.log", max(60.0, timeout - (time.time() - t0)))
     out = res.stdout
-    start, end = out.find("{"), out.find("}", out.find("{"))
-    rec = json.loads(out[start:end + 1]) if start >= 0 and end > start else {}
+    rec = verdict_record(out)
     if not rec.get("verdict") or "exported:" not in out:
         raise CheckFail(f"export printed no verdict: {_tail(out)}")
     return (f"iteration {it} of the tiny Llama: verdict {rec['verdict']}, max |dlogit| "

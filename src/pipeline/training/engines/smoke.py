@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     rc = engine.run_rank(args.run_dir, container, save=args.run_dir / "checkpoints", iters=args.iters,
                          tokens_per_step=tokens, pretrain=True, rank=rank, world=world, on_step=on_step)
     if rank == world - 1:
-        return report(args.run_dir, world=world, tp=args.tp, steps=steps, want=len(steps), ok=rc == 0, engine=True)
+        dist_opt = bool(container.optimizer.use_distributed_optimizer)
+        note = "" if dist_opt or bridge.fused_adam_available() else bridge.NO_FUSED_ADAM
+        return report(args.run_dir, world=world, tp=args.tp, steps=steps, want=len(steps), ok=rc == 0, engine=True,
+                      distributed_optimizer=dist_opt, distributed_optimizer_note=note)
     return rc
 
 
