@@ -401,3 +401,45 @@ def test_a_pending_export_without_a_record_is_sized_from_its_config(tmp_path):
     assert 7.9 < config_params_b(cfg) < 8.2  # a Llama-3-8B-shaped config: 8.0B
     plan = coherence_plan([str(_pending_export(tmp_path, None, cfg))], inputs_later=True)
     assert 20 < plan.memory_per_gpu_gb < 95 and "config.json's architecture" in plan.notes[0]
+
+
+# ---- issue 47 --------------------------------------------------------------------------------------------------
+def _lora_run(tmp_path, model: str):
+    """A LoRA run's iteration (Bridge's run_config.yaml with a peft: section) on Bridge's import of ``model``."""
+    from tests.unit.test_lora_iterations import LORA, _iteration
+
+    base = _iteration(tmp_path / "base", 0, hf=model)
+    return _iteration(tmp_path / "lora", 2, hf=model, pretrained=str(base.parent), peft=LORA)
+
+
+def test_a_super_lora_export_is_refused_in_one_line_naming_what_fits(tmp_path):
+    """A LoRA iteration exports in one process (Bridge's export_adapter_ckpt, then peft's merge in float32 on the
+    host; export.py refuses a world above 1): the plan gave Super's ep 4 and passed, and the export then needed
+    ~245 GB on one 95 GB GPU and ~965 GB of the node's 440 GB of host memory. It is refused in one line with the
+    memory needed and available and the models one process fits."""
+    lora = _lora_run(tmp_path, SUPER)
+    for layout in ([], ["--tp", "1", "--pp", "1", "--ep", "1"]):
+        plan = checkpoint_plan(["export", str(lora.parent), "--hf-model", SUPER, "--no-reasoning", "--not-strict",
+                                *layout])
+        assert plan.world_size == 1 and plan.launch[0] == "python", plan.format()
+        assert plan.problems == [
+            f"{lora} is a LoRA iteration, which exports in one process (Bridge's export_adapter_ckpt, then peft's "
+            f"merge into {SUPER} in float32 on the host): it needs 245.0 GB on one GPU and ~965 GB of host memory, "
+            "and 'isambard_gh200' has 95 GB per GPU and 440 GB per node; one process fits models up to 44B "
+            "parameters (nano: 68.2 GB per GPU, ~258 GB of host memory), super has 120B (its full-weight iterations "
+            "export with --tp 1 --pp 1 --ep 4)"], plan.problems
+    two = checkpoint_plan(["export", str(lora.parent), "--hf-model", SUPER, "--no-reasoning", "--not-strict",
+                           "--ep", "4"])
+    assert two.problems[0] == (f"{lora} is a LoRA iteration, which exports in one process: --tp 1 --pp 1 --ep 4 "
+                               "(world 4) cannot run it; drop --tp/--pp/--ep")
+
+
+def test_a_nano_lora_export_plans_one_process_that_fits(tmp_path):
+    lora = _lora_run(tmp_path, NANO)
+    plan = checkpoint_plan(["export", str(lora.parent), "--hf-model", NANO, "--no-reasoning"])
+    assert plan.ok, plan.problems
+    assert (plan.world_size, plan.nodes, plan.launch[0]) == (1, 1, "python")  # not ep 4: export.py refuses world > 1
+    assert plan.memory_gb == {"verify_megatron": 68.2, "verify_hf": 68.2} and plan.host_memory_gb == 257.8
+    assert any("LoRA iteration" in n and "one process" in n for n in plan.notes), plan.notes
+    whole = checkpoint_plan(["export", str(tmp_path / "base"), "--hf-model", NANO, "--no-reasoning"])
+    assert whole.ok and whole.world_size == 4  # a whole checkpoint keeps the model's export layout (ep 4)

@@ -15,6 +15,12 @@ Memory per GPU (BF16 weights, 2 bytes per parameter):
   hf side   the whole model on one GPU when it fits, else spread over the node's GPUs (device_map="auto")
 The phases of an export run one after the other (the Megatron side is freed before the HF side loads), so the
 job needs the largest of them, not their sum.
+
+A LoRA (PEFT) iteration exports in one process (``checkpoint/export.py`` refuses more ranks): Bridge's
+export_adapter_ckpt builds the base in float32 on the host, peft merges the adapters into the HF base in float32 there
+(with a copy of its weights to check the merge changed some), then the Megatron base + adapters verify on one GPU:
+  host      8 B x parameters (the float32 HF base and its copy) + the overhead
+  GPU       the megatron and hf phases above at tp = pp = ep = 1
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
-from pipeline.config.models import ModelSpec, spec_for
+from pipeline.config.models import REGISTRY, ModelSpec, spec_for
 from pipeline.config.parallel import (
     OVERHEAD_GB,
     Layout,
@@ -315,6 +321,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                          "are checked before converting")
     argv = list(argv or [])
     module = ["-m", "pipeline.cli.checkpoint", *argv]
+    peft = _peft_iteration(Path(ckpt_dir), iteration) if engine == "megatron" else None
     if engine == "local":
         plan = JobPlan(job, hf_model, profile.name, 1, 1, Layout(1), engine="local", problems=found,
                        env=job_env(profile.env),
@@ -325,7 +332,15 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
         return plan
     gpn = profile.ranks_per_node
     given = any(v is not None for v in (tp, pp, ep))
-    if given or spec is None:
+    if peft is not None:  # one process: Bridge's export_adapter_ckpt and peft's merge (export.py refuses more)
+        asked = Layout(job_world(tp or 1, pp or 1, ep or 1), tp=tp or 1, pp=pp or 1, ep=ep or 1, etp=1)
+        if asked.world > 1:
+            found.append(f"{peft.iter_path} is a LoRA iteration, which exports in one process: {layout_flags(asked)} "
+                         f"(world {asked.world}) cannot run it; drop --tp/--pp/--ep")
+        tp, pp, ep = 1, 1, 1
+        notes.append(f"{peft.what}: it exports in one process (Bridge's export_adapter_ckpt, then peft's merge into "
+                     f"{hf_model} in float32 on the host), verified on one GPU")
+    elif given or spec is None:
         tp, pp, ep = tp or 1, pp or 1, ep or 1
     else:  # the reference's export layout: experts over the node's GPUs, no tensor or pipeline split
         tp, pp, ep = 1, 1, (gpn if spec.expert_params_b and gpn > 0 else 1)
@@ -361,12 +376,61 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
     def need(candidate: Layout) -> float:
         return max(_export_phases(spec, candidate, profile).values())
 
+    if peft is not None:
+        return _plan_lora_export(plan, spec, profile, peft.iter_path, hf_model, need)
     plan.memory_gb = _export_phases(spec, lay, profile)
     if profile.memory_budget_gb and plan.memory_per_gpu_gb > profile.memory_budget_gb:
         fit = fitting_layout(spec, profile, need, max_world=max(gpn, 1))
         fix = f": use {layout_flags(fit)} ({need(fit):.1f} GB)" if fit else " and no one-node layout fits"
         plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
                              f"on '{profile.name}' ({_phases(plan.memory_gb)}){fix}")
+    return plan
+
+
+def _peft_iteration(ckpt_dir: Path, iteration: int | None):
+    """The PEFT facts (``bridge.PeftIteration``) of the iteration an export would read, or None: a whole checkpoint,
+    or none to read yet (a job waiting for training; the export itself refuses a world above 1 then)."""
+    from pipeline import bridge
+    from pipeline.checkpoint import layout
+
+    try:
+        return bridge.peft_iteration(layout.resolve_iteration(ckpt_dir, iteration)) if ckpt_dir.is_dir() else None
+    except (UserError, OSError, ValueError):
+        return None
+
+
+def lora_export_memory(spec: ModelSpec, profile: ClusterProfile) -> tuple[dict[str, float], float]:
+    """(GB per GPU by phase, GB of host memory) of a LoRA export: one process (the module docstring's rule)."""
+    gpu = _export_phases(spec, Layout(1), profile)
+    return ({"verify_megatron": gpu["verify_megatron"], "verify_hf": gpu["verify_hf"]},
+            round(8 * spec.total_params_b + OVERHEAD_GB, 1))
+
+
+def _plan_lora_export(plan: JobPlan, spec: ModelSpec, profile: ClusterProfile, iter_path: Path, hf_model: str,
+                      need) -> JobPlan:
+    """A LoRA iteration's export: one process, sized on one GPU and the node's host memory; one that does not fit is
+    one line naming what it needs, what the profile has, and the model sizes one process fits."""
+    plan.memory_gb, plan.host_memory_gb = lora_export_memory(spec, profile)
+    gpu_budget, host_budget = profile.memory_budget_gb, profile.host_memory_gb
+    gpu, host = plan.memory_per_gpu_gb, plan.host_memory_gb
+    if (not gpu_budget or gpu <= gpu_budget) and (not host_budget or host <= host_budget):
+        return plan
+    # the largest model one process fits: 2 B a parameter on the GPU, 8 B on the host, each over its fixed part
+    fixed_gpu = megatron_gb(spec, Layout(1), VERIFY_TOKENS) - 2 * spec.total_params_b  # logits + overhead
+    limits = [(gpu_budget - fixed_gpu) / 2] if gpu_budget else []
+    limits += [(host_budget - OVERHEAD_GB) / 8] if host_budget else []
+    fits = [s for s in REGISTRY.values() if not s.is_local and s.total_params_b
+            and s.total_params_b <= min(limits)]
+    examples = ", ".join(f"{s.name}: {max(lora_export_memory(s, profile)[0].values()):.1f} GB per GPU, "
+                         f"~{lora_export_memory(s, profile)[1]:.0f} GB of host memory" for s in fits)
+    full = fitting_layout(spec, profile, need, max_world=max(profile.ranks_per_node, 1))
+    plan.problems.append(
+        f"{iter_path} is a LoRA iteration, which exports in one process (Bridge's export_adapter_ckpt, then peft's "
+        f"merge into {hf_model} in float32 on the host): it needs {gpu:.1f} GB on one GPU and ~{host:.0f} GB of host "
+        f"memory, and '{profile.name}' has {gpu_budget:g} GB per GPU and {host_budget:g} GB per node; one process "
+        f"fits models up to {math.floor(min(limits)):d}B parameters" + (f" ({examples})" if examples else "") +
+        f", {spec.name} has {spec.total_params_b:g}B" +
+        (f" (its full-weight iterations export with {layout_flags(full)})" if full else ""))
     return plan
 
 
