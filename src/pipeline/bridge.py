@@ -128,6 +128,67 @@ def import_version(module: str) -> str:
     return f"{module} {getattr(m, '__version__', '?')}"
 
 
+@dataclass(frozen=True)
+class GpuPackage:
+    """A GPU package the shipped recipes select: imported as ``module`` (and its ``attr``, where one class of it is
+    what the recipe uses), needed by ``users`` (model/mode pairs) for ``why``."""
+
+    module: str
+    attr: str | None
+    why: str
+    users: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attr}" if self.attr else self.module
+
+
+# The (model, mode) pairs whose recipes the suite ships configs for: what validate --run-training proves the image
+# can run before the first training.
+SHIPPED_RECIPES = (("nano", "pretrain"), ("nano", "sft"), ("super", "sft"))
+
+
+def recipe_gpu_packages(recipes: Sequence[tuple[str, str]] = SHIPPED_RECIPES) -> list[GpuPackage]:
+    """The GPU packages that Bridge's recipes select for their models, read from the ``ConfigContainer`` each recipe
+    builds (Bridge's own code; the Nano and Super recipes read their model's Hugging Face config): Transformer
+    Engine for the layer specs (and its GroupedLinear where the experts use grouped GEMM), mamba-ssm and
+    causal-conv1d for a pattern with Mamba layers, DeepEP (its Buffer or HybridEPBuffer) for the flex token
+    dispatcher."""
+    found: dict[tuple[str, str | None], tuple[str, list[str]]] = {}
+
+    def need(module: str, attr: str | None, why: str, user: str) -> None:
+        found.setdefault((module, attr), (why, []))[1].append(user)
+
+    for model, mode in recipes:
+        spec = get_model(model)
+        if spec.recipe_module is None:
+            continue
+        m = _import(spec.recipe_module, spec.recipe_name(mode))().model
+        user = f"{model} {mode}"
+        need("transformer_engine", None, "the recipes' layer specs (attention, MLP, norms)", user)
+        pattern = str(getattr(m, "hybrid_layer_pattern", None) or getattr(m, "hybrid_override_pattern", None) or "")
+        if "M" in pattern:
+            need("mamba_ssm", None, "Mamba layers (selective scan, gated RMSNorm)", user)
+            need("causal_conv1d", None, "Mamba layers' causal convolution", user)
+        if getattr(m, "num_moe_experts", None):
+            if getattr(m, "moe_grouped_gemm", False):
+                need("transformer_engine.pytorch", "GroupedLinear", "MoE experts' grouped GEMM", user)
+            if getattr(m, "moe_token_dispatcher_type", None) == "flex":
+                backend = getattr(m, "moe_flex_dispatcher_backend", None) or "deepep"
+                attr = "HybridEPBuffer" if backend == "hybridep" else "Buffer"
+                need("deep_ep", attr, f"the flex MoE token dispatcher ({backend})", user)
+    return [GpuPackage(module, attr, why, tuple(users)) for (module, attr), (why, users) in found.items()]
+
+
+def import_gpu_package(pkg: GpuPackage) -> str:
+    """``pkg``'s version after importing it (and reading its ``attr``); raises ImportError/AttributeError."""
+    m = importlib.import_module(pkg.module)
+    if pkg.attr:
+        getattr(m, pkg.attr)
+    top = importlib.import_module(pkg.module.split(".")[0])
+    return f"{pkg.name} {getattr(top, '__version__', '?')}"
+
+
 def _check_iteration_dir(iter_path: Path) -> Path:
     """Refuse a checkpoint root: Bridge would pick its highest ``iter_*`` folder, not the one we resolved."""
     iter_path = Path(iter_path)

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("PIPELINE_ROOT", ROOT)) / ".cache" / "bridge-venv"
 HF_CONFIGS = ROOT / "tests" / "assets" / "hf_configs"
 QUICKSTART = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
+SAVE = "/scratch/team/checkpoints/nano_quickstart"  # not checked (--no-path-checks): a plan only
 CASES = [(m, mode, peft) for m in ("nano", "super")
          for mode, peft in (("pretrain", None), ("cpt", None), ("sft", None), ("sft", "lora"))]
 SFT_ONLY_DATASET_KEYS = {"dataset.dataset_root", "dataset.offline_packing_specs.packed_sequence_size",
@@ -89,8 +90,10 @@ def our_config(model: str, mode: str, peft: str | None, config: str = QUICKSTART
     """What the project resolves (the dry run's plan): the login-node preflight must pass it."""
     from pipeline.cli.train import plan_from_argv
 
+    # A save directory, as every run under the profile's ft_launcher needs one (the preflight refuses it null)
+    save = [] if any(str(o).startswith("checkpoint.save=") for o in overrides) else [f"checkpoint.save={SAVE}"]
     argv = [config, "--model", model, "--mode", mode, "--dry-run", "--no-path-checks", "--nodes", "16",
-            *(["--peft", peft] if peft else []), *overrides]
+            *(["--peft", peft] if peft else []), *save, *overrides]
     lp = plan_from_argv(argv)
     assert lp.preflight.ok, lp.preflight.problems
     return lp.cfg.to_dict()  # the config of record (config.yaml): what crosses into the driver as JSON

@@ -84,8 +84,9 @@ def test_validate_run_training_adds_the_bridge_and_smoke_checks_and_skips_bridge
     py = str(ROOT / ".venv/bin/python")
     plain = run([py, "-m", "pipeline.env.validate", "--list"], env=env).stdout.splitlines()
     more = run([py, "-m", "pipeline.env.validate", "--list", "--run-training"], env=env).stdout.splitlines()
-    assert more[:-2] == plain and [ln.split() for ln in more[-2:]] == [[str(len(plain) + 1), "bridge-training"],
-                                                                       [str(len(plain) + 2), "gpu-smoke-plan"]]
+    assert more[:-3] == plain and [ln.split() for ln in more[-3:]] == [[str(len(plain) + 1), "gpu-packages"],
+                                                                       [str(len(plain) + 2), "bridge-training"],
+                                                                       [str(len(plain) + 3), "gpu-smoke-plan"]]
     res = run([py, "-m", "pipeline.env.validate", "--run-training", "--only", "bridge-training"], env=env)
     assert res.returncode == 0 and "[ 1/1] SKIP bridge-training: venv runtime" in res.stdout, res.stdout
     assert "validate: 0 passed, 0 failed, 1 skipped" in res.stdout

@@ -76,8 +76,11 @@ def test_a_fresh_clone_links_the_machines_twin_in_seconds(twin, tmp_path):
     second checkout with the same locks links it, never installs torch and the image's packages again."""
     clone = tmp_path / "clone"
     (clone / "3rdparty").mkdir(parents=True)
-    for lock in ("image-packages.txt", "requirements-container.txt"):
-        shutil.copy(ROOT / "3rdparty" / lock, clone / "3rdparty" / lock)
+    # what decides the build besides the scripts: the lock files, the helpers' Makefile and the overlay's installer
+    for rel in ("3rdparty/image-packages.txt", "3rdparty/requirements-container.txt",
+                "3rdparty/megatron-core-datasets.mk", "src/pipeline/env/overlay.py"):
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, clone / rel)
     t0 = time.monotonic()
     r = subprocess.run(["bash", str(HERE / "setup_env.sh")], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PIPELINE_ROOT": str(clone)})
@@ -205,3 +208,36 @@ def test_the_bridge_smoke_run_config_builds(twin, tmp_path):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"layers": 2, "tp": 2, "iters": 4, "gbs": 4, "mock": True, "save": str(tmp_path / "checkpoints"),
                    "seq": 256}, got
+
+
+def test_validate_checks_lm_eval_and_the_dataset_helpers_in_the_container(twin):
+    """validate inside the container: lm-eval (the overlay's pin) imports for pipeline_eval_harness.py, and Bridge's
+    first setup step, megatron-core's compile_helpers(), succeeds with the overlay's megatron-core."""
+    r = in_twin(twin, ["-m", "pipeline.env.validate", "--only", "import-lm-eval", "--only", "dataset-helpers"])
+    out = r.stdout
+    assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
+    assert "PASS import-lm-eval: lm_eval 0.4.13" in out, out
+    assert ("PASS dataset-helpers: helpers: helpers_cpp.cpython-312-" in out
+            and "(nothing to make: the prebuilt library is up to date)" in out), out
+    assert "validate: 2 passed, 0 failed, 0 skipped" in out
+
+
+def test_validate_gpu_packages_names_what_the_recipes_need_and_the_image_lacks(twin):
+    """validate --run-training's gpu-packages, in the twin (no Transformer Engine, mamba-ssm, causal-conv1d or DeepEP:
+    the image stand-in lacks NVIDIA's builds): Bridge's own Nano and Super recipes are built, the packages their
+    models select are read from them, and the one FAIL line names each missing one with the recipes that need it
+    and why, then the fix."""
+    r = in_twin(twin, ["-m", "pipeline.env.validate", "--run-training", "--only", "gpu-packages"])
+    out = r.stdout
+    assert r.returncode == 1, out[-3000:] + r.stderr[-3000:]
+    line = next(ln for ln in out.splitlines() if "gpu-packages" in ln)
+    assert line.startswith("[ 1/1] FAIL gpu-packages: "), out
+    for needle in ("6 of 6 missing: transformer_engine (the recipes' layer specs (attention, MLP, norms): nano "
+                   "pretrain, nano sft, super sft; ModuleNotFoundError)",
+                   "mamba_ssm (Mamba layers (selective scan, gated RMSNorm): nano pretrain, nano sft, super sft",
+                   "causal_conv1d (Mamba layers' causal convolution:",
+                   "transformer_engine.pytorch.GroupedLinear (MoE experts' grouped GEMM:",
+                   "deep_ep.HybridEPBuffer (the flex MoE token dispatcher (hybridep): nano pretrain;",
+                   "deep_ep.Buffer (the flex MoE token dispatcher (deepep): nano sft;"):
+        assert needle in line, line
+    assert "fix: use an NGC NeMo image that holds them" in out

@@ -135,3 +135,22 @@ def test_the_recorded_image_list_parses_and_says_how_to_record_it():
     assert image["nvidia-resiliency-ext"] == Version("0.6.0") and "torch" in image and len(image) > 100
     text = closure.IMAGE_LIST.read_text()
     assert 'apptainer exec "$PIPELINE_SIF" python -m pip list --format=freeze > 3rdparty/image-packages.txt' in text
+
+
+def test_validates_record_of_the_image_is_what_the_closure_reads(tmp_path, monkeypatch, capsys):
+    """validate's image-packages writes what the running image holds beside its SIF; the closure check reads that
+    record in place of the repository's provisional list, and says so (issue 47). Without a SIF: the repository's."""
+    monkeypatch.delenv("PIPELINE_SIF", raising=False)
+    assert closure.image_record() is None and closure.default_image_list() == closure.IMAGE_LIST
+    sif = tmp_path / "nemo.sif"
+    monkeypatch.setenv("PIPELINE_SIF", str(sif))
+    assert closure.default_image_list() == closure.IMAGE_LIST  # nothing recorded yet
+    image = closure.read_freeze(closure.IMAGE_LIST)
+    image.pop("sacrebleu", None)
+    image["pyarrow"] = Version("99.0")
+    record = closure.record_image(image, closure.image_record(), "nvcr.io/nvidia/nemo:26.06")
+    assert record == tmp_path / "nemo.sif.packages.txt" and closure.default_image_list() == record
+    assert closure.read_freeze(record) == image
+    assert record.read_text().startswith("# The packages of nvcr.io/nvidia/nemo:26.06, recorded by")
+    diff = closure.diff_lists(closure.read_freeze(closure.IMAGE_LIST), closure.read_freeze(record))
+    assert any("pyarrow" in d for d in diff)

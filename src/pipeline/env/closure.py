@@ -308,6 +308,33 @@ def installed_image() -> dict[str, Version]:
     return out
 
 
+RECORD_SUFFIX = ".packages.txt"
+
+
+def image_record(sif: str | None = None) -> Path | None:
+    """Where ``validate`` records what the image really holds: beside the SIF it was pulled into
+    (``$PIPELINE_SIF.packages.txt``); None without a SIF (the venv runtime)."""
+    sif = sif if sif is not None else os.environ.get("PIPELINE_SIF", "")
+    return Path(sif + RECORD_SUFFIX) if sif else None
+
+
+def record_image(packages: dict[str, Version], where: Path, image: str) -> Path:
+    """Write ``packages`` as ``where`` (pip freeze lines, sorted; atomically), headed by the image it was read in."""
+    from pipeline.common.io import write_text
+
+    lines = [f"# The packages of {image}, recorded by pipeline.env.validate (image-packages) inside the container;",
+             "# python -m pipeline.env.closure reads this record in place of 3rdparty/image-packages.txt."]
+    lines += [f"{name}=={version}" for name, version in sorted(packages.items())]
+    return write_text(where, "\n".join(lines) + "\n")
+
+
+def default_image_list() -> Path:
+    """The image's recorded packages where validate has recorded them (:func:`image_record`), else the repository's
+    list (3rdparty/image-packages.txt)."""
+    record = image_record()
+    return record if record is not None and record.is_file() else IMAGE_LIST
+
+
 def diff_lists(recorded: dict[str, Version], actual: dict[str, Version]) -> list[str]:
     """How the running image differs from the recorded list (names and versions)."""
     out = [f"{n} {recorded[n]} -> {actual[n]}" for n in sorted(recorded.keys() & actual.keys())
@@ -320,7 +347,9 @@ def diff_lists(recorded: dict[str, Version], actual: dict[str, Version]) -> list
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.env.closure", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--image", type=Path, default=IMAGE_LIST, help="the image's package list (pip freeze)")
+    ap.add_argument("--image", type=Path, default=None,
+                    help="the image's package list (pip freeze; default: validate's record beside $PIPELINE_SIF "
+                    "where it exists, else 3rdparty/image-packages.txt)")
     ap.add_argument("--installed", action="store_true", help="read the image from this Python (in the container)")
     ap.add_argument("--overlay", type=Path, default=OVERLAY, help="the overlay's pins")
     ap.add_argument("--wheels", type=Path, default=ROOT / ".cache" / "wheels", help="wheel cache")
@@ -328,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--provided", default="", metavar="NAME,...",
                     help="NVIDIA builds counted as present although absent (the container twin's stand-ins)")
     args = ap.parse_args(argv)
+    if args.image is None:
+        args.image = default_image_list()
     image = installed_image() if args.installed else read_freeze(args.image)
     for name in filter(None, args.provided.split(",")):
         if canonicalize_name(name) not in NVIDIA_PROVIDED:
@@ -342,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
               "in the container or the container twin)", file=sys.stderr)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
-    what = "the running image" if args.installed else args.image.name
+    what = "the running image" if args.installed else (args.image.name if args.image == IMAGE_LIST
+                                                        else f"{args.image} (validate's record)")
     print(f"closure of {args.overlay.name} over {what} ({len(image)} packages, linux {args.machine}, CPython {PY}): "
           f"{'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0

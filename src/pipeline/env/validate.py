@@ -235,16 +235,72 @@ def check_import_in_container(module: str) -> Callable[[], str]:
     return fn
 
 
+def check_lm_eval() -> str:
+    """lm-evaluation-harness imports in the container (the overlay's pin): pipeline_eval_harness.py and upload-all
+    --eval run it there."""
+    _container_only("import lm_eval")
+    return _import_version("lm_eval")
+
+
+# megatron-core's own compile_helpers(), as Bridge's setup calls it on local rank 0 of every node (a child: it calls
+# sys.exit(1) when make fails), then the helpers' import
+HELPERS_PROBE = ("import megatron.core.datasets as d, os; from megatron.core.datasets.utils import compile_helpers; "
+                 "compile_helpers(); from megatron.core.datasets import helpers_cpp; "
+                 "print('helpers:', os.path.basename(helpers_cpp.__file__), 'in', os.path.dirname(d.__file__))")
+
+
+def check_dataset_helpers() -> str:
+    """Bridge's first setup step on every node: megatron-core's compile_helpers() (``make -C
+    megatron/core/datasets``) succeeds with the overlay's megatron-core, and its helpers import (decision 90)."""
+    _container_only("megatron-core's dataset helpers")
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-c", HELPERS_PROBE], capture_output=True, text=True, timeout=600)
+    out = (res.stdout + res.stderr).strip().splitlines()
+    made = "nothing to make: the prebuilt library is up to date" if any("Nothing to be done" in ln for ln in out) \
+        else "built for this Python"
+    _require(res.returncode == 0, f"compile_helpers() exited {res.returncode}: "
+             + " | ".join(ln for ln in out if "rror" in ln or "make" in ln)[-300:])
+    return f"{next((ln for ln in out if ln.startswith('helpers:')), 'helpers imported')} ({made})"
+
+
+def check_gpu_packages() -> str:
+    """validate --run-training: every GPU package the shipped Bridge recipes select (Transformer Engine, mamba-ssm and
+    causal-conv1d for the Mamba layers, the MoE dispatcher's backend) imports in this image; read from the recipes
+    Bridge builds (pipeline.bridge.recipe_gpu_packages), each with the recipes that need it."""
+    _container_only("the GPU packages of the recipes")
+    from pipeline import bridge
+
+    try:
+        packages = bridge.recipe_gpu_packages()
+    except Exception as exc:  # a recipe that cannot build here (no Hugging Face config of its model): one line
+        raise CheckFailed(f"Bridge's recipes {', '.join(' '.join(r) for r in bridge.SHIPPED_RECIPES)} did not "
+                          f"build: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    have, missing = [], []
+    for pkg in packages:
+        try:
+            have.append(bridge.import_gpu_package(pkg))
+        except Exception as exc:
+            missing.append(f"{pkg.name} ({pkg.why}: {', '.join(pkg.users)}; {type(exc).__name__})")
+    _require(not missing, f"{len(missing)} of {len(packages)} missing: {'; '.join(missing)}")
+    return "; ".join(have)
+
+
 def check_image_packages() -> str:
-    """The running image's packages are the recorded ones (3rdparty/image-packages.txt)."""
+    """Records what the running image really holds beside its SIF (``closure.image_record``; the closure check reads
+    it there), and compares it with the repository's list (3rdparty/image-packages.txt)."""
     _container_only("the image's package set")
     from pipeline.env import closure
 
-    recorded, actual = closure.read_freeze(closure.IMAGE_LIST), closure.installed_image()
-    diff = closure.diff_lists(recorded, actual)
-    _require(not diff, f"{len(diff)} difference(s) from {closure.IMAGE_LIST.name}: " + "; ".join(diff[:6])
+    actual = closure.installed_image()
+    record = closure.image_record()
+    if record is not None:
+        closure.record_image(actual, record, os.environ.get("PIPELINE_IMAGE", "the image"))
+    diff = closure.diff_lists(closure.read_freeze(closure.IMAGE_LIST), actual)
+    where = f"; recorded in {record}" if record is not None else ""
+    _require(not diff, f"{len(diff)} difference(s) from {closure.IMAGE_LIST.name}{where}: " + "; ".join(diff[:6])
              + (f" (+{len(diff) - 6} more)" if len(diff) > 6 else ""))
-    return f"{len(actual)} packages, as recorded in {closure.IMAGE_LIST.name}"
+    return f"{len(actual)} packages, as {closure.IMAGE_LIST.name} lists them{where}"
 
 
 def check_overlay_closure() -> str:
@@ -399,7 +455,7 @@ CHECKS: list[Check] = [
     Check("wandb-offline-run", check_wandb_offline, f"{SETUP} --only packages --force"),
     Check("gloo-allreduce", check_gloo_allreduce, f"{SETUP} --only packages --force"),
     Check("image-packages", check_image_packages,
-          'record the image: apptainer exec "$PIPELINE_SIF" python -m pip list --format=freeze > '
+          'the image is recorded beside the SIF ("$PIPELINE_SIF.packages.txt"): copy it over '
           "3rdparty/image-packages.txt, then python -m pipeline.env.closure (docs/decisions.md #38)"),
     Check("overlay-closure", check_overlay_closure,
           f"fix the pins of 3rdparty/requirements-container.txt as the message says; {SETUP} --only overlay --force"),
@@ -407,6 +463,9 @@ CHECKS: list[Check] = [
     Check("import-megatron-bridge", check_import_in_container("megatron.bridge"), f"{SETUP} --only overlay --force"),
     Check("import-transformer-engine", check_import_in_container("transformer_engine"),
           f"use an NGC NeMo image with Transformer Engine (PIPELINE_IMAGE); {SETUP} --only pull --force"),
+    Check("import-lm-eval", check_lm_eval, f"{SETUP} --only overlay --force"),
+    Check("dataset-helpers", check_dataset_helpers,
+          f"{SETUP} --only overlay --force (it places megatron-core's dataset-helpers Makefile; decision 90)"),
     Check("ft-launcher", check_ft_launcher, f"{SETUP} --only overlay --force"),
     Check("gpu-visible", check_gpu, f"run on a GPU node (isambard_sbatch {paths.ENV_SUBMIT} validate)"),
     Check("nccl-plugin", check_nccl_plugin, f"{SETUP} --only nccl-plugin --force"),
@@ -416,6 +475,10 @@ CHECKS: list[Check] = [
 
 
 TRAINING_CHECKS = [
+    Check("gpu-packages", check_gpu_packages,
+          "use an NGC NeMo image that holds them (PIPELINE_IMAGE; the NeMo images carry TE, mamba-ssm, causal-conv1d "
+          f"and DeepEP), then {SETUP} --only pull --force; or choose the recipe's alltoall dispatcher "
+          "(model.moe_token_dispatcher_type=alltoall) where DeepEP is what is missing"),
     Check("bridge-training", check_bridge_training,
           "read the failing check's log (named in the message, under its work folder); check the node "
           "(nvidia-smi), the overlay and the image; bash tests/gpu/device_check.sh runs the same checks alone"),
@@ -452,9 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the check names and exit")
     parser.add_argument("--only", action="append", default=[], help="run only this check (repeatable)")
     parser.add_argument("--run-training", action="store_true",
-                        help="add bridge-training: the GPU ready check (pipeline.env.device_check: Bridge engine "
-                        "save-and-exit and resume, export + verification, megatron generation), and "
-                        "gpu-smoke-plan: the GPU smoke config's plan (configs/smoke/)")
+                        help="add gpu-packages: the GPU packages the shipped recipes select (TE, mamba-ssm, "
+                        "causal-conv1d, the MoE dispatcher backend), bridge-training: the GPU ready check "
+                        "(pipeline.env.device_check: Bridge engine save-and-exit and resume, export + verification, "
+                        "megatron generation), and gpu-smoke-plan: the GPU smoke config's plan (configs/smoke/)")
     args = parser.parse_args(argv)
     every = CHECKS + (TRAINING_CHECKS if args.run_training else [])
     if args.list:
