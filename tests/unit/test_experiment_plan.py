@@ -97,3 +97,35 @@ def test_a_continuing_phase_saves_and_counts_after_the_iteration_it_continues(di
         p.write_text(CHAIN.replace("ITER", "last").replace("tokens: 3000INIT", f"tokens: 3000, {bad}"))
         with pytest.raises(spec.UserError, match=says):
             spec.load(p, root=ROOT)
+
+
+SUPER_CHAIN = """
+name: super_chain
+base: {config: configs/quickstart/nemotron_super_quickstart_sft.yaml, model: super, mode: sft, nodes: 16,
+       overrides: {checkpoint.save: SAVE}}
+phases:
+  - {name: sft, overrides: {train.train_iters: 20}, upload_all: [--interval, "60"]}
+  - {name: export, kind: export}
+"""
+
+
+def test_a_chains_export_and_upload_all_are_planned_before_anything_is_queued(dirs, monkeypatch, capsys):
+    """Issue 49 item 2: the experiment's preflight plans every job of a chain as isambard_sbatch will plan it when
+    it is queued. Super's export and upload-all need --not-strict (MTP layers); before, render showed them as
+    submittable and submit queued the training, then isambard_sbatch refused the upload-all."""
+    from pipeline.cli.experiment import main
+
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    monkeypatch.setenv("PIPELINE_BINDS", str(dirs))
+    p = dirs / "super.yaml"
+    p.write_text(SUPER_CHAIN.replace("SAVE", str(dirs / "ck")))
+    assert main(["render", str(p), "--no-configs"]) == 0
+    out = capsys.readouterr().out
+    for phase in ("sft.upload_all", "export"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"# {phase}: submit refuses: "))
+        assert "has MTP layers" in line and line.endswith("add --not-strict"), line
+    assert main(["submit", str(p)]) == 2  # nothing is queued: no Slurm is needed to refuse it
+    err = capsys.readouterr().err
+    assert "export: nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 has MTP layers" in err
+    assert "nothing was submitted" in err and "job " not in capsys.readouterr().out
+

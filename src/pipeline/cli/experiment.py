@@ -29,6 +29,7 @@ $PIPELINE_RUNS_DIR/_experiments/<experiment>/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import io
@@ -98,9 +99,33 @@ def cmd_list(exp: spec.Experiment, show_all: bool) -> int:
     return 0
 
 
+# ---- the chain's GPU jobs ------------------------------------------------------------------------------------
+GPU_JOB_KINDS = ("export", "coherence", "upload-all")
+
+
+def plan_gpu_jobs(plans: list[planning.RunPlan]) -> None:
+    """Plan each export, upload-all and coherence job of every chain now, as isambard_sbatch plans it when the job is
+    queued (``submission.gpu_job_plan``: its layout, nodes, memory and the model's conversion rules); their inputs
+    are an earlier job's outputs, so their paths are left to the job. What a plan refuses becomes that job's
+    problems: render shows them, and submit queues a chain whole or not at all."""
+    from pipeline.cli import submission
+
+    for rp in plans:
+        for job in rp.jobs:
+            if job.kind not in GPU_JOB_KINDS or not job.args or job.problems:
+                continue
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):  # its "Plan: PASS" line is isambard_sbatch's
+                    submission.gpu_job_plan(job.script, list(job.args), list(job.sbatch), required=True,
+                                            inputs_later=True)
+            except UserError as exc:
+                job.problems += [ln for ln in str(exc).splitlines() if ln and not ln.startswith("plan: ")]
+
+
 # ---- render --------------------------------------------------------------------------------------------------
 def cmd_render(exp: spec.Experiment, only: list[str] | None, no_configs: bool) -> int:
     plans = planning.plan_experiment(exp, exp.select(only))
+    plan_gpu_jobs(plans)
     print(f"# experiment {exp.name} ({exp.path}): {len(plans)} run(s); run from {paths.repo_root()}")
     for rp in plans:
         print(f"\n# run {rp.run.label}: " + (" ".join(spec.render_override(k, v) for k, v in rp.run.values.items())
@@ -134,9 +159,10 @@ def _sbatch(argv: list[str]) -> tuple[str, str | None]:
     root = paths.repo_root()
     res = subprocess.run([str(root / "isambard_sbatch"), "--parsable", *argv], cwd=root, capture_output=True,
                          text=True, timeout=600)
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"isambard_sbatch exited {res.returncode}: {last}")
+    if res.returncode != 0:  # the first error line is the reason; the last is only a count ("plan: 1 problem(s)")
+        lines = res.stderr.strip().splitlines() or ["(no output)"]
+        reason = next((ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")), lines[-1])
+        raise UserError(f"isambard_sbatch exited {res.returncode}: {reason}")
     m = re.match(r"\s*(\d+)", res.stdout)
     if not m:
         raise UserError(f"isambard_sbatch printed no job id: {res.stdout.strip()[:200]}")
@@ -147,6 +173,7 @@ def _sbatch(argv: list[str]) -> tuple[str, str | None]:
 def cmd_submit(exp: spec.Experiment, only: list[str] | None, relock: bool, allow_change: bool) -> int:
     runs = exp.select(only)
     plans = planning.plan_experiment(exp, runs, allow_config_change=allow_change)
+    plan_gpu_jobs(plans)
     live = _live_jobs(exp, [r.label for r in runs])
     problems = []
     for rp in plans:
