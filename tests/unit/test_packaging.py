@@ -21,7 +21,8 @@ SCRIPTS: dict[str, str] = PROJECT["scripts"]
 SRC = ROOT / "src"
 # A main() that is no console script, with the reason: the setup runs it by its path with the new venv's python
 # before the suite is installed (pipeline_env_setup.sh pip_install), so there is no console script to call yet.
-NOT_SCRIPTS = {"pipeline.env.installer": "run by path before the suite is installed"}
+NOT_SCRIPTS = {"pipeline.env.installer": "run by path before the suite is installed",
+               "pipeline.env.overlay": "run by path inside the container, before the suite's environment exists"}
 
 
 def pins(path: Path) -> dict[str, str]:
