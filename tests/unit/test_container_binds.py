@@ -100,7 +100,9 @@ def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
 
     data, ckpt = tmp_path / "data", tmp_path / "models" / "nano"
     write_packs(data)  # a readable packed Parquet: the preflight reads it (decisions #56)
-    ckpt.mkdir(parents=True)
+    (ckpt / "iter_0000000").mkdir(parents=True)  # an imported base: a tracker and its iteration
+    (ckpt / "iter_0000000" / "common.pt").write_bytes(b"x")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("0")
     argv = [NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16", f"dataset.dataset_root={data}",
             f"checkpoint.pretrained_checkpoint={ckpt}"]
     assert any("checkpoint.pretrained_checkpoint" in p and "not visible" in p

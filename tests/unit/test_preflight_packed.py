@@ -41,8 +41,28 @@ def dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))  # the container sees them (binds: decisions #55)
     root, ckpt = tmp_path / "data", tmp_path / "ckpt"
     root.mkdir()
-    ckpt.mkdir()
+    (ckpt / "iter_0000000").mkdir(parents=True)  # an imported base: a tracker and its iteration
+    (ckpt / "iter_0000000" / "common.pt").write_bytes(b"x")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("0")
     return root, ckpt
+
+
+@pytest.mark.parametrize("made", ["empty", "empty iteration", "tracker only"])
+def test_a_base_checkpoint_folder_that_holds_no_checkpoint_is_one_line(capsys, dirs, made):
+    """Issue 49 item 9: an empty pretrained_checkpoint folder (or one whose only iteration folder is empty: an import
+    that never finished) passed the preflight and failed on every rank after the queue."""
+    write_packs(dirs[0])
+    base = dirs[1].parent / "base"
+    base.mkdir()
+    if made == "empty iteration":
+        (base / "iter_0000000").mkdir()
+    if made == "tracker only":  # a tracker is what Bridge reads first: its own check names a missing iteration
+        (base / "latest_checkpointed_iteration.txt").write_text("0")
+    rc = main(argv(dirs[0], base))
+    errs = errors(capsys)
+    assert rc == 2 and len(errs) == 1, errs
+    want = "names iteration 0" if made == "tracker only" else f"checkpoint {base} holds no Megatron checkpoint"
+    assert want in errs[0] or (made == "tracker only" and "iter_0000000 does not exist" in errs[0]), errs
 
 
 def test_good_packs_pass_and_are_counted(capsys, dirs):

@@ -28,6 +28,12 @@ TRAINING_DONE = "TRAINING_DONE"
 _ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 
+def iteration_of(path: Path | str) -> int | None:
+    """The iteration an ``iter_NNNNNNN`` folder name stands for; None for any other name."""
+    m = _ITER_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def iter_dirname(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 

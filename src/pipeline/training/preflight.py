@@ -486,6 +486,26 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
         elif not Path(ckpt).exists():
             plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
                                  f"import {spec.import_hf_id}, or fix checkpoint.pretrained_checkpoint")
+        elif not _holds_megatron_checkpoint(Path(ckpt)):
+            from pipeline.checkpoint.layout import TRACKER
+
+            plan.problems.append(f"checkpoint {ckpt} holds no Megatron checkpoint (no {TRACKER}, no iter_NNNNNNN "
+                                 "folder with files: an empty folder, or an import that never finished): import it "
+                                 f"with pipeline_checkpoint_convert.sh import {spec.import_hf_id} --output {ckpt}, "
+                                 "or fix checkpoint.pretrained_checkpoint")
+
+
+def _holds_megatron_checkpoint(path: Path) -> bool:
+    """What Bridge can load from: a checkpoints folder with its tracker or an iteration folder, or an iteration
+    folder itself, holding files (an empty folder passed the preflight and failed on every rank after the queue)."""
+    from pipeline.checkpoint.layout import TRACKER, iter_dir, iteration_of, list_iterations
+
+    if not path.is_dir():
+        return False
+    if (path / TRACKER).is_file():
+        return True
+    folders = [path] if iteration_of(path) is not None else [iter_dir(path, n) for n in list_iterations(path)]
+    return any(f.is_dir() and any(f.iterdir()) for f in folders)
 
 
 def _tracker_problems(cfg: TrainingConfig) -> list[str]:
@@ -509,7 +529,7 @@ def _tracker_problems(cfg: TrainingConfig) -> list[str]:
         except UserError as exc:
             out.append(f"{key}: {exc}")
             continue
-        if n and not iter_dir(folder, n).is_dir():
+        if n is not None and not iter_dir(folder, n).is_dir():
             have = ", ".join(map(str, list_iterations(folder)[-5:])) or "none"
             out.append(f"{key}: {folder / TRACKER} names iteration {n}, but {iter_dirname(n)} does not exist "
                        f"(iterations there: {have}): write one of them into it, or remove it to start afresh")
