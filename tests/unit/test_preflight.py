@@ -1,6 +1,8 @@
 """Login-node preflight: the reference quickstart plans on a CPU machine; broken variants exit 2 with one
 line per problem naming the factors."""
 
+import re
+
 import pytest
 
 from pipeline.cli.train import main
@@ -308,3 +310,17 @@ def test_a_missing_nano_base_names_the_base_import(capsys):
     assert main(BASE[:-1] + ["checkpoint.pretrained_checkpoint=/no/such/base"]) == 2
     line = next(e for e in errors(capsys) if "/no/such/base does not exist" in e)
     assert "import nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16," in line, line
+
+
+def test_forgetting_nodes_names_the_node_count_that_fits(capsys):
+    """Issue 49 item 9: the Nano quickstart planned without --nodes (1 node) was refused as a memory overflow
+    ("179.9 GB > 95") with hints about parallelism only; it needs more data-parallel ranks to shard its optimizer.
+    The line now names the fewest nodes on which the same layout fits, and that count plans."""
+    i = BASE.index("--nodes")
+    argv = BASE[:i] + BASE[i + 2:]
+    assert main(argv + ["--nodes", "1"]) == 2
+    line = next(e for e in errors(capsys) if "estimated memory" in e)
+    m = re.search(r"on 1 node\(s\) > 95 GB .* with this layout it needs --nodes (\d+) \(([\d.]+) GB per GPU there\)", line)
+    assert m and float(m.group(2)) <= 95, line
+    assert main(argv + ["--nodes", m.group(1)]) == 0, errors(capsys)
+    assert main(argv + ["--nodes", str(int(m.group(1)) - 1)]) == 2  # one fewer does not fit (or does not divide)

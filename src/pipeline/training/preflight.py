@@ -244,8 +244,11 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
                 "enable model.recompute_granularity=full, raise cp/ep/tp (within a node) or lower micro_batch_size") \
             if not local else "lower train.micro_batch_size or model.seq_length"
         per = "GPU" if cluster.has_gpus else "host"
+        fits = None if local else _nodes_that_fit(spec, plan, recompute, sp, peft)
+        if fits is not None:  # more data-parallel ranks shard the optimizer: name the count, then the other levers
+            hint = (f"with this layout it needs --nodes {fits[0]} ({fits[1]:.1f} GB per GPU there); or " + hint)
         plan.problems.append(f"estimated memory {plan.memory_gb['total']:.1f} GB per {per}"
-                             f" > {plan.memory_budget_gb:g} GB on '{cluster.name}' "
+                             f" on {nodes} node(s) > {plan.memory_budget_gb:g} GB on '{cluster.name}' "
                              f"(weights {plan.memory_gb['weights']}, grads {plan.memory_gb['grads']}, optimizer "
                              f"{plan.memory_gb['optimizer']}, activations {plan.memory_gb['activations']}, logits "
                              f"{plan.memory_gb['logits']}): {hint}")
@@ -493,6 +496,25 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
                                  "folder with files: an empty folder, or an import that never finished): import it "
                                  f"with pipeline_checkpoint_convert.sh import {spec.import_hf_id} --output {ckpt}, "
                                  "or fix checkpoint.pretrained_checkpoint")
+
+
+MAX_NODES_SEARCHED = 512
+
+
+def _nodes_that_fit(spec: ModelSpec, plan: Plan, recompute, sp: bool, peft: str | None) -> tuple[int, float] | None:
+    """The fewest nodes, above the plan's, on which the same tp/pp/cp/ep/etp layout is valid, divides the global
+    batch and fits the memory budget (the distributed optimizer shards over the added data-parallel ranks), with its
+    estimate; None where no count up to MAX_NODES_SEARCHED does."""
+    lay, gpn = plan.layout, plan.ranks_per_node
+    for n in range(plan.nodes + 1, MAX_NODES_SEARCHED + 1):
+        cand = Layout(n * gpn, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp)
+        if cand.problems("", "") or plan.gbs % (plan.mbs * max(1, cand.dp)):
+            continue
+        trial = dataclasses.replace(plan, nodes=n, layout=cand, problems=[], notes=[], warnings=[])
+        total = estimate_memory_gb(spec, trial, recompute, sp, False, peft)["total"]
+        if total <= plan.memory_budget_gb:
+            return n, total
+    return None
 
 
 def _holds_megatron_checkpoint(path: Path) -> bool:
