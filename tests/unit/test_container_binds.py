@@ -90,9 +90,27 @@ def test_training_refuses_a_dataset_outside_the_binds(tmp_path):
     data.mkdir()
     plan = plan_from_argv([NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16",
                            f"dataset.dataset_root={data}"])
-    line = (f"dataset.dataset_root {data} is not visible in the container (apptainer): add it (or a folder above "
+    line = (f"dataset.dataset_root {data} is not visible in the container (apptainer): bind it for your jobs with "
+            f"export PIPELINE_BINDS={data} (comma-separated SRC[:DST]), or for every user add it (or a folder above "
             "it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
     assert line in plan.preflight.problems, plan.preflight.problems
+
+
+def test_the_bind_refusal_names_pipeline_binds_first_and_it_works(tmp_path, monkeypatch):
+    """Issue 49 item 5: a path outside the binds is refused with the one-user fix first (PIPELINE_BINDS, keeping
+    what it already holds), and that fix makes the same plan see it; the shared profile is the second choice."""
+    data = tmp_path / "data"
+    data.mkdir()
+    argv = [NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16",
+            f"dataset.dataset_root={data}", "--no-path-checks"]
+    monkeypatch.setenv("PIPELINE_BINDS", "/scratch/mine")
+    plan = plan_from_argv([a for a in argv if a != "--no-path-checks"])
+    line = next(p for p in plan.preflight.problems if p.startswith(f"dataset.dataset_root {data} is not visible"))
+    assert f"export PIPELINE_BINDS=/scratch/mine,{data} " in line
+    assert line.index("PIPELINE_BINDS") < line.index("cluster profile's binds")
+    monkeypatch.setenv("PIPELINE_BINDS", f"/scratch/mine,{data}")
+    plan = plan_from_argv([a for a in argv if a != "--no-path-checks"])
+    assert not any("is not visible" in p and "dataset_root" in p for p in plan.preflight.problems)
 
 
 def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
@@ -118,8 +136,9 @@ def test_an_export_plan_refuses_a_checkpoint_outside_the_binds(tmp_path):
 
     ckpt = tmp_path / "run" / "checkpoints"
     plan = plan_export(ckpt, NANO_HF, cluster="isambard_gh200", nodes=1)
-    line = (f"checkpoint directory {ckpt} is not visible in the container (apptainer): add it (or a folder above "
-            "it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
+    line = (f"checkpoint directory {ckpt} is not visible in the container (apptainer): bind it for your jobs with "
+            f"export PIPELINE_BINDS={ckpt.parent} (comma-separated SRC[:DST]), or for every user add it (or a folder "
+            "above it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
     assert line in plan.problems, plan.problems
     inside = plan_export(ckpt, NANO_HF, cluster=site_profile(tmp_path, str(tmp_path)), nodes=1)
     assert not any("not visible" in p for p in inside.problems), inside.problems

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -140,8 +141,13 @@ def invisible_paths(profile, checked: list[tuple[str, object]], environ: dict[st
     for label, path in checked:
         if path is None or str(path) == "" or visible(cfg, str(path)):
             continue
-        out.append(f"{label} {path} is not visible in the container ({cfg.runtime}): add it (or a folder above "
-                   f"it) to the cluster profile's binds (configs/cluster/{profile.name}.yaml)")
+        p = Path(str(path))
+        folder = p if p.is_dir() else p.parent
+        have = (environ if environ is not None else os.environ).get("PIPELINE_BINDS", "")
+        binds = f"{have},{folder}" if have else str(folder)
+        out.append(f"{label} {path} is not visible in the container ({cfg.runtime}): bind it for your jobs with "
+                   f"export PIPELINE_BINDS={shlex.quote(binds)} (comma-separated SRC[:DST]), or for every user add "
+                   f"it (or a folder above it) to the cluster profile's binds (configs/cluster/{profile.name}.yaml)")
     return out
 
 
