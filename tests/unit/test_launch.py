@@ -37,6 +37,24 @@ def test_multi_node_ft_launcher_from_the_allocation(monkeypatch):
     assert gh.env["NCCL_NET"] == "AWS Libfabric" and gh.env["FI_PROVIDER"] == "cxi"
 
 
+def test_use_nsys_profiler_wraps_each_nodes_launcher_in_nsys():
+    """Issue 49 item 6: profiling.use_nsys_profiler=true on the Bridge engine passed the preflight and the launch line
+    was never wrapped: Bridge's cudaProfilerStart/Stop had no nsys to start. Now the node's launcher runs under nsys
+    with the profiler-API capture range (Bridge's profile ranks and step window), one report per node."""
+    from pipeline.cli.train import plan_from_argv
+
+    base = ["configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--disable-ft",
+            "--dry-run", "--no-path-checks", "--nodes", "16", "--cluster", "isambard_gh200"]
+    plain = plan_from_argv(base).command()
+    assert plain[0] == "torchrun" and "nsys" not in plain
+    cmd = plan_from_argv(base + ["profiling.use_nsys_profiler=true"]).command()
+    run_dir = Path(cmd[cmd.index("--run-dir") + 1])
+    assert cmd[:cmd.index("torchrun")] == [
+        "nsys", "profile", "-s", "none", "-t", "nvtx,cuda", "-o", str(run_dir / "nsys" / "node0"), "--force-overwrite",
+        "true", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+    assert cmd[cmd.index("torchrun"):] == plain
+
+
 def test_flags_and_overrides_are_split():
     flags, ov = split_args(["c.yaml", "--model", "nano", "--mode", "sft", "--disable-ft", "train.train_iters=5",
                             "+model.x=1", "~rng", "--nodes", "2", "checkpoint.save=null"])

@@ -82,8 +82,9 @@ class LaunchPlan:
 
     def command(self) -> list[str]:
         """The per-node torchrun / ft_launcher command line."""
+        nsys = bool(self.cfg.profiling.use_nsys_profiler) and not self.spec.is_local
         return launch_command(self.spec, self.cluster, self.alloc, self.nodes, self.run_dir, self.request.disable_ft,
-                              self.max_restarts)
+                              self.max_restarts, nsys=nsys)
 
     def sbatch_line(self) -> str:
         req = self.request
@@ -194,11 +195,21 @@ def uses_ft_launcher(cluster: ClusterProfile, disable_ft: bool) -> bool:
     return (not disable_ft) and cluster.launcher == "ft_launcher"
 
 
+def nsys_prefix(run_dir: Path, node_rank: int) -> list[str]:
+    """Nsight Systems around the node's launcher, as Megatron Bridge's profiling docs run it: nothing is recorded
+    until Bridge calls cudaProfilerStart at profiling.profile_step_start on the ranks of profiling.profile_ranks, and
+    recording stops at its cudaProfilerStop; NVTX and CUDA traced, no CPU sampling; one report per node under the
+    run directory (<run_dir>/nsys/node<N>.nsys-rep), replaced by a relaunch's."""
+    return ["nsys", "profile", "-s", "none", "-t", "nvtx,cuda", "-o", str(Path(run_dir) / "nsys" / f"node{node_rank}"),
+            "--force-overwrite", "true", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+
+
 def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, nodes: int, run_dir: Path,
-                   disable_ft: bool, max_restarts: int) -> list[str]:
-    """torchrun / ft_launcher command line (pure function of its inputs)."""
+                   disable_ft: bool, max_restarts: int, nsys: bool = False) -> list[str]:
+    """torchrun / ft_launcher command line (pure function of its inputs); ``nsys``: under Nsight Systems
+    (profiling.use_nsys_profiler on the Bridge engine, :func:`nsys_prefix`)."""
     use_ft = uses_ft_launcher(cluster, disable_ft)
-    cmd = ["ft_launcher" if use_ft else "torchrun"]
+    cmd = [*(nsys_prefix(run_dir, alloc.node_rank) if nsys else []), "ft_launcher" if use_ft else "torchrun"]
     if alloc.in_slurm or nodes > 1:
         host, port = rendezvous(alloc, cluster.rdzv_port)
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={alloc.job_id or 'local'}",
