@@ -509,9 +509,9 @@ def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, req:
 
 
 def check_import_target(output: Path, *, force: bool) -> None:
-    """An output that already holds a checkpoint is overwritten only with --force."""
-    if layout.read_tracker(output) is not None and not force:
-        raise UserError(f"{output} already holds a checkpoint; --force to overwrite")
+    """The import's output folder by the one output-folder rule (``layout.check_output_folder``): absent, empty, or
+    a checkpoint of ours with --force; a folder holding anything else is never written or deleted."""
+    layout.check_output_folder(output, force=force, what="import output")
 
 
 def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False, tp: int = 1, pp: int = 1,
@@ -535,8 +535,7 @@ def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False, 
     if not Path(src).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise UserError(f"{hf_id} is neither a registry model, a local directory, nor reachable (HF_HUB_OFFLINE=1)")
     target = layout.iter_dir(output, 0)
-    if layout.read_tracker(output) is not None and not force:
-        raise UserError(f"{output} already holds a checkpoint; --force to overwrite")
+    check_import_target(output, force=force)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src)
     with atomic_path(target) as tmp:

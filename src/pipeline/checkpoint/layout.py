@@ -170,3 +170,66 @@ def resolve_iteration(save: Path, iteration: int | None) -> Path:
                             f"complete iterations: {have}")
         raise UserError(f"iteration {iteration} does not exist in {save}; complete iterations: {have}")
     return iter_dir(save, iteration)
+
+
+# ---- the one output-folder rule: before any job writes or deletes a checkpoint folder --------------------------
+# What a checkpoint folder of this suite holds beside its iter_NNNNNNN folders: the trackers (ours, Bridge's), the
+# completion marker, the owner record and its lock (training/records.py), upload-all's marker and lock folders
+# (poll.py, lock.py) and Megatron's progress log.
+OWN_ENTRIES = frozenset({TRACKER, "latest_train_state.pt", "progress.txt", TRAINING_DONE, ".pipeline_owner.json",
+                         ".pipeline_owner.lock", "converted_checkpoints", "evaluated_checkpoints",
+                         "in_progress_checkpoints"})
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """What in ``folder`` is not part of a checkpoint this suite wrote (names relative to it, sorted): anything but
+    :data:`OWN_ENTRIES`, an atomic write's temporary (``.NAME....tmp``) and iter_NNNNNNN folders that are empty or
+    hold a checkpoint (its marker, or Megatron's torch_dist files)."""
+    out = []
+    for e in sorted(Path(folder).iterdir()):
+        if e.name in OWN_ENTRIES or (e.name.startswith(".") and e.name.endswith((".tmp", ".importing"))):
+            continue
+        if _ITER_RE.match(e.name) and e.is_dir() and not e.is_symlink():
+            inside = sorted(e.iterdir())
+            if not inside or engine_of(e) is not None:
+                continue
+            out += [f"{e.name}/{f.name}" for f in inside]
+            continue
+        out.append(e.name + ("/" if e.is_dir() else ""))
+    return out
+
+
+def output_folder_problem(folder: Path, *, force: bool, what: str = "the output") -> str | None:
+    """The one rule before a job writes (or replaces) a checkpoint folder: None when it may, else the one-line
+    refusal. Allowed: absent, an empty folder, or one this suite wrote (a tracker or iter_NNNNNNN checkpoints and
+    nothing foreign: :func:`foreign_entries`) with ``force``. Never, even with ``force``: a file, or a folder holding
+    anything else (a user's files, the shared models folder): --force replaces a checkpoint, it never deletes what
+    is not one."""
+    folder = Path(folder)
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    if not folder.is_dir():
+        return f"{what} {folder} exists and is not a folder: choose a new or empty folder"
+    try:
+        if not any(folder.iterdir()):
+            return None
+        foreign = foreign_entries(folder)
+    except OSError as exc:
+        return f"{what} {folder} cannot be read ({exc.strerror or exc}): choose a new or empty folder"
+    if not foreign and not any((folder / n).exists() for n in (TRACKER, "latest_train_state.pt")) and \
+            not list_iterations(folder):
+        return None  # only markers or temporaries: no checkpoint to lose
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        return (f"{what} {folder} holds files that are not a checkpoint ({shown}): refusing to write or delete it, "
+                "even with --force; choose a new or empty folder")
+    if not force:
+        return f"{what} {folder} already holds a checkpoint; --force to replace it"
+    return None
+
+
+def check_output_folder(folder: Path, *, force: bool, what: str = "the output") -> None:
+    """:func:`output_folder_problem` as a UserError (exit 2, one line)."""
+    problem = output_folder_problem(folder, force=force, what=what)
+    if problem:
+        raise UserError(problem)

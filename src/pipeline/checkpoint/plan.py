@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.checkpoint.layout import output_folder_problem
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
@@ -478,10 +479,16 @@ def import_target(hf_id: str, output: Path | None, profile: ClusterProfile) -> t
     if output is not None:
         return fetch, Path(output), megatron
     if not megatron:
-        return fetch, paths.models_dir() / "local" / hf_id.replace("/", "__"), False
-    root = Path(profile.megatron_models_dir) if profile.megatron_models_dir else \
+        return fetch, models_root(profile, False) / hf_id.replace("/", "__"), False
+    return fetch, models_root(profile, True) / fetch.split("/")[-1], True
+
+
+def models_root(profile: ClusterProfile, megatron: bool) -> Path:
+    """The shared folder the imports' default outputs are made in (one model's folder each)."""
+    if not megatron:
+        return paths.models_dir() / "local"
+    return Path(profile.megatron_models_dir) if profile.megatron_models_dir else \
         paths.models_dir() / "megatron_bridges" / "models"
-    return fetch, root / fetch.split("/")[-1], True
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -523,7 +530,7 @@ def import_layout(spec: ModelSpec, profile: ClusterProfile, nodes: int) -> Layou
 
 def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = None, cluster: str | None = None,
                 argv: list[str] | None = None, tp: int | None = None, pp: int | None = None,
-                ep: int | None = None) -> JobPlan:
+                ep: int | None = None, force: bool = False) -> JobPlan:
     """Hugging Face -> Megatron. One process on one node by default: Bridge's import_ckpt builds the model on the
     host (CPU initialisation) and saves it once. A model whose single-process import hangs (Super; the reference:
     always torchrun) or an explicit --tp/--pp/--ep imports model-parallel under torchrun, one rank per GPU, each
@@ -539,6 +546,14 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1), engine="megatron" if megatron else "local",
                    env=job_env(profile.env), launch=["python", *module])
     plan.notes.append(f"output: {out}")
+    root = models_root(profile, megatron)
+    if Path(out).resolve() == root.resolve():
+        plan.problems.append(f"--output {out} is the shared models folder itself: give the model's own folder "
+                             f"(the default: {root / fetch.split('/')[-1]})")
+    else:  # before anything is deleted: absent, empty, or ours with --force (the job checks again)
+        problem = output_folder_problem(out, force=force, what="import output")
+        if problem:
+            plan.problems.append(problem)
     if spec is None and not Path(fetch).is_dir() and not HUB_ID.fullmatch(fetch):  # planned OK, failed in the job
         plan.problems.append(f"{fetch!r} is neither a registry model, a Hugging Face hub id (ORG/NAME) nor a local "
                              "model folder")

@@ -193,7 +193,8 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     rest = strip_options(list(req.argv), ("--dry-run", "--json"), ("--nodes",))
     nodes = req.nodes if req.nodes is not None else nodes
     if req.action == "import":
-        return jobs.plan_import(req.hf_id, req.output, nodes=nodes, argv=rest, tp=req.tp, pp=req.pp, ep=req.ep)
+        return jobs.plan_import(req.hf_id, req.output, nodes=nodes, argv=rest, tp=req.tp, pp=req.pp, ep=req.ep,
+                                force=req.force)
     assert req.ckpt_dir is not None  # export and upload-all: a required positional
     plan = jobs.plan_export(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep, iteration=req.iteration,
                             nodes=nodes, job=req.action, argv=rest, inputs_later=inputs_later,

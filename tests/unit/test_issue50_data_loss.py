@@ -1,0 +1,99 @@
+"""Issue 50, data loss: outputs never deleted that are not ours, one atomic claim of a checkpoint.save, markers that
+go with the results they stand for, evaluations that never replace results of other settings silently.
+
+1. One output-folder rule (``layout.output_folder_problem``) before an import writes or deletes its folder: absent,
+   empty, or a checkpoint of ours with --force; a folder holding anything else is refused in one line, even with
+   --force, at plan time (the dry run too), before anything is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from pipeline.checkpoint import layout
+from tests.helpers import run
+
+PY = sys.executable
+
+
+# ---- 1. the output-folder rule ------------------------------------------------------------------------------
+def _ours(folder):
+    it = layout.iter_dir(folder, 0)
+    it.mkdir(parents=True)
+    (it / "model.safetensors").write_bytes(b"x")
+    (it / layout.MARKER).write_text('{"engine": "local", "iteration": 0}')
+    layout.write_tracker(folder, 0)
+    return folder
+
+
+def test_the_output_folder_rule_absent_empty_ours_or_force_never_foreign(tmp_path):
+    rule = layout.output_folder_problem
+    assert rule(tmp_path / "absent", force=False) is None
+    (tmp_path / "empty").mkdir()
+    assert rule(tmp_path / "empty", force=False) is None
+    ours = _ours(tmp_path / "ours")
+    assert rule(ours, force=False) == f"the output {ours} already holds a checkpoint; --force to replace it"
+    assert rule(ours, force=True) is None
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    for force in (False, True):  # --force never deletes what is not a checkpoint
+        assert rule(user, force=force) == (f"the output {user} holds files that are not a checkpoint (thesis.tex): "
+                                           "refusing to write or delete it, even with --force; choose a new or "
+                                           "empty folder")
+    notes = tmp_path / "D"
+    (notes / "iter_0000000").mkdir(parents=True)
+    (notes / "iter_0000000" / "notes.txt").write_text("mine")
+    for force in (False, True):  # an iter_ folder that holds no checkpoint, no tracker: not ours either
+        assert "(iter_0000000/notes.txt)" in rule(notes, force=force)
+    (ours / "notes.txt").write_text("mine")  # a checkpoint with a user's file beside it
+    assert "(notes.txt)" in rule(ours, force=True)
+    (tmp_path / "file").write_text("")
+    assert "exists and is not a folder" in rule(tmp_path / "file", force=True)
+    with pytest.raises(Exception, match="holds files that are not a checkpoint"):
+        layout.check_output_folder(user, force=True)
+
+
+def _convert(args, env_extra=None):
+    env = {**os.environ, "PIPELINE_CLUSTER": "isambard_gh200", **(env_extra or {})}
+    return run([PY, "-m", "pipeline.cli.checkpoint", *args], env=env, timeout=300)
+
+
+def test_an_import_onto_a_users_folder_is_refused_at_plan_time_and_nothing_is_deleted(tmp_path):
+    """`import nano --output DIR` on a user's folder planned PASS and the import removed the folder; `import
+    smollm2-135m --output D` with D/iter_0000000/notes.txt replaced it without --force; --output set to the shared
+    models folder itself planned PASS."""
+    user = tmp_path / "U"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    notes = tmp_path / "D"
+    (notes / "iter_0000000").mkdir(parents=True)
+    (notes / "iter_0000000" / "notes.txt").write_text("mine")
+    for args in (["nano", "--output", str(user), "--dry-run", "--nodes", "1"],
+                 ["nano", "--output", str(user), "--force", "--dry-run", "--nodes", "1"],
+                 ["smollm2-135m", "--output", str(notes), "--dry-run"],
+                 ["smollm2-135m", "--output", str(notes)],  # the job itself: refused before the model loads
+                 ["smollm2-135m", "--output", str(notes), "--force"]):
+        res = _convert(["import", *args])
+        errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error")]
+        assert res.returncode == 2 and len(errors) == 1, (args, res.stdout, res.stderr)
+        assert "holds files that are not a checkpoint" in errors[0] and "even with --force" in errors[0]
+    assert (user / "thesis.tex").read_text() == "years of work"
+    assert (notes / "iter_0000000" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["D", "U"]  # nothing staged beside them either
+
+    models = tmp_path / "models"  # the local profile's shared folder: $PIPELINE_MODELS_DIR/megatron_bridges/models
+    root = models / "megatron_bridges" / "models"
+    root.mkdir(parents=True)
+    res = _convert(["import", "nano", "--output", str(root), "--dry-run"],
+                   {"PIPELINE_CLUSTER": "local_cpu", "PIPELINE_MODELS_DIR": str(models)})
+    assert res.returncode == 2 and f"error: --output {root} is the shared models folder itself" in res.stderr
+
+    ours = _ours(tmp_path / "ours")
+    res = _convert(["import", "smollm2-135m", "--output", str(ours), "--dry-run"])
+    assert res.returncode == 2 and "already holds a checkpoint; --force to replace it" in res.stderr
+    res = _convert(["import", "smollm2-135m", "--output", str(ours), "--dry-run", "--force"])
+    assert res.returncode == 0, res.stderr
