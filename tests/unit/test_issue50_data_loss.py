@@ -4,16 +4,20 @@ go with the results they stand for, evaluations that never replace results of ot
 1. One output-folder rule (``layout.output_folder_problem``) before an import writes or deletes its folder: absent,
    empty, or a checkpoint of ours with --force; a folder holding anything else is refused in one line, even with
    --force, at plan time (the dry run too), before anything is deleted.
+2. Two trainings launched at the same moment on one checkpoint.save: the owner record is claimed atomically (read
+   again and written under a flock), so exactly one claims it and the other is refused in one line.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import pytest
 
 from pipeline.checkpoint import layout
+from pipeline.common.errors import UserError
 from tests.helpers import run
 
 PY = sys.executable
@@ -97,3 +101,47 @@ def test_an_import_onto_a_users_folder_is_refused_at_plan_time_and_nothing_is_de
     assert res.returncode == 2 and "already holds a checkpoint; --force to replace it" in res.stderr
     res = _convert(["import", "smollm2-135m", "--output", str(ours), "--dry-run", "--force"])
     assert res.returncode == 0, res.stderr
+
+
+# ---- 2. one atomic claim of a checkpoint.save -------------------------------------------------------------------
+def _claim(records, plan, start, outcome):
+    start.wait()  # both threads call the real claim at the same moment
+    try:
+        records.claim_save(plan.cfg.checkpoint.save, plan.run_dir, plan.cfg)
+        outcome[plan.run_dir.name] = "claimed"
+    except UserError as exc:
+        outcome[plan.run_dir.name] = str(exc)
+
+
+def test_two_trainings_claiming_one_save_at_once_one_wins_the_other_is_refused(tmp_path, monkeypatch):
+    """Both passed the ownership check (neither had written its record yet) and both wrote into the same folder;
+    the owner record named only the second."""
+    from pipeline.training import records
+    from pipeline.training.launch import LaunchRequest, plan_launch
+    from tests.helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    save = tmp_path / "shared"
+    plans = [plan_launch(LaunchRequest(config="configs/local/tiny_moe_sft.yaml", model="tiny-qwen3-moe", mode="sft",
+                                       overrides=(f"checkpoint.save={save}",), disable_ft=True, path_checks=False,
+                                       run_dir=tmp_path / name)) for name in ("a", "b")]  # both pass the check
+    for _ in range(20):  # many rounds: a race that passes once by luck must not pass the test
+        (save / records.OWNER_FILE).unlink(missing_ok=True)
+        start, outcome = threading.Barrier(2), {}
+
+        threads = [threading.Thread(target=_claim, args=(records, p, start, outcome)) for p in plans]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [name for name, o in outcome.items() if o == "claimed"]
+        assert len(winners) == 1, outcome
+        loser = "b" if winners == ["a"] else "a"
+        refusal = outcome[loser]
+        assert refusal.startswith(f"checkpoint.save {save.resolve()} belongs to run {tmp_path.resolve() / winners[0]}")
+        assert "\n" not in refusal
+        owner = records.read_json(save / records.OWNER_FILE)
+        assert owner["run_dir"] == str((tmp_path / winners[0]).resolve())
+    won = plans[0] if winners == ["a"] else plans[1]  # the winner relaunching (a requeue) claims it again
+    assert records.claim_save(won.cfg.checkpoint.save, won.run_dir, won.cfg) == save.resolve() / records.OWNER_FILE

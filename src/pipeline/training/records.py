@@ -41,7 +41,7 @@ from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, write_json, write_text
-from pipeline.common.locks import try_flock, write_holder
+from pipeline.common.locks import release, try_flock, write_holder
 from pipeline.common.mappings import flatten
 from pipeline.common.procs import pid_alive
 from pipeline.config.schema import TrainingConfig
@@ -195,6 +195,7 @@ def _recorded_launch(run_dir: Path) -> dict[str, Any] | None:
 # Without the record, two runs sharing a save overwrote each other's iterations, and a new run resumed from another
 # run's weights (exit 0). Starting from another run's weights is checkpoint.load / pretrained_checkpoint.
 OWNER_FILE = ".pipeline_owner.json"
+OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked and written (claim_save)
 
 
 def config_identity(cfg: TrainingConfig) -> str:
@@ -256,20 +257,33 @@ def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig
 
 def claim_save(save: str | Path | None, run_dir: Path, cfg: TrainingConfig) -> Path | None:
     """Record this run as the owner of its ``checkpoint.save`` (atomically; rewritten on every launch, keeping the
-    first ``since``). Call after :func:`check_save_owner`."""
+    first ``since``). Call after :func:`check_save_owner`. The claim is one atomic step: the owner record is read
+    again and written under an exclusive ``flock`` of :data:`OWNER_LOCK` in the save, so of two trainings launched
+    at the same moment on one save (both passed :func:`check_save_owner` before either had written) exactly one
+    claims it and the other is refused in one line naming the winner."""
     if not save:
         return None
     save, run_dir = Path(str(save)).resolve(), Path(run_dir).resolve()
     path = save / OWNER_FILE
-    since = None
-    if path.is_file():
-        try:
-            since = read_json(path).get("since")
-        except (OSError, ValueError, AttributeError):
-            pass
     save.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"run_dir": str(run_dir), "identity": config_identity(cfg),
-                      "since": since or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    fd, _ = try_flock(save / OWNER_LOCK, wait=True)
+    assert fd is not None  # wait=True blocks until this process holds it
+    try:
+        since = None
+        if path.is_file():
+            try:
+                owner = read_json(path)
+            except (OSError, ValueError):
+                owner = None
+            if isinstance(owner, dict) and str(owner.get("run_dir")) != str(run_dir):
+                raise UserError(f"checkpoint.save {save} belongs to run {owner.get('run_dir')} (owner record {path}, "
+                                f"since {owner.get('since', '?')}; claimed while this run was starting), not to this "
+                                f"run {run_dir}: give this run its own checkpoint.save (or another run name)")
+            since = owner.get("since") if isinstance(owner, dict) else None
+        write_json(path, {"run_dir": str(run_dir), "identity": config_identity(cfg),
+                          "since": since or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    finally:
+        release(fd)
     return path
 
 
