@@ -78,3 +78,19 @@ def test_the_training_log_has_the_references_name():
     script = str(ROOT / "pipeline_training_submit.sbatch")
     assert log_path([], script, "123", None).name == "train-123.out"  # the reference: logs/slurm/train-<jobid>.out
     assert "tail -f logs/slurm/train-<jobid>.out" in (ROOT / "README.md").read_text()
+
+
+def test_two_members_of_a_team_run_the_smoke_command_into_their_own_folders(monkeypatch):
+    """Issue 49 item 3: the smoke config's save was one absolute folder, so only the first member of a team could run
+    the documented command (the second: 'belongs to run /home/<first user>/...'). It carries the user now."""
+    from pipeline.cli.train import plan_from_argv
+
+    argv = ["configs/smoke/nemotron_nano_smoke_sft.yaml", "--model", "nano", "--mode", "sft", "--disable-ft",
+            "--dry-run", "--nodes", "4", "--no-path-checks"]
+    saves = {}
+    for user in ("alice", "bob"):
+        monkeypatch.setenv("USER", user)
+        plan = plan_from_argv(argv)
+        assert plan.preflight.ok, plan.preflight.problems
+        saves[user] = str(plan.cfg.checkpoint.save)
+    assert saves == {u: f"/projects/a5k/public/checkpoints/megatron/{u}/nemotron_nano_smoke_sft" for u in saves}

@@ -6,6 +6,7 @@ lists ``[1,2]``, quoted strings). Unknown keys fail with a hint naming the close
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -173,10 +174,16 @@ def resolve_dict(path: str | Path | None, overrides: list[str] | None = None,
 
 
 def resolve_interpolations(cfg: dict) -> dict:
-    """Resolve OmegaConf interpolations (``${oc.env:VAR,default}``, ``${model.seq_length}``)."""
+    """Resolve OmegaConf interpolations (``${oc.env:VAR,default}``, ``${model.seq_length}``). ``${oc.env:USER}`` (a
+    shipped config's per-user save folder) resolves where a batch or CI environment sets no USER: the process's
+    login name, as the shell launchers export it (common/lib.sh)."""
+    import getpass
+
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if not os.environ.get("USER"):
+        os.environ["USER"] = getpass.getuser()
     try:
         return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
     except OmegaConfBaseException as exc:
