@@ -6,6 +6,8 @@ go with the results they stand for, evaluations that never replace results of ot
    --force, at plan time (the dry run too), before anything is deleted.
 2. Two trainings launched at the same moment on one checkpoint.save: the owner record is claimed atomically (read
    again and written under a flock), so exactly one claims it and the other is refused in one line.
+3. A new hf/ (export --force) removes upload-all's markers of that iteration with the results they stood for
+   (hf/eval/, hf/coherence/): the next upload-all evaluates the new export instead of reporting success.
 """
 
 from __future__ import annotations
@@ -145,3 +147,42 @@ def test_two_trainings_claiming_one_save_at_once_one_wins_the_other_is_refused(t
         assert owner["run_dir"] == str((tmp_path / winners[0]).resolve())
     won = plans[0] if winners == ["a"] else plans[1]  # the winner relaunching (a requeue) claims it again
     assert records.claim_save(won.cfg.checkpoint.save, won.run_dir, won.cfg) == save.resolve() / records.OWNER_FILE
+
+
+# ---- 3. markers go with the results they stand for ------------------------------------------------------------
+def test_a_forced_export_removes_the_markers_of_the_results_it_deleted(tmp_path, tokenizer):
+    """export --force deleted hf/eval/ and hf/coherence/ while evaluated_checkpoints/*.done stayed: upload-all
+    reported success and never evaluated that iteration again."""
+    from pipeline.checkpoint import poll
+    from pipeline.checkpoint.export import ExportRequest, export_iteration
+    from tests.unit.test_export_fidelity import _save_iteration
+
+    ckpt = tmp_path / "checkpoints"
+    it = _save_iteration(ckpt, tokenizer, tied=False)
+    req = ExportRequest(hf_model="test/llama", reasoning=False, locked=True)  # upload-all's: it holds the lock
+    evaluated = []
+
+    def evaluate(iter_path):  # what upload-all --eval writes: the results inside hf/
+        evaluated.append(iter_path.name)
+        (iter_path / "hf" / "eval").mkdir(exist_ok=True)
+        (iter_path / "hf" / "eval" / "pipeline_smoke.json").write_text('{"summary": {}}')
+        return {"tasks": {}}
+
+    def upload_all_pass():
+        return poll.convert_pending(ckpt, lambda p: export_iteration(p, req), evaluate=evaluate,
+                                    eval_key="pipeline_smoke")
+
+    assert upload_all_pass() == ([1], []) and evaluated == ["iter_0000001"]
+    (it / "hf" / "coherence").mkdir()
+    (it / "hf" / "coherence" / "coherence_hf.json").write_text("{}")
+    assert poll.eval_marker(ckpt, 1, "pipeline_smoke", "done").exists()
+    assert upload_all_pass() == ([], []) and evaluated == ["iter_0000001"]  # done once: nothing to do
+
+    rec = export_iteration(it, ExportRequest(hf_model="test/llama", reasoning=False, force=True))  # export --force
+    assert rec["verdict"] == "PASS"
+    assert not (it / "hf" / "eval").exists() and not (it / "hf" / "coherence").exists()
+    assert not poll.eval_marker(ckpt, 1, "pipeline_smoke", "done").exists()  # gone with the results it stood for
+    assert not list((ckpt / poll.DONE_DIR).iterdir())  # the conversion's (its coherence) too
+    assert upload_all_pass() == ([1], []) and evaluated == ["iter_0000001"] * 2  # evaluated again
+    assert (it / "hf" / "eval" / "pipeline_smoke.json").is_file()
+    assert poll.eval_marker(ckpt, 1, "pipeline_smoke", "done").exists()

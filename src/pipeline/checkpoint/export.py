@@ -239,6 +239,7 @@ def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
         else:
             _copy_local(iter_path, tmp)
         record = _verify(iter_path, tmp, engine, req, lora_base=base)
+        forget_results(iter_path)  # verified: the new hf/ replaces the old one on leaving this block
     log.info("export: %s -> %s (max |logit diff| %.2e, KL %.2e, top-1 agreement %.3f, reference loss %.3f)",
              iter_path.name, out, record["max_abs_logit_diff"], record["kl"], record["top1_agreement"],
              record["reference_loss"])
@@ -500,12 +501,28 @@ def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, req:
                         source_logits: list | None) -> dict:
     try:
         record = _verify(iter_path, tmp, engine, req, source_logits=source_logits)
+        forget_results(iter_path)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
         return record
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def forget_results(iter_path: Path) -> list[Path]:
+    """Before a new ``hf/`` is published (``--force`` replaces the old one with its ``eval/`` and ``coherence/``):
+    remove upload-all's markers of this iteration (``poll.result_markers``), so the results that went with the old
+    ``hf/`` are produced again instead of reported done. Removing the markers, not keeping the results: results
+    measured on the replaced export do not describe the new one (a forced re-export exists to change it)."""
+    from pipeline.checkpoint.poll import result_markers
+
+    it = layout.iteration_of(iter_path)
+    gone = result_markers(iter_path.parent, it) if it is not None else []
+    for marker in gone:
+        marker.unlink(missing_ok=True)
+        log.info("export: removed %s (it stood for results of the replaced hf/)", marker)
+    return gone
 
 
 def check_import_target(output: Path, *, force: bool) -> None:

@@ -7,6 +7,10 @@ polling while training runs (the AutoExperiment seed's marker/lock scheme).
     <ckpt>/evaluated_checkpoints/iter_NNNNNNN.<tasks>.done     with ``--eval TASKS``: written after the results
     <ckpt>/evaluated_checkpoints/iter_NNNNNNN.<tasks>.failed   the evaluation failed: not retried automatically
 
+An export that publishes a new ``hf/`` (``export --force``) removes the iteration's markers first
+(``result_markers``): the results they stood for (``hf/eval/``, ``hf/coherence/``) went with the old ``hf/``, so the
+next pass evaluates the new one instead of reporting success for results that are gone.
+
 With an ``evaluate`` callable every converted iteration is also evaluated once, under the same lock and after its
 export verified (an iteration converted before ``--eval`` was asked for is evaluated by the next pass); a killed
 evaluation leaves its lock and no marker, so it is redone like a killed conversion.
@@ -44,6 +48,13 @@ def eval_marker(ckpt: Path, it: int, key: str, state: str) -> Path:
     return ckpt / EVAL_DIR / f"{layout.iter_dirname(it)}.{key}.{state}"
 
 
+def result_markers(ckpt: Path, it: int) -> list[Path]:
+    """The markers that stand for an iteration's export and the results inside its ``hf/`` (conversion, coherence
+    recorded in the conversion's marker, ``hf/eval/`` per task list): what a new ``hf/`` makes untrue."""
+    name = layout.iter_dirname(it)
+    return sorted([*(Path(ckpt) / DONE_DIR).glob(f"{name}.*"), *(Path(ckpt) / EVAL_DIR).glob(f"{name}.*")])
+
+
 def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600,
                     evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval"
                     ) -> tuple[list[int], list[int]]:
@@ -77,6 +88,9 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
                 write_json(done_dir / f"{name}.done", {"iteration": it, "time": time.time(), **record})
                 converted.append(it)
                 log.info("converted %s", name)
+                # a forced export that replaced hf/ removed the evaluation markers with the results they stood for
+                need_eval = evaluate is not None and not any(eval_marker(ckpt, it, eval_key, s).exists()
+                                                             for s in ("done", "failed"))
             if need_eval and evaluate is not None:
                 try:
                     summary = evaluate(layout.iter_dir(ckpt, it))
