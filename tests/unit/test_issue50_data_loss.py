@@ -8,10 +8,13 @@ go with the results they stand for, evaluations that never replace results of ot
    again and written under a flock), so exactly one claims it and the other is refused in one line.
 3. A new hf/ (export --force) removes upload-all's markers of that iteration with the results they stood for
    (hf/eval/, hf/coherence/): the next upload-all evaluates the new export instead of reporting success.
+4. An evaluation never replaces results of the same tasks measured with other settings (limit, few-shot, task
+   folders) silently: refused in one line naming the recorded settings, in the job and its plan, unless --force.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -186,3 +189,39 @@ def test_a_forced_export_removes_the_markers_of_the_results_it_deleted(tmp_path,
     assert upload_all_pass() == ([1], []) and evaluated == ["iter_0000001"] * 2  # evaluated again
     assert (it / "hf" / "eval" / "pipeline_smoke.json").is_file()
     assert poll.eval_marker(ckpt, 1, "pipeline_smoke", "done").exists()
+
+
+# ---- 4. evaluations that know their settings ------------------------------------------------------------------
+def test_an_evaluation_with_other_settings_never_replaces_results_silently(tmp_path, monkeypatch, capsys):
+    """An evaluation over an earlier one of the same tasks replaced its results silently (limit 2 -> 1)."""
+    from pipeline.cli.evaluation import main as eval_main
+    from pipeline.common.io import read_json, write_json
+    from pipeline.evaluation import run as ev
+    from tests.unit.test_evaluation import HARNESS
+
+    hf = tmp_path / "checkpoints" / "iter_0000010" / "hf"
+    hf.mkdir(parents=True)
+    write_json(hf / "config.json", {"model_type": "llama"})
+    runs = []
+    monkeypatch.setattr(ev, "evaluate", lambda cfg: runs.append(cfg.limit) or json.loads(json.dumps(HARNESS)))
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+
+    def evaluation(**kw):
+        return ev.run(ev.EvalRun(model=str(hf), no_wandb=True, quiet=True, **kw))
+
+    out = hf / "eval" / "pipeline_smoke.json"
+    evaluation(limit=2)
+    assert read_json(out)["summary"]["limit"] == 2
+    for kw in ({"limit": 1}, {"limit": 2, "num_fewshot": 3}):
+        with pytest.raises(UserError) as exc:
+            evaluation(**kw)
+        assert str(exc.value).startswith(f"{out} holds results of pipeline_smoke with limit 2")
+        assert "--force to replace them" in str(exc.value) and "\n" not in str(exc.value)
+    assert runs == [2] and read_json(out)["summary"]["limit"] == 2  # refused before the model loaded; kept
+    # the plan (and its dry run) says so before the job is queued
+    assert eval_main([str(hf), "--limit", "1", "--no-wandb", "--dry-run"]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and "holds results of pipeline_smoke with limit 2" in errors[0], errors
+    evaluation(limit=2.0)  # the same settings: a rerun replaces its own results
+    evaluation(limit=1, force=True)  # --force: replaced, knowingly
+    assert runs == [2, 2.0, 1] and read_json(out)["summary"]["limit"] == 1

@@ -54,6 +54,8 @@ def build_parser() -> Parser:
     p.add_argument("--output-dir", type=path_arg, help="default: MODEL/eval/")
     p.add_argument("--wandb-project", default=os.environ.get("EVAL_WANDB_PROJECT", "pipeline-evals"))
     p.add_argument("--no-wandb", action="store_true")
+    p.add_argument("--force", action="store_true", help="replace earlier results of these tasks measured with other "
+                   "settings (limit, few-shot, task folders); without it such a run is refused")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (GPUs, memory per GPU, launch line, the tasks' data) and exit; 2 when it "

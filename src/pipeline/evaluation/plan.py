@@ -41,6 +41,11 @@ def plan_evaluate(cfg, *, nodes: int | None = None, cluster: str | None = None, 
         if not harness_installed():
             plan.notes.append("lm-eval is not installed here (the login node's planner): the job checks that its "
                               "tasks' data is reachable before it loads the model")
+    from pipeline.evaluation.run import overwrite_problem
+
+    problem = overwrite_problem(cfg)  # earlier results of other settings: refused before the job is queued
+    if problem:
+        plan.problems.append(problem)
     checked = [("model", cfg.model)] if local_path(str(cfg.model)) else []
     checked += [("tasks path", p) for p in cfg.tasks_path]
     plan.problems += invisible_paths(resolve_profile(cluster), checked)

@@ -5,6 +5,8 @@ Hugging Face export, the results written beside it and to W&B, one line per task
                                              versions, n-shot, higher_is_better, n-samples, config, ...),
                                              "summary": ours (model, iteration, tasks -> headline metric, ...)}
 
+A file is replaced silently only by an evaluation with the same settings (``EvalRun.settings``: limit, few-shot, task
+folders, recorded in the summary); one with other settings is refused in one line without ``--force``.
 Written atomically, so a file that exists is a finished evaluation (``upload-all --eval`` and the experiment
 status read it; a killed evaluation leaves none and is redone). W&B (offline without a key): one run per
 checkpoint directory, resumed by every evaluation of it, so the headline metric of each task is a series over
@@ -45,6 +47,14 @@ class EvalRun:
     wandb_project: str = field(default_factory=lambda: os.environ.get("EVAL_WANDB_PROJECT", "pipeline-evals"))
     no_wandb: bool = False
     quiet: bool = False
+    force: bool = False  # replace results of this task list measured with other settings
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Every setting that changes the result of a task list (beside the model): the file of earlier results is
+        replaced silently only by a run with the same ones (:func:`overwrite_problem`)."""
+        return {"limit": self.limit, "num_fewshot": self.num_fewshot,
+                "tasks_path": sorted(str(Path(p).resolve()) for p in self.tasks_path)}
 
     @property
     def task_names(self) -> tuple[str, ...]:
@@ -96,7 +106,7 @@ def summarize(results: dict, cfg: EvalRun, seconds: float) -> dict[str, Any]:
                            "samples": (results.get("n-samples", {}).get(task) or {}).get("effective")}
     return {"model": cfg.model, "iteration": iteration_of(cfg.model), "tasks": tasks, "metrics": metrics,
             "task_list": list(cfg.task_names), "num_fewshot": cfg.num_fewshot, "limit": cfg.limit,
-            "batch_size": cfg.batch_size, "seconds": round(seconds, 2),
+            "settings": cfg.settings, "batch_size": cfg.batch_size, "seconds": round(seconds, 2),
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "lm_eval_version": results.get("lm_eval_version")}
 
@@ -175,11 +185,40 @@ def existing(cfg: EvalRun) -> dict | None:
     return rec if isinstance(rec, dict) and isinstance(rec.get("summary"), dict) else None
 
 
+def _same(a: Any, b: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def overwrite_problem(cfg: EvalRun) -> str | None:
+    """One line when ``cfg.out_file`` holds results of this task list measured with other settings
+    (:attr:`EvalRun.settings`: limit, few-shot, the task folders) and ``--force`` is not given: a run never replaces
+    them silently. Results written before the task folders were recorded are compared on limit and few-shot."""
+    old = existing(cfg)
+    if old is None or cfg.force:
+        return None
+    summary = old["summary"]
+    recorded = summary.get("settings") if isinstance(summary.get("settings"), dict) else \
+        {k: summary.get(k) for k in ("limit", "num_fewshot")}
+    differ = {k: (recorded[k], v) for k, v in cfg.settings.items() if k in recorded and not _same(recorded[k], v)}
+    if not differ:
+        return None
+    had = ", ".join(f"{k} {v!r}" for k, v in recorded.items())
+    new = ", ".join(f"{k} {v!r}" for k, (_, v) in differ.items())
+    return (f"{cfg.out_file} holds results of {'+'.join(cfg.task_names)} with {had}; this run has {new}: --force "
+            "to replace them, or --output-dir for another folder")
+
+
 def run(cfg: EvalRun) -> dict[str, Any]:
     """Evaluate, write ``<export>/eval/<tasks>.json`` atomically (and W&B), log one line per task; the summary."""
     cfg.check()
     if not Path(cfg.model, "config.json").is_file():
         raise UserError(f"{cfg.model} is not a Hugging Face export (no config.json): evaluate an iteration's hf/")
+    problem = overwrite_problem(cfg)  # before the model loads
+    if problem:
+        raise UserError(problem)
     t0 = time.time()
     results = evaluate(cfg)
     if not results:
