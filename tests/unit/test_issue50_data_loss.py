@@ -118,13 +118,18 @@ def _claim(records, plan, start, outcome):
         outcome[plan.run_dir.name] = str(exc)
 
 
-def test_two_trainings_claiming_one_save_at_once_one_wins_the_other_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("flock", [True, False], ids=["flock", "no-flock-across-hosts"])
+def test_two_trainings_claiming_one_save_at_once_one_wins_the_other_is_refused(tmp_path, monkeypatch, flock):
     """Both passed the ownership check (neither had written its record yet) and both wrote into the same folder;
-    the owner record named only the second."""
+    the owner record named only the second. Without the flock (two hosts on a file system where it does not reach)
+    the first record's exclusive publish still lets only one claim it."""
     from pipeline.training import records
     from pipeline.training.launch import LaunchRequest, plan_launch
     from tests.helpers import ROOT
 
+    if not flock:
+        monkeypatch.setattr(records, "try_flock", lambda path, wait=False: (os.open(os.devnull, os.O_RDONLY), ""))
+        monkeypatch.setattr(records, "release", os.close)
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
     save = tmp_path / "shared"

@@ -258,33 +258,46 @@ def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig
 def claim_save(save: str | Path | None, run_dir: Path, cfg: TrainingConfig) -> Path | None:
     """Record this run as the owner of its ``checkpoint.save`` (atomically; rewritten on every launch, keeping the
     first ``since``). Call after :func:`check_save_owner`. The claim is one atomic step: the owner record is read
-    again and written under an exclusive ``flock`` of :data:`OWNER_LOCK` in the save, so of two trainings launched
-    at the same moment on one save (both passed :func:`check_save_owner` before either had written) exactly one
-    claims it and the other is refused in one line naming the winner."""
+    again and written under an exclusive ``flock`` of :data:`OWNER_LOCK` in the save, and the first record is
+    published with ``os.link`` (which fails when the name exists: exclusive on a shared file system where a flock may
+    not reach another host), so of two trainings launched at the same moment on one save (both passed
+    :func:`check_save_owner` before either had written) exactly one claims it and the other is refused in one line
+    naming the winner."""
     if not save:
         return None
     save, run_dir = Path(str(save)).resolve(), Path(run_dir).resolve()
     path = save / OWNER_FILE
     save.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     fd, _ = try_flock(save / OWNER_LOCK, wait=True)
     assert fd is not None  # wait=True blocks until this process holds it
     try:
-        since = None
-        if path.is_file():
+        for _ in range(3):
+            if not path.exists():  # the first claim: published only if no other claim got there first
+                tmp = write_json(save / f".{OWNER_FILE}.{socket.gethostname()}~{os.getpid()}.tmp",
+                                 {"run_dir": str(run_dir), "identity": config_identity(cfg), "since": now})
+                try:
+                    os.link(tmp, path)
+                    return path
+                except FileExistsError:
+                    continue  # another host's claim won the race: read it
+                finally:
+                    tmp.unlink(missing_ok=True)
             try:
                 owner = read_json(path)
             except (OSError, ValueError):
-                owner = None
+                owner = None  # unreadable: the launch's check refused it unless it is this run's to rewrite
             if isinstance(owner, dict) and str(owner.get("run_dir")) != str(run_dir):
                 raise UserError(f"checkpoint.save {save} belongs to run {owner.get('run_dir')} (owner record {path}, "
                                 f"since {owner.get('since', '?')}; claimed while this run was starting), not to this "
                                 f"run {run_dir}: give this run its own checkpoint.save (or another run name)")
             since = owner.get("since") if isinstance(owner, dict) else None
-        write_json(path, {"run_dir": str(run_dir), "identity": config_identity(cfg),
-                          "since": since or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+            write_json(path, {"run_dir": str(run_dir), "identity": config_identity(cfg), "since": since or now})
+            return path
+        raise UserError(f"checkpoint.save {save}: could not claim its owner record {path} (other launches kept "
+                        "replacing it): launch one training per checkpoint.save")
     finally:
         release(fd)
-    return path
 
 
 WRITER_LOCK = ".writer.lock"
