@@ -4,6 +4,7 @@
 # Usage:
 #   bash pipeline_training_launch.sh CONFIG --model M --mode pretrain|cpt|sft [--peft lora] [--disable-ft]
 #        [--dry-run] [--nodes N] [--cluster NAME] [--no-path-checks] [--max-restarts K] [hydra overrides...]
+#   bash pipeline_training_launch.sh --list    # models (engine, recipes, HF id), modes, shipped configs
 # Examples:
 #   bash pipeline_training_launch.sh configs/local/smollm2_quickstart_sft.yaml --model smollm2-135m --mode sft
 #   bash pipeline_training_launch.sh configs/quickstart/nemotron_nano_quickstart_sft.yaml --model nano --mode sft \
@@ -21,6 +22,8 @@ if [[ $# -eq 0 || "$1" == "-h" || "$1" == "--help" ]]; then
   usage "$0"
   [[ $# -eq 0 ]] && exit 2 || exit 0
 fi
+# --list: models, modes and shipped configs (a plan: the planner is enough)
+if [[ "$1" == --list ]]; then plan_in_env python -m pipeline.cli.train "$@"; fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 for arg in "$@"; do
   # A dry run only plans: on a login node it runs in the planner when the job's environment is not there.

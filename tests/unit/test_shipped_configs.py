@@ -94,3 +94,33 @@ def test_two_members_of_a_team_run_the_smoke_command_into_their_own_folders(monk
         assert plan.preflight.ok, plan.preflight.problems
         saves[user] = str(plan.cfg.checkpoint.save)
     assert saves == {u: f"/projects/a5k/public/checkpoints/megatron/{u}/nemotron_nano_smoke_sft" for u in saves}
+
+
+def test_list_names_every_model_mode_and_shipped_config(capsys):
+    """Issue 49 item 7: the known models appeared only in an error message; --list names each model with its engine
+    and recipe per mode, the modes, and every shipped training config with its header's first line."""
+    from pipeline.cli.train import main
+    from pipeline.config.models import REGISTRY
+
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in REGISTRY:
+        assert any(line.startswith(f"  {name} ") for line in out.splitlines()), name
+    assert "sft: megatron.bridge.recipes.nemotronh.nemotron_3_nano.nemotron_3_nano_sft_config" in out
+    for config in TRAINING_CONFIGS:
+        first = next(ln for ln in config.read_text().splitlines() if ln.startswith("#")).lstrip("# ").strip()
+        assert f"{config.relative_to(ROOT)}" in out and first in out, config
+
+
+def test_a_bridge_pretraining_without_data_is_refused(tmp_path):
+    """Issue 49 item 7: the recipes name no data, so a pretraining or CPT on Bridge without +dataset.data_path
+    planned PASS and trained on Bridge's mock dataset (random tokens); with path checks a prefix needs its files."""
+    from pipeline.cli.train import plan_from_argv
+
+    for cfg, mode in (("nemotron_nano_pretrain", "pretrain"), ("nemotron_nano_cpt", "cpt")):
+        argv = [f"configs/cluster_runs/{cfg}.yaml", "--model", "nano", "--mode", mode, "--dry-run", "--nodes", "16",
+                "--no-path-checks"]
+        plan = plan_from_argv(argv)
+        assert any(p.startswith(f"mode {mode} on Megatron Bridge reads indexed data, and none is named")
+                   for p in plan.preflight.problems), plan.preflight.problems
+        assert plan_from_argv(argv + [f"+dataset.data_path=[{tmp_path}/text_text_document]"]).preflight.ok

@@ -15,6 +15,9 @@ Launcher flags start with ``--``; every other argument after the config is a Hyd
   --max-restarts K     launcher restarts after a failure (default: the cluster profile's)
   --run-dir DIR        run records + checkpoints (default: $PIPELINE_RUNS_DIR/<logger.wandb_exp_name>)
   --allow-config-change  continue a run directory whose recorded config differs (default: refused, exit 2)
+
+pipeline_training_launch.sh --list   the models (engine, recipe per mode, Hugging Face id), the modes and every
+                                     shipped training config, one line each (the config's own first header line)
 """
 
 from __future__ import annotations
@@ -118,12 +121,46 @@ def print_dry_run(plan: LaunchPlan) -> None:
     print(plan.sbatch_line())
 
 
+MODE_HELP = {"pretrain": "from random weights on indexed (.bin/.idx) text",
+             "cpt": "continued pretraining: the pretrain recipe from a checkpoint (checkpoint.pretrained_checkpoint)",
+             "sft": "supervised fine-tuning on packed chat data (--peft lora: LoRA adapters only)"}
+SHIPPED_CONFIG_DIRS = ("quickstart", "smoke", "cluster_runs", "local")
+
+
+def listing() -> list[str]:
+    """What --list prints: models, modes and shipped configs, one line each."""
+    from pipeline.common import paths
+    from pipeline.config.models import REGISTRY, recipe_mode
+
+    out = ["models:"]
+    for spec in REGISTRY.values():
+        if spec.recipe_module:
+            recipes = ", ".join(f"{m}: {spec.recipe_module}.{spec.recipe_function.format(mode=recipe_mode(m))}"
+                                for m in MODES if spec.recipe_function)
+            engine = f"Megatron Bridge ({recipes})"
+        else:
+            engine = "local engine (transformers' Trainer)"
+        out.append(f"  {spec.name:<20} {spec.description}; {engine}; {spec.hf_id}")
+    out.append("modes:")
+    out += [f"  {m:<20} {MODE_HELP.get(m, '')}" for m in MODES]
+    out.append("shipped configs (bash pipeline_training_launch.sh CONFIG --model M --mode MODE --dry-run ...):")
+    root = paths.repo_root()
+    for sub in SHIPPED_CONFIG_DIRS:
+        for f in sorted((root / "configs" / sub).glob("*.yaml")):
+            first = next((ln.lstrip("# ").strip() for ln in f.read_text().splitlines() if ln.startswith("#")), "")
+            out.append(f"  {f.relative_to(root)!s:<54} {first}")
+    return out
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    if argv == ["--list"]:
+        print("\n".join(listing()))
+        return 0
     setup_logging()
     request, dry_run = parse_request(argv)
     plan = plan_launch(request)

@@ -236,6 +236,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     _hazards(cfg, plan, local)
     _check_profiling(cfg, plan, local)
     _check_bridge_keys(cfg, spec, mode, peft, plan)
+    _check_pretraining_data(cfg, spec, mode, peft, plan, path_checks)
     _check_suite_keys(cfg, plan)
     plan.memory_budget_gb = cluster.memory_budget_gb
     if plan.memory_budget_gb and plan.memory_gb["total"] > plan.memory_budget_gb:
@@ -334,6 +335,44 @@ def _bridge_fields() -> dict:
     import json
 
     return json.loads(BRIDGE_FIELDS.read_text())
+
+
+DATA_KEYS = ("data_path", "blend", "blend_per_split")
+
+
+def _check_pretraining_data(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None, plan: Plan,
+                            path_checks: bool) -> None:
+    """Pretraining (and CPT) on Megatron Bridge reads indexed ``.bin/.idx`` data named by ``+dataset.data_path`` (or a
+    blend); a recipe names none, and Bridge then trains on its mock dataset (random tokens) without a word. With path
+    checks, each prefix of a data_path list must have its ``.bin`` and ``.idx``."""
+    from pipeline.config.models import recipe_mode
+
+    if spec.is_local or peft or recipe_mode(mode) != "pretrain":
+        return
+    ds = cfg.extra.get("dataset") if isinstance(cfg.extra.get("dataset"), dict) else {}
+    given = {k: ds[k] for k in DATA_KEYS if ds.get(k) not in (None, [], "")}
+    if not given:
+        plan.problems.append(f"mode {mode} on Megatron Bridge reads indexed data, and none is named: set "
+                             "+dataset.data_path=[PREFIX] (the .bin/.idx prefix pipeline_data_prepare.py tokenize "
+                             "writes), or a blend; without it Bridge trains on mock data (random tokens)")
+        return
+    paths = given.get("data_path")
+    if not path_checks or not isinstance(paths, list):
+        return
+    for prefix in (str(p) for p in paths if not _is_weight(p)):
+        missing = [ext for ext in (".bin", ".idx") if not Path(prefix + ext).is_file()]
+        if missing:
+            plan.problems.append(f"dataset.data_path prefix {prefix} has no {' or '.join(missing)} file: write it with "
+                                 "pipeline_data_prepare.py tokenize, or fix the prefix (PATH/<name>_text_document)")
+
+
+def _is_weight(value: Any) -> bool:
+    """A blend list's weight (``[0.3, prefix, 0.7, prefix]``), not a prefix."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None, plan: Plan) -> None:
