@@ -129,3 +129,21 @@ def test_a_chains_export_and_upload_all_are_planned_before_anything_is_queued(di
     assert "export: nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 has MTP layers" in err
     assert "nothing was submitted" in err and "job " not in capsys.readouterr().out
 
+
+
+def test_upload_all_of_a_phase_that_saves_nothing_is_refused_not_rendered_with_none(dirs, monkeypatch):
+    """Issue 49 item 9: with checkpoint.save null (the Nano quickstart's), render printed 'upload-all None'."""
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    p = dirs / "nano.yaml"
+    p.write_text("""
+name: nano_chain
+base: {config: configs/quickstart/nemotron_nano_quickstart_sft.yaml, model: nano, mode: sft, nodes: 16,
+       flags: [--disable-ft]}
+phases:
+  - {name: sft, overrides: {train.train_iters: 20}, upload_all: [--interval, "60"]}
+""")
+    exp = spec.load(p, root=ROOT)
+    rp = plan_run(exp, exp.runs[0])
+    up = rp.job("sft.upload_all")
+    assert up is not None and up.args == [] and any("checkpoint.save is null" in q for q in up.problems), up
+    assert not any("upload-all None" in line for line in render_lines(exp, rp))

@@ -290,9 +290,15 @@ def _coherence_job(exp: Experiment, run: Run, phase: Phase, src: Job) -> Job:
 
 def _upload_all_job(exp: Experiment, run: Run, phase: Phase, train: Job) -> Job:
     args = phase.upload_all or ()
-    return Job(phase=f"{phase.name}.upload_all", kind="upload-all", script=CHECKPOINT_SUBMIT,
+    name, sbatch = f"{phase.name}.upload_all", _merge_opts(exp.base.sbatch, phase.sbatch)
+    if train.save is None:  # the line would have read "upload-all None" and polled a folder named None
+        job = Job(phase=name, kind="upload-all", script=CHECKPOINT_SUBMIT, args=[], sbatch=sbatch, after=phase.name)
+        job.problems.append(f"phase {phase.name!r} saves no checkpoints (checkpoint.save is null): upload-all has "
+                            "nothing to convert; set checkpoint.save or drop upload_all")
+        return job
+    return Job(phase=name, kind="upload-all", script=CHECKPOINT_SUBMIT,
                args=["upload-all", str(train.save), *_hf_reasoning(exp, args), "--poll", *args],
-               sbatch=_merge_opts(exp.base.sbatch, phase.sbatch), after=phase.name, dep_type="after",
+               sbatch=sbatch, after=phase.name, dep_type="after",
                save=train.save, iters=train.iters, pre_create=train.save)
 
 
