@@ -147,3 +147,19 @@ phases:
     up = rp.job("sft.upload_all")
     assert up is not None and up.args == [] and any("checkpoint.save is null" in q for q in up.problems), up
     assert not any("upload-all None" in line for line in render_lines(exp, rp))
+
+
+def test_render_shows_a_run_that_drifted_from_its_lock(dirs, capsys):
+    """Issue 49 item 9: a run whose lock differs from the experiment file was refused by submit, but render showed
+    its lines as submittable and said nothing."""
+    from pipeline.cli.experiment import main
+    from pipeline.experiment import locks
+
+    exp, rp = _plan(dirs, 4)
+    locks.write(exp, rp)
+    p = dirs / "c.yaml"
+    p.write_text(p.read_text().replace("train.train_iters: 8", "train.train_iters: 12"))
+    assert main(["render", str(p), "--no-configs"]) == 0
+    out = capsys.readouterr().out
+    assert "# base: submit refuses: differs from its lock" in out and "pretrain:train.train_iters: 8 -> 12" in out
+    assert "problem(s): submit would refuse" in out

@@ -126,12 +126,17 @@ def plan_gpu_jobs(plans: list[planning.RunPlan]) -> None:
 def cmd_render(exp: spec.Experiment, only: list[str] | None, no_configs: bool) -> int:
     plans = planning.plan_experiment(exp, exp.select(only))
     plan_gpu_jobs(plans)
+    lock_problems = 0
     print(f"# experiment {exp.name} ({exp.path}): {len(plans)} run(s); run from {paths.repo_root()}")
     for rp in plans:
         print(f"\n# run {rp.run.label}: " + (" ".join(spec.render_override(k, v) for k, v in rp.run.values.items())
                                              or "(base)"))
         for line in planning.render_lines(exp, rp):
             print(line)
+        drift = locks.check(exp, rp, relock=False) if all(j.args for j in rp.jobs) else None
+        if drift:  # submit refuses it (without --relock): render says so beside the lines
+            lock_problems += 1
+            print(f"# {rp.run.label}: submit refuses: {drift}")
         if no_configs:
             continue
         for job in rp.jobs:
@@ -139,7 +144,7 @@ def cmd_render(exp: spec.Experiment, only: list[str] | None, no_configs: bool) -
                 print(f"# resolved config of {job.phase} ({job.run_dir}/config.yaml, set values):")
                 text = yaml.safe_dump(drop_unset(job.cfg), sort_keys=False).rstrip()
                 print("\n".join("#   " + x for x in text.splitlines()))
-    problems = sum(len(rp.problems) for rp in plans)
+    problems = sum(len(rp.problems) for rp in plans) + lock_problems
     if problems:
         print(f"\n# {problems} problem(s): submit would refuse (the 'submit refuses' lines)")
     return 0
