@@ -157,6 +157,20 @@ def test_two_trainings_claiming_one_save_at_once_one_wins_the_other_is_refused(t
     assert records.claim_save(won.cfg.checkpoint.save, won.run_dir, won.cfg) == save.resolve() / records.OWNER_FILE
 
 
+def test_a_claim_on_a_file_system_without_hard_links_still_records_the_owner(tmp_path, monkeypatch):
+    from pipeline.config.schema import TrainingConfig
+    from pipeline.training import records
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(records.os, "link", no_links)
+    cfg = TrainingConfig()
+    assert records.claim_save(tmp_path / "save", tmp_path / "run", cfg) == tmp_path / "save" / records.OWNER_FILE
+    assert records.read_json(tmp_path / "save" / records.OWNER_FILE)["run_dir"] == str((tmp_path / "run").resolve())
+    assert [p.name for p in (tmp_path / "save").iterdir() if p.name.endswith(".tmp")] == []
+
+
 # ---- 3. markers go with the results they stand for ------------------------------------------------------------
 def test_a_forced_export_removes_the_markers_of_the_results_it_deleted(tmp_path, tokenizer):
     """export --force deleted hf/eval/ and hf/coherence/ while evaluated_checkpoints/*.done stayed: upload-all

@@ -24,10 +24,12 @@ so they share one schema.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import importlib.metadata
 import json
 import math
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -274,13 +276,18 @@ def claim_save(save: str | Path | None, run_dir: Path, cfg: TrainingConfig) -> P
     try:
         for _ in range(3):
             if not path.exists():  # the first claim: published only if no other claim got there first
-                tmp = write_json(save / f".{OWNER_FILE}.{socket.gethostname()}~{os.getpid()}.tmp",
+                tmp = write_json(save / f"{OWNER_FILE}.{socket.gethostname()}~{os.getpid()}~{secrets.token_hex(4)}.tmp",
                                  {"run_dir": str(run_dir), "identity": config_identity(cfg), "since": now})
                 try:
                     os.link(tmp, path)
                     return path
                 except FileExistsError:
                     continue  # another host's claim won the race: read it
+                except OSError as exc:  # a file system without hard links: the flock alone (one host's launches)
+                    if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                        raise
+                    os.replace(tmp, path)
+                    return path
                 finally:
                     tmp.unlink(missing_ok=True)
             try:
