@@ -443,3 +443,16 @@ def test_a_nano_lora_export_plans_one_process_that_fits(tmp_path):
     assert any("LoRA iteration" in n and "one process" in n for n in plan.notes), plan.notes
     whole = checkpoint_plan(["export", str(tmp_path / "base"), "--hf-model", NANO, "--no-reasoning"])
     assert whole.ok and whole.world_size == 4  # a whole checkpoint keeps the model's export layout (ep 4)
+
+
+def test_a_plan_without_size_facts_says_memory_not_estimated_not_zero(capsys, monkeypatch, tmp_path):
+    """Issue 49 item 9: a coherence job on an export not yet written (a chain's, --dependency) passed its plan with
+    'memory estimate 0.0 GB per GPU'; it says the memory was not estimated, and why."""
+    from pipeline.cli.submission import gpu_job_plan
+
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))
+    gpu_job_plan("pipeline_coherence_submit.sbatch", [str(tmp_path / "ck" / "iter_0000020" / "hf")],
+                 ["--dependency=afterok:1"], inputs_later=True)
+    err = capsys.readouterr().err
+    assert "Plan: PASS - coherence" in err and "memory not estimated" in err and "0.0 GB" not in err, err

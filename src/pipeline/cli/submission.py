@@ -139,9 +139,11 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
                              f" (the plan: {plan.job} ... --dry-run)")
     if not plan.ok:
         raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
+    memory = (f"memory estimate {plan.memory_per_gpu_gb:.1f} GB per GPU" if plan.memory_per_gpu_gb > 0 else
+              "memory not estimated (no size facts of the model yet: an export still to be written, or a model "
+              "the registry does not know; the job checks it when it starts)")
     print(f"Plan: PASS - {plan.job}: world {plan.world_size} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "
-          f"{plan.layout.pp} ep {plan.layout.ep}), memory estimate {plan.memory_per_gpu_gb:.1f} GB per GPU",
-          file=sys.stderr)
+          f"{plan.layout.pp} ep {plan.layout.ep}), {memory}", file=sys.stderr)
 
 
 def training_preflight(script_args: list[str], opts: list[str], required: bool = True, script: str | None = None):
