@@ -44,7 +44,7 @@ def test_the_output_folder_rule_absent_empty_ours_or_force_never_foreign(tmp_pat
     (tmp_path / "empty").mkdir()
     assert rule(tmp_path / "empty", force=False) is None
     ours = _ours(tmp_path / "ours")
-    assert rule(ours, force=False) == f"the output {ours} already holds a checkpoint; --force to replace it"
+    assert rule(ours, force=False) == f"{ours} already holds a checkpoint; --force to overwrite"
     assert rule(ours, force=True) is None
     user = tmp_path / "user"
     user.mkdir()
@@ -103,7 +103,7 @@ def test_an_import_onto_a_users_folder_is_refused_at_plan_time_and_nothing_is_de
 
     ours = _ours(tmp_path / "ours")
     res = _convert(["import", "smollm2-135m", "--output", str(ours), "--dry-run"])
-    assert res.returncode == 2 and "already holds a checkpoint; --force to replace it" in res.stderr
+    assert res.returncode == 2 and f"error: {ours} already holds a checkpoint; --force to overwrite" in res.stderr
     res = _convert(["import", "smollm2-135m", "--output", str(ours), "--dry-run", "--force"])
     assert res.returncode == 0, res.stderr
 

@@ -175,10 +175,10 @@ def resolve_iteration(save: Path, iteration: int | None) -> Path:
 # ---- the one output-folder rule: before any job writes or deletes a checkpoint folder --------------------------
 # What a checkpoint folder of this suite holds beside its iter_NNNNNNN folders: the trackers (ours, Bridge's), the
 # completion marker, the owner record and its lock (training/records.py), upload-all's marker and lock folders
-# (poll.py, lock.py) and Megatron's progress log.
+# (poll.py, lock.py), Megatron's progress log and Bridge's non-persistent saves.
 OWN_ENTRIES = frozenset({TRACKER, "latest_train_state.pt", "progress.txt", TRAINING_DONE, ".pipeline_owner.json",
                          ".pipeline_owner.lock", "converted_checkpoints", "evaluated_checkpoints",
-                         "in_progress_checkpoints"})
+                         "in_progress_checkpoints", "non_persistent"})
 
 
 def foreign_entries(folder: Path) -> list[str]:
@@ -224,7 +224,7 @@ def output_folder_problem(folder: Path, *, force: bool, what: str = "the output"
         return (f"{what} {folder} holds files that are not a checkpoint ({shown}): refusing to write or delete it, "
                 "even with --force; choose a new or empty folder")
     if not force:
-        return f"{what} {folder} already holds a checkpoint; --force to replace it"
+        return f"{folder} already holds a checkpoint; --force to overwrite"
     return None
 
 
