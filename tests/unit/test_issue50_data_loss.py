@@ -108,6 +108,26 @@ def test_an_import_onto_a_users_folder_is_refused_at_plan_time_and_nothing_is_de
     assert res.returncode == 0, res.stderr
 
 
+def test_an_export_never_replaces_an_hf_folder_that_is_not_an_export(tmp_path, tokenizer):
+    """The same rule for export's own output: an iteration's hf/ holding a user's files (no export records) was
+    deleted by the export, --force or not; empty, or holding only results (eval/), it is written as before."""
+    from pipeline.checkpoint.export import ExportRequest, export_iteration
+    from tests.unit.test_export_fidelity import _save_iteration
+
+    it = _save_iteration(tmp_path / "checkpoints", tokenizer, tied=False)
+    (it / "hf").mkdir()
+    (it / "hf" / "notes.txt").write_text("mine")
+    for force in (False, True):
+        with pytest.raises(UserError) as exc:
+            export_iteration(it, ExportRequest(hf_model="test/llama", reasoning=False, force=force))
+        assert str(exc.value) == (f"export output {it / 'hf'} holds files that are not an export of this suite "
+                                  "(notes.txt): refusing to replace it, even with --force; move them away")
+    assert (it / "hf" / "notes.txt").read_text() == "mine"
+    (it / "hf" / "notes.txt").unlink()
+    (it / "hf" / "eval").mkdir()  # results of an export whose files are gone: ours, redone
+    assert export_iteration(it, ExportRequest(hf_model="test/llama", reasoning=False))["verdict"] == "PASS"
+
+
 # ---- 2. one atomic claim of a checkpoint.save -------------------------------------------------------------------
 def _claim(records, plan, start, outcome):
     start.wait()  # both threads call the real claim at the same moment

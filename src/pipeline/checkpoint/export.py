@@ -119,6 +119,9 @@ def export_iteration(iter_path: Path, req: ExportRequest) -> dict[str, Any]:
     if rec is not None and not req.force:
         log.info("export: %s already exported and verified (%s), skipping", iter_path.name, rec.get("verdict"))
         return rec
+    problem = hf_output_problem(out)  # before any work: a folder that is not ours is never replaced
+    if problem:
+        raise UserError(problem)
     if req.locked or int(os.environ.get("RANK", "0")) != 0:
         return _export(iter_path, out, req)
     lock = Lock(iteration_lock_path(iter_path.parent, int(iter_path.name.split("_")[-1])), ttl=6 * 3600)
@@ -134,6 +137,23 @@ def export_iteration(iter_path: Path, req: ExportRequest) -> dict[str, Any]:
 
 
 RECORDS = ("verification.json", "pipeline_export.json")
+
+
+def hf_output_problem(out: Path) -> str | None:
+    """The output-folder rule (``layout.output_folder_problem``) for an export's own ``hf/``: absent, empty, or an
+    export of ours (its records: a published one is replaced only with --force, an unverified or tampered one is
+    redone; or only the results written into it, ``eval/`` and ``coherence/``) may be written. A folder holding
+    anything else is never replaced, even with --force: one line naming what it holds."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    if not out.is_dir():
+        return f"export output {out} exists and is not a folder: move it away"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
+    if any(n in RECORDS for n in names) or set(names) <= {"eval/", "coherence/"}:
+        return None
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"export output {out} holds files that are not an export of this suite ({shown}): refusing to replace "
+            "it, even with --force; move them away")
 
 
 def file_digest(path: Path) -> str:
