@@ -163,3 +163,26 @@ def test_render_shows_a_run_that_drifted_from_its_lock(dirs, capsys):
     out = capsys.readouterr().out
     assert "# base: submit refuses: differs from its lock" in out and "pretrain:train.train_iters: 8 -> 12" in out
     assert "problem(s): submit would refuse" in out
+
+
+def test_the_node_count_is_a_sweep_axis(dirs):
+    """Issue 49 item 4: grid: {nodes: [1, 2]} listed two runs, then render said "unknown key 'nodes'". The node
+    count is a run's own: its label, its plan and its --nodes."""
+    p = dirs / "n.yaml"
+    text = """
+name: n
+base: {config: configs/local/tiny_moe_sft.yaml, model: tiny-qwen3-moe, mode: sft, flags: [--disable-ft]}
+grid: {nodes: NODES, optimizer.lr: [1.0e-3]}
+"""
+    p.write_text(text.replace("NODES", "[1, 2]"))
+    exp = spec.load(p, root=ROOT)
+    assert [(r.label, r.nodes) for r in exp.runs] == [("nodes1_lr0.001", 1), ("nodes2_lr0.001", 2)]
+    assert all("nodes" not in r.overrides for r in exp.runs)
+    for run, n in zip(exp.runs, (1, 2), strict=True):
+        rp = plan_run(exp, run)
+        job = rp.job("train")
+        assert f"--nodes={n}" in job.sbatch and not any("unknown key" in q for q in job.problems), job
+    for bad in ("[0]", "[2.5]", "[]", "[true]", "8"):
+        p.write_text(text.replace("NODES", bad))
+        with pytest.raises(spec.UserError, match="the node axis is a non-empty list of positive integers"):
+            spec.load(p, root=ROOT)

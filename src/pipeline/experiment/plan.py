@@ -173,7 +173,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     name = exp.run_name(run, phase)
     ov = {**run.overrides, **phase.overrides}
     job = Job(phase=phase.name, kind="train", script=TRAINING_SUBMIT, args=[], run_name=name,
-              sbatch=_merge_opts([f"--nodes={exp.base.nodes}"], exp.base.sbatch, phase.sbatch),
+              sbatch=_merge_opts([f"--nodes={run.node_count(exp.base)}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)
     if src is not None:
         if src.save is None:  # (that phase's own problem says so too)
@@ -200,7 +200,8 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     def resolve(overrides: dict[str, Any]):
         words = [*(render_override(k, v) for k, v in overrides.items()), f"logger.wandb_exp_name={name}"]
         req = LaunchRequest(config=exp.base.config, model=exp.base.model, mode=exp.base.mode, overrides=tuple(words),
-                            disable_ft="--disable-ft" in exp.base.flags, nodes=exp.base.nodes, cluster=_cluster(exp),
+                            disable_ft="--disable-ft" in exp.base.flags, nodes=run.node_count(exp.base),
+                            cluster=_cluster(exp),
                             peft=flag_value(exp.base.flags, "--peft"), allow_config_change=True,
                             max_restarts=_max_restarts(exp),
                             # a phase after another starts from its checkpoint, which exists once that phase ran:

@@ -103,6 +103,10 @@ class Run:
     label: str
     values: dict[str, Any]     # what differs between the runs (axis key -> value)
     overrides: dict[str, Any]  # every override of the run: base < axes < computed
+    nodes: int | None = None   # a swept node count (the axis key ``nodes``); None: base.nodes
+
+    def node_count(self, base: Base) -> int:
+        return self.nodes if self.nodes is not None else base.nodes
 
 
 @dataclass(frozen=True)
@@ -518,6 +522,9 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
     return tuple(out), True
 
 
+NODES_AXIS = "nodes"  # grid: {nodes: [8, 16]} sweeps the node count (not a config key)
+
+
 @dataclass(frozen=True)
 class _Axis:
     """One axis: its points, each a (label part, {key: value}) pair."""
@@ -540,6 +547,11 @@ def _axes(raw: dict, path: Path) -> list[_Axis]:
                 pts.append((str(label), _overrides(ov, f"{where}.{label}")))
             keys = tuple(dict.fromkeys(k for _, ov in pts for k in ov))
             axes.append(_Axis(keys=keys, points=tuple(pts)))
+        elif key == NODES_AXIS:  # the node count: a run's own --nodes, planned and submitted with it
+            if not isinstance(vals, list) or not vals or any(
+                    not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in vals):
+                raise UserError(f"{where}: the node axis is a non-empty list of positive integers (got {vals!r})")
+            axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals)))
         else:
             _overrides({key: vals}, f"{path}: grid")
             if not isinstance(vals, list) or not vals:
@@ -579,19 +591,22 @@ def _expand(name: str, base: Base, axes: list[_Axis], computed: dict[str, Any], 
         for _, ov in combo:
             values.update(ov)
         label = "_".join(part(ax, pt) for ax, pt in zip(axes, combo)) or "base"
+        nodes = values.pop(NODES_AXIS, None)  # not a config key: the run's node count (base.nodes otherwise)
         overrides = {**base.overrides, **values, **computed}
         overrides = resolve_values(overrides, {**context, "exp": {"name": name, "label": label}})
         diff = {k: overrides[k] for k in values}
         diff.update({k: overrides[k] for k in computed if k not in diff})
-        runs.append((label, diff, overrides))
+        if nodes is not None:
+            diff[NODES_AXIS] = nodes
+        runs.append((label, diff, overrides, nodes))
     labels = [r[0] for r in runs]
     out = []
-    for label, diff, ov in runs:
+    for label, diff, ov, nodes in runs:
         if labels.count(label) > 1:  # values that print alike: a stable hash of the run's overrides keeps names apart
             label = f"{label}-{hashlib.sha1(json.dumps(ov, sort_keys=True, default=str).encode()).hexdigest()[:6]}"
         if len(f"{name}.{label}") > 180:
             label = f"{label[:150]}-{hashlib.sha1(label.encode()).hexdigest()[:8]}"
-        out.append(Run(label=label, values=diff, overrides=ov))
+        out.append(Run(label=label, values=diff, overrides=ov, nodes=nodes))
     if len({r.label for r in out}) != len(out):
         raise UserError(f"experiment {name}: two runs have identical overrides; remove the duplicate axis value")
     return out
