@@ -13,6 +13,8 @@
   csv     EXPERIMENT [--changed] [--output FILE]
                                              one row per run: its fields (--changed: only those that differ)
                                              and final/best loss, steps, tokens, wall time, coherence metrics
+  runs    [ROOT]                             every run directory under ROOT (default $PIPELINE_RUNS_DIR), however it
+                                             was submitted: state, step, last loss, Slurm job, checkpoint, owner
 
 EXPERIMENT is a YAML file (see configs/experiments/ and the README's "Experiments" section): a base (config,
 model, mode, nodes, flags, overrides), axes of Hydra overrides (grid: product; zip: lists taken together),
@@ -78,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--watch", nargs="?", type=watch_seconds, const=10.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 10) until every run has finished or stopped")
     s.add_argument("--no-plots", action="store_true", help="do not write the loss-curve PNGs")
+    r = sub.add_parser("runs", help="every run under a runs root, however it was submitted",
+                       description="every run directory under ROOT (default: $PIPELINE_RUNS_DIR): its state, step, "
+                       "last loss, Slurm job and latest complete checkpoint, whether it was submitted by an "
+                       "experiment, isambard_sbatch or by hand; a shared root's runs of other users are shown where "
+                       "readable",
+                       formatter_class=fmt)
+    r.add_argument("root", type=Path, nargs="?", help="a runs root (default: $PIPELINE_RUNS_DIR)")
     s = add("csv", "one row per run: its fields and results")
     s.add_argument("--changed", action="store_true", help="only the fields that differ between runs")
     s.add_argument("--output", type=Path, help="default: $PIPELINE_RUNS_DIR/_experiments/<experiment>/results.csv")
@@ -120,6 +129,21 @@ def plan_gpu_jobs(plans: list[planning.RunPlan]) -> None:
                                             inputs_later=True)
             except UserError as exc:
                 job.problems += [ln for ln in str(exc).splitlines() if ln and not ln.startswith("plan: ")]
+
+
+# ---- runs: every run directory under a root ----------------------------------------------------------------------
+def cmd_runs(root: Path) -> int:
+    if not root.is_dir():
+        raise UserError(f"runs root {root} is not a folder (set PIPELINE_RUNS_DIR, or name one)")
+    rows = board.run_rows(root)
+    print(f"runs under {root}: {len(rows)}")
+    if rows:
+        header = ("run", "state", "step", "loss", "job", "checkpoint", "owner")
+        table = [header, *[tuple("-" if v in (None, "") else str(v) for v in r) for r in rows]]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for r in table:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
 
 
 # ---- render --------------------------------------------------------------------------------------------------
@@ -264,6 +288,8 @@ def cmd_csv(exp: spec.Experiment, changed: bool, output: Path | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("PIPELINE_ROOT", str(paths.repo_root()))
+    if args.command == "runs":
+        return cmd_runs(args.root or paths.runs_dir())
     exp = _load(args.experiment)
     if args.command == "list":
         return cmd_list(exp, args.all)

@@ -10,6 +10,7 @@ written by ``submit`` into ``$PIPELINE_RUNS_DIR/_experiments/<experiment>/``.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -282,6 +283,79 @@ def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
             rows.append(row)
         out.append(RunStatus(label=rp.run.label, rows=rows, verdict=verdict(rows), evals=run_evals(rp)))
     return out
+
+
+RUN_MARKERS = ("config.yaml", "progress.ndjson", "manifest.json")
+
+
+def run_state(run_dir: Path, job_state: str | None) -> str:
+    """A run's state from its records, Slurm's (when it still knows the job) taking precedence while it is live."""
+    if job_state in LIVE_STATES:
+        return job_state.lower()
+    if (run_dir / layout.TRAINING_DONE).exists():
+        return "completed"
+    if (run_dir / "FAILED_NAN").exists():
+        return "failed (non-finite loss)"
+    status = summary(run_dir).get("status")
+    if status:
+        return str(status)
+    return (job_state or "unknown").lower()
+
+
+def run_rows(root: Path) -> list[tuple[str, str, int | None, float | None, str, int | None, str]]:
+    """(run, state, step, last loss, Slurm job, latest complete checkpoint, owner) for every run directory under
+    ``root`` (a folder holding a run's records), however it was submitted; a folder the reader may not read is
+    listed as such, never skipped."""
+    import pwd
+
+    def manifest(d: Path) -> dict:
+        try:
+            m = read_json(d / "manifest.json")
+        except (OSError, ValueError):
+            return {}
+        return m if isinstance(m, dict) else {}
+
+    dirs = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
+        try:
+            if any((d / m).exists() for m in RUN_MARKERS):
+                dirs.append(d)
+        except PermissionError:
+            dirs.append(d)
+    launches = {d: (manifest(d).get("launches") or [{}]) for d in dirs}
+    jobs = {d: str((ls[-1] if isinstance(ls[-1], dict) else {}).get("slurm_job_id") or "")
+            for d, ls in launches.items()}
+    states = slurm_states([j for j in jobs.values() if j])
+    rows = []
+    for d in dirs:
+        try:
+            owner = pwd.getpwuid(d.stat().st_uid).pw_name
+        except (KeyError, OSError):
+            owner = "?"
+        if not os.access(d, os.R_OK | os.X_OK):
+            rows.append((d.name, "unreadable", None, None, "", None, owner))
+            continue
+        recs = progress(d)
+        losses = [r["loss"] for r in recs if isinstance(r.get("loss"), (int, float))]
+        job = jobs[d]
+        st = states.get(job)
+        save = _run_save(d)
+        ckpt = layout.latest_complete(save) if save is not None and save.is_dir() else None
+        rows.append((d.name, run_state(d, st.state if st else None), recs[-1]["step"] if recs else None,
+                     round(losses[-1], 4) if losses else None, f"{job} ({st.state})" if st else job, ckpt, owner))
+    return rows
+
+
+def _run_save(run_dir: Path) -> Path | None:
+    """The run's checkpoint.save from its config of record (config.yaml); None where it has none."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    save = (cfg or {}).get("checkpoint", {}).get("save") if isinstance(cfg, dict) else None
+    return Path(str(save)) if save else None
 
 
 def removed_runs(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
