@@ -585,7 +585,7 @@ def _expand(name: str, base: Base, axes: list[_Axis], computed: dict[str, Any], 
         return "_".join((k.lstrip("+").replace(".", "-") if short_key(k) in clash else short_key(k)) + fmt_value(v)
                         for k, v in ov.items())
 
-    runs: list[tuple[str, dict, dict]] = []
+    runs: list[tuple[str, dict, dict, int | None]] = []
     for combo in itertools.product(*(ax.points for ax in axes)) if axes else [()]:
         values: dict[str, Any] = {}
         for _, ov in combo:

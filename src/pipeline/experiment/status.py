@@ -326,7 +326,7 @@ def run_rows(root: Path) -> list[tuple[str, str, int | None, float | None, str, 
     jobs = {d: str((ls[-1] if isinstance(ls[-1], dict) else {}).get("slurm_job_id") or "")
             for d, ls in launches.items()}
     states = slurm_states([j for j in jobs.values() if j])
-    rows = []
+    rows: list[tuple[str, str, int | None, float | None, str, int | None, str]] = []
     for d in dirs:
         try:
             owner = pwd.getpwuid(d.stat().st_uid).pw_name

@@ -349,7 +349,8 @@ def _check_pretraining_data(cfg: TrainingConfig, spec: ModelSpec, mode: str, pef
 
     if spec.is_local or peft or recipe_mode(mode) != "pretrain":
         return
-    ds = cfg.extra.get("dataset") if isinstance(cfg.extra.get("dataset"), dict) else {}
+    raw = cfg.extra.get("dataset")
+    ds: dict[str, Any] = raw if isinstance(raw, dict) else {}
     given = {k: ds[k] for k in DATA_KEYS if ds.get(k) not in (None, [], "")}
     if not given:
         plan.problems.append(f"mode {mode} on Megatron Bridge reads indexed data, and none is named: set "
