@@ -264,3 +264,31 @@ def test_an_evaluation_with_other_settings_never_replaces_results_silently(tmp_p
     evaluation(limit=2.0)  # the same settings: a rerun replaces its own results
     evaluation(limit=1, force=True)  # --force: replaced, knowingly
     assert runs == [2, 2.0, 1] and read_json(out)["summary"]["limit"] == 1
+
+
+def test_upload_all_stops_polling_a_training_that_has_failed(tmp_path, caplog):
+    """Issue 50 item 11 (hang): upload-all --poll kept polling a training that had written FAILED_NAN ("training
+    still running") until Slurm's time limit, holding a GPU node for hours. It converts what is complete and stops,
+    finding the training's run directory through the save's owner record (or a record beside the checkpoints)."""
+    import json
+    import logging
+    import threading
+
+    from pipeline.checkpoint import layout
+    from pipeline.checkpoint.poll import upload_all
+
+    caplog.set_level(logging.INFO)
+    run, ckpt = tmp_path / "run", tmp_path / "ck"
+    run.mkdir()
+    ckpt.mkdir()
+    (ckpt / layout.OWNER_FILE).write_text(json.dumps({"run_dir": str(run), "identity": "x", "since": "now"}))
+    (run / "FAILED_NAN").write_text("Megatron stopped on a non-finite value at iteration 7\n")
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(r=upload_all(ckpt, lambda p: {"verdict": "PASS"}, poll=True,
+                                                                   interval=0.01)), daemon=True)
+    t.start()
+    t.join(timeout=60)  # the old poller never returns: the thread would still be alive
+    assert not t.is_alive(), "upload-all kept polling a failed training"
+    assert result["r"] == ([], [])
+    assert "the training has failed" in caplog.text and "FAILED_NAN" in caplog.text
+    assert "non-finite value at iteration 7" in caplog.text

@@ -26,6 +26,10 @@ MARKER = "pipeline_checkpoint.json"
 # training has finished: the convert-every-checkpoint poller stops on it.
 TRAINING_DONE = "TRAINING_DONE"
 _ITER_RE = re.compile(r"^iter_(\d{7})$")
+# The training that owns a checkpoint.save (training/records.py claim_save) records itself here, its run directory
+# named: the save's readers (upload-all's poller) find the run's records through it.
+OWNER_FILE = ".pipeline_owner.json"
+OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked and written (claim_save)
 
 
 def iteration_of(path: Path | str) -> int | None:
@@ -176,9 +180,8 @@ def resolve_iteration(save: Path, iteration: int | None) -> Path:
 # What a checkpoint folder of this suite holds beside its iter_NNNNNNN folders: the trackers (ours, Bridge's), the
 # completion marker, the owner record and its lock (training/records.py), upload-all's marker and lock folders
 # (poll.py, lock.py), Megatron's progress log and Bridge's non-persistent saves.
-OWN_ENTRIES = frozenset({TRACKER, "latest_train_state.pt", "progress.txt", TRAINING_DONE, ".pipeline_owner.json",
-                         ".pipeline_owner.lock", "converted_checkpoints", "evaluated_checkpoints",
-                         "in_progress_checkpoints", "non_persistent"})
+OWN_ENTRIES = frozenset({TRACKER, "latest_train_state.pt", "progress.txt", TRAINING_DONE, OWNER_FILE, OWNER_LOCK,
+                         "converted_checkpoints", "evaluated_checkpoints", "in_progress_checkpoints", "non_persistent"})
 
 
 def foreign_entries(folder: Path) -> list[str]:

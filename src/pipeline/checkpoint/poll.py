@@ -25,6 +25,7 @@ iteration is converted, or after ``idle_timeout`` seconds without a new checkpoi
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -42,6 +43,29 @@ TRAINING_DONE = layout.TRAINING_DONE
 
 def training_finished(ckpt: Path) -> bool:
     return (ckpt / TRAINING_DONE).exists() or (ckpt.parent / TRAINING_DONE).exists()
+
+
+FAILED_PREFIX = "FAILED_"  # the training's failure records (FAILED_NAN): restarts refuse to run after one
+
+
+def training_failed(ckpt: Path) -> Path | None:
+    """A failure record of the training writing ``ckpt`` (``FAILED_*`` in its run directory, named by the save's
+    owner record, or beside the checkpoints), or None: the training will write no further checkpoint."""
+    places = [ckpt, ckpt.parent]
+    try:
+        owner = json.loads((ckpt / layout.OWNER_FILE).read_text())
+        if isinstance(owner, dict) and owner.get("run_dir"):
+            places.insert(0, Path(str(owner["run_dir"])))
+    except (OSError, ValueError):
+        pass
+    for place in places:
+        try:
+            found = sorted(p for p in place.iterdir() if p.name.startswith(FAILED_PREFIX) and p.is_file())
+        except OSError:
+            continue
+        if found:
+            return found[0]
+    return None
 
 
 def eval_marker(ckpt: Path, it: int, key: str, state: str) -> Path:
@@ -131,6 +155,12 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
                 all_failed.append(tracked)
             elif finished_before and poll:
                 log.info("training has finished and every complete iteration is converted; stopping")
+            break
+        failure = training_failed(ckpt)
+        if failure is not None:  # no further checkpoint will come: polling on would hold the node to its time limit
+            log.error("the training has failed (%s: %s); every complete iteration is converted; stopping", failure,
+                      failure.read_text(errors="replace").strip().splitlines()[0][:200] if failure.stat().st_size
+                      else "")
             break
         if idle_timeout is not None and time.time() - last_new > idle_timeout:
             log.info("no new checkpoint for %.0f s; stopping", idle_timeout)

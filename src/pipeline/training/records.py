@@ -196,8 +196,7 @@ def _recorded_launch(run_dir: Path) -> dict[str, Any] | None:
 # atomically at launch); another run pointing its save there is refused before launch and at experiment render.
 # Without the record, two runs sharing a save overwrote each other's iterations, and a new run resumed from another
 # run's weights (exit 0). Starting from another run's weights is checkpoint.load / pretrained_checkpoint.
-OWNER_FILE = ".pipeline_owner.json"
-OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked and written (claim_save)
+OWNER_FILE, OWNER_LOCK = layout.OWNER_FILE, layout.OWNER_LOCK  # the save folder's format is the layout's
 
 
 def config_identity(cfg: TrainingConfig) -> str:
