@@ -26,3 +26,15 @@ def test_summary_and_prompts(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("one\n\ntwo\n")
     assert load_prompts(f) == ["one", "two"]
+
+
+def test_a_bom_is_not_part_of_the_first_prompt(tmp_path):
+    """Issue 50 item 10: a UTF-8 BOM at the start of a prompt file was sent as part of the first prompt (and a .json
+    file with one was refused as invalid JSON)."""
+    from pipeline.coherence.prompts import load_prompts
+
+    for name, body in (("p.txt", "Hello there\nSecond\n"), ("p.json", '["Hello there", "Second"]'),
+                       ("p.jsonl", '"Hello there"\n"Second"\n')):
+        f = tmp_path / name
+        f.write_bytes(b"\xef\xbb\xbf" + body.encode())
+        assert load_prompts(f) == ["Hello there", "Second"], name

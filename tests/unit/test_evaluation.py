@@ -186,3 +186,26 @@ def test_the_login_planner_without_lm_eval_leaves_the_tasks_to_the_job(monkeypat
     plan = eval_plan.plan_evaluate(EvalRun(model=str(tmp_path / "hf"), tasks="hellaswag"))
     assert plan.ok, plan.problems
     assert any("the job checks that its tasks' data is reachable" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("device", ["gpu0", "bogus", "cuda0", "cpu:1", ""])
+def test_a_device_that_is_not_one_is_refused_at_parse_time(device):
+    """Issue 50 item 10: --device gpu0 or bogus ran the evaluation on the CPU and exited 0."""
+    from pipeline.cli.evaluation import build_parser
+
+    with pytest.raises(UserError, match="argument --device: .* is not a device: use cpu, cuda or cuda:N"):
+        build_parser().parse_args(["/m", "--device", device])  # the shared parser: one line, exit 2
+
+
+def test_cuda_without_a_cuda_device_is_one_line_before_the_model_loads(monkeypatch):
+    """Issue 50 item 12: --device cuda on a machine without CUDA was a traceback from inside the model load."""
+    import torch
+
+    from pipeline.cli.evaluation import build_parser
+    from pipeline.evaluation.run import _device
+
+    assert build_parser().parse_args(["/m", "--device", "cuda:1"]).device == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=r"--device cuda: torch sees 0 CUDA device\(s\) here; use --device cpu"):
+        _device(EvalRun(model="m", device="cuda"))
+    assert _device(EvalRun(model="m", device="cpu")) == "cpu"

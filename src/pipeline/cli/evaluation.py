@@ -12,6 +12,7 @@ task whose data this machine cannot reach is refused before any model loads.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -45,12 +46,21 @@ def add_eval_options(p: Parser) -> None:
     p.add_argument("--limit", type=_limit, help="examples per task (a fraction in (0, 1): of each task's)")
 
 
+def device_arg(value: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``: another word ran the evaluation on the CPU and exited 0 (issue 50)."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a device: use cpu, cuda or cuda:N")
+    return value
+
+
 def build_parser() -> Parser:
     p = Parser(prog="pipeline_eval_harness.py", description=__doc__)
     p.add_argument("model", help="a Hugging Face export (an iteration's hf/) or hub id")
     p.add_argument("--tasks", default=SMOKE_TASK, help=f"comma-separated task names (default {SMOKE_TASK})")
     add_eval_options(p)
-    p.add_argument("--device", help="default: cuda when present, else cpu")
+    p.add_argument("--device", type=device_arg, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
     p.add_argument("--output-dir", type=path_arg, help="default: MODEL/eval/")
     p.add_argument("--wandb-project", default=os.environ.get("EVAL_WANDB_PROJECT", "pipeline-evals"))
     p.add_argument("--no-wandb", action="store_true")

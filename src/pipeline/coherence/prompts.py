@@ -54,7 +54,7 @@ def load_prompts(path: Path | None) -> list[str]:
         if path.stat().st_size > MAX_PROMPT_FILE:
             raise UserError(f"prompt file {path} is over {MAX_PROMPT_FILE >> 20} MiB; a coherence test takes a handful "
                             "of prompts")
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM is not part of the first prompt
     except UnicodeDecodeError:
         raise UserError(f"prompt file {path} is not UTF-8 text") from None
     except OSError as exc:

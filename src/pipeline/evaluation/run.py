@@ -112,10 +112,16 @@ def summarize(results: dict, cfg: EvalRun, seconds: float) -> dict[str, Any]:
 
 
 def _device(cfg: EvalRun) -> str:
-    if cfg.device:
-        return cfg.device
     import torch
 
+    if cfg.device:
+        if cfg.device.startswith("cuda"):
+            index = int(cfg.device.partition(":")[2] or 0)
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if index >= count:
+                raise UserError(f"--device {cfg.device}: torch sees {count} CUDA device(s) here; use --device cpu "
+                                "or leave --device out")
+        return cfg.device
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
