@@ -17,6 +17,7 @@ from pipeline.slurm.requeue import (
     start,
     submit_successor,
 )
+from tests.helpers import ROOT
 
 RESUME = "isambard_sbatch --nodes=2 pipeline_training_submit.sbatch c.yaml nano sft"
 
@@ -155,3 +156,28 @@ def test_finish_reads_the_save_marker_and_the_log_then_acts(tmp_path, capsys):
 def test_the_cli_needs_the_submission_after_a_double_dash(capsys):
     assert main(["finish", "--exit-code", "0", "c.yaml"]) == 2
     assert capsys.readouterr().err.startswith("error: the submission goes after --")
+
+
+@pytest.mark.parametrize("value,seconds", [("5", 300), ("4:30", 270), ("1:00:00", 3600), ("1-2", 93600),
+                                           ("1-0:30", 88200), ("0-0:0:45", 45), ("UNLIMITED", None), ("x", None)])
+def test_slurm_time_limits_read_as_sbatch_reads_them(value, seconds):
+    from pipeline.slurm.sbatch_options import time_limit_seconds
+
+    assert time_limit_seconds(value) == seconds
+
+
+def test_a_time_limit_inside_the_pre_limit_signal_lead_is_refused():
+    """Issue 50 item 10: --time at or under the USR1 lead (the training script's --signal=B:USR1@300) made the
+    pre-limit save fire at once: a checkpoint at step 1 and a requeue, again and again, each reported PASS."""
+    from pipeline.cli.submission import check_signal_lead
+    from pipeline.common.errors import UserError
+    from pipeline.common.paths import TRAINING_SUBMIT
+    from pipeline.slurm.sbatch_options import signal_lead_seconds
+
+    assert signal_lead_seconds("B:USR1@300") == 300 and signal_lead_seconds("USR1") == 60
+    script = str(ROOT / TRAINING_SUBMIT)
+    for opts in (["--time=5"], ["--time=4"], ["-t", "3:00"], ["--time=10", "--signal=B:USR1@600"]):
+        with pytest.raises(UserError, match="is at or under the pre-limit save signal's lead"):
+            check_signal_lead(script, opts)
+    for opts in (["--time=6"], ["--time=30"], [], ["--time=5", "--signal=B:USR1@60"]):
+        check_signal_lead(script, opts)

@@ -26,7 +26,14 @@ from pipeline.common.paths import (
     EVAL_SUBMIT,
     TRAINING_SUBMIT,
 )
-from pipeline.slurm.sbatch_options import gpus_per_node_asked, node_count, option_value, submitted_value
+from pipeline.slurm.sbatch_options import (
+    gpus_per_node_asked,
+    node_count,
+    option_value,
+    signal_lead_seconds,
+    submitted_value,
+    time_limit_seconds,
+)
 
 DATA_ACTIONS = ("prepare", "tokenize", "pack")
 ENV_ACTIONS = ("setup", "validate")  # pipeline_env_submit.sbatch runs pipeline_env_setup.sh (bash: no parser here)
@@ -59,11 +66,25 @@ def check_job(script: str, script_args: list[str], opts: list[str], required: bo
     if name in GPU_JOB_SCRIPTS:
         gpu_job_plan(script, script_args, opts, required=required, inputs_later=inputs_later)
     if name == TRAINING_SUBMIT:
+        check_signal_lead(script, opts)
         launch = training_preflight(script_args, opts, required=required, script=script)
         if launch is not None:
             run = launch.cfg.logger.wandb_exp_name
             return JobCheck(run_name=str(run) if run else None, cluster=launch.cluster)
     return JobCheck()
+
+
+def check_signal_lead(script: str, opts: list[str]) -> None:
+    """A training's time limit must outlast the pre-limit save signal (the batch script's ``--signal=B:USR1@S``):
+    at or under its lead the signal fires at once, the engine saves at step 1 and the job requeues itself, over and
+    over, each attempt reporting a PASS."""
+    limit, signal = submitted_value(opts, script, "--time", "-t"), submitted_value(opts, script, "--signal")
+    seconds = time_limit_seconds(limit) if limit else None
+    lead = signal_lead_seconds(signal) if signal else None
+    if seconds is not None and lead is not None and seconds <= lead:
+        raise UserError(f"--time={limit} ({seconds} s) is at or under the pre-limit save signal's lead (--signal="
+                        f"{signal}: {lead} s before the limit): the job would save and requeue at once; ask for "
+                        f"more than {lead // 60} minutes, or a shorter lead (--signal=B:USR1@S)")
 
 
 def refuse_placement_options(script: str, opts: list[str]) -> None:

@@ -192,6 +192,33 @@ def submitted_value(opts: list[str], script: str | None, *names: str) -> str | N
     return value if value is not None else directive_value(script, *names)
 
 
+def time_limit_seconds(value: str) -> int | None:
+    """Slurm's --time in seconds (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``); None for a value
+    it does not read that way (``infinite``, ``UNLIMITED``, or one sbatch itself will refuse)."""
+    import re
+
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
+    if not m:
+        return None
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    assert a is not None  # the pattern's one required group
+    if days is not None:  # D-H[:M[:S]]
+        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    if c is not None:  # H:M:S
+        return (a * 60 + (b or 0)) * 60 + c
+    return a * 60 + (b or 0)  # M or M:S
+
+
+def signal_lead_seconds(value: str) -> int | None:
+    """The seconds before the limit at which ``--signal=[{R|B}:]SIG[@TIME]`` fires (Slurm's default 60)."""
+    import re
+
+    m = re.fullmatch(r"(?:[RB]{1,2}:)?[A-Za-z0-9]+(?:@(\d+))?", value.strip())
+    if not m:
+        return None
+    return int(m.group(1)) if m.group(1) is not None else 60
+
+
 def node_count(opts: list[str], script: str | None = None) -> int:
     """The node count sbatch allocates (``--nodes``/``-N``, command line over header, last wins; 1 when unset). A
     range (``2-4``) lets Slurm pick the count when the job starts, after every plan was made for one count: refused
