@@ -200,3 +200,36 @@ def test_profiling_a_resumed_run_is_the_same_run(tmp_path):
     assert records.check_run_identity(tmp_path, TrainingConfig.from_dict(profiled)) == {}
     assert records.config_identity(TrainingConfig.from_dict(profiled)) == records.config_identity(
         TrainingConfig.from_dict(base))
+
+
+def test_hostile_trace_events_are_skipped_not_tracebacks(tmp_path):
+    """Issue 50 item 13: an event without a name or with a list as its name, and NaN/Infinity memory values, were
+    tracebacks in the summary; --plot onto a folder or under a file was a traceback and left a stray temporary."""
+    import json
+
+    from pipeline.common.errors import UserError
+
+    events = [
+        {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 5},                               # no name
+        {"ph": "X", "cat": "cpu_op", "name": ["a", "b"], "ts": 1, "dur": 2},           # a list as its name
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 2, "dur": 3},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 10},
+        {"ph": "i", "name": "[memory]", "ts": 3, "args": {"Total Allocated": float("nan"), "Device Type": 0}},
+        {"ph": "i", "name": "[memory]", "ts": 4, "args": {"Total Allocated": float("inf"), "Device Type": 0}},
+        {"ph": "i", "name": "[memory]", "ts": float("nan"), "args": {"Total Allocated": 7, "Device Type": 0}},
+        {"ph": "i", "name": "[memory]", "ts": 5, "args": {"Total Allocated": 2**20, "Device Type": 0}},
+    ]
+    trace_file = tmp_path / "rank-0.json"
+    trace_file.write_text(json.dumps({"traceEvents": events}))  # NaN/Infinity as Python's json writes them
+    trace = profiling.load_trace(trace_file)
+    s = profiling.summarize(trace)
+    assert isinstance(s, dict)
+    assert profiling.memory_series(trace) == {"cpu": [(0.005, 2**20)]}
+    out = profiling.plot_memory(trace, tmp_path / "m.png")
+    assert out == tmp_path / "m.png" and out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(UserError, match="is a folder"):
+        profiling.plot_memory(trace, tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError, match="cannot create directory"):
+        profiling.plot_memory(trace, tmp_path / "afile" / "m.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "m.png", "rank-0.json"]  # no stray temporary

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
+import math
 import os
 import re
 import time
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
+from pipeline.common.io import write_bytes
 from pipeline.config.schema import ProfilingConfig, TrainingConfig
 
 TRACE_DIR = "torch_profile"
@@ -258,8 +261,14 @@ def load_trace(path: Path) -> Trace:
     return Trace(path, [e for e in events if isinstance(e, dict)], meta)
 
 
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _complete(ev: dict) -> bool:
-    return ev.get("ph") == "X" and isinstance(ev.get("ts"), (int, float)) and isinstance(ev.get("dur"), (int, float))
+    """A complete event ("X") with a name, a start and a duration (a trace's other events are skipped, as any trace
+    reader skips what it cannot place: an event without a name, or a list as its name, was a traceback)."""
+    return ev.get("ph") == "X" and isinstance(ev.get("name"), str) and _finite(ev.get("ts")) and _finite(ev.get("dur"))
 
 
 def _self_times(events: list[dict]) -> dict[str, list[float]]:
@@ -370,13 +379,13 @@ def summarize(trace: Trace, top: int = 10) -> dict[str, Any]:
 def memory_series(trace: Trace) -> dict[str, list[tuple[float, int]]]:
     """Allocated bytes over time per device (``[memory]`` events of profile_memory): {"cpu": [(ms, bytes), ...]}."""
     out: dict[str, list[tuple[float, int]]] = {}
-    t0 = min((e["ts"] for e in trace.events if isinstance(e.get("ts"), (int, float))), default=0.0)
+    t0 = min((e["ts"] for e in trace.events if _finite(e.get("ts"))), default=0.0)
     for e in trace.events:
         if e.get("name") != "[memory]" or not isinstance(e.get("args"), dict):
             continue
         a = e["args"]
         total = a.get("Total Allocated")
-        if not isinstance(total, (int, float)) or not isinstance(e.get("ts"), (int, float)):
+        if not _finite(total) or not _finite(e.get("ts")):  # NaN / Infinity (JSON's extension) is no amount
             continue
         dev = "cpu" if a.get("Device Type", 0) == 0 else f"cuda:{a.get('Device Id', 0)}"
         out.setdefault(dev, []).append(((e["ts"] - t0) / 1000, int(total)))
@@ -429,7 +438,9 @@ def plot_memory(trace: Trace, out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = min((e["ts"] for e in trace.events if isinstance(e.get("ts"), (int, float))), default=0.0)
+    if out.is_dir():
+        raise UserError(f"--plot {out} is a folder: name the PNG file to write")
+    t0 = min((e["ts"] for e in trace.events if _finite(e.get("ts"))), default=0.0)
     fig, ax = plt.subplots(figsize=(9, 4))
     for dev, pts in series.items():
         ax.step([t for t, _ in pts], [b / 2**20 for _, b in pts], where="post", label=dev)
@@ -444,9 +455,7 @@ def plot_memory(trace: Trace, out: Path) -> Path | None:
     ax.set_title(f"memory: {trace.path.name}")
     ax.legend()
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, out)
-    return out
+    return write_bytes(out, png.getvalue())  # atomic; a file where a folder must be is one line, no stray temporary
