@@ -209,3 +209,29 @@ def test_cuda_without_a_cuda_device_is_one_line_before_the_model_loads(monkeypat
     with pytest.raises(UserError, match=r"--device cuda: torch sees 0 CUDA device\(s\) here; use --device cpu"):
         _device(EvalRun(model="m", device="cuda"))
     assert _device(EvalRun(model="m", device="cpu")) == "cpu"
+
+
+def test_upload_alls_marker_key_holds_every_setting_that_changes_a_result():
+    """Issue 50 item 7: the evaluation marker's key was the task list only, so a rerun with another limit or few-shot
+    evaluated nothing; it holds a digest of every setting now, and the same settings give the same key."""
+    a = EvalRun(model="m1", tasks="pipeline_smoke", limit=2)
+    assert a.marker_key() == EvalRun(model="m2", tasks="pipeline_smoke", limit=2).marker_key()
+    assert a.marker_key().startswith("pipeline_smoke.")
+    assert len({a.marker_key(), EvalRun(model="m", tasks="pipeline_smoke", limit=1).marker_key(),
+                EvalRun(model="m", tasks="pipeline_smoke", limit=2, num_fewshot=3).marker_key()}) == 3
+
+
+def test_upload_all_checks_the_evaluation_settings_before_any_export(tmp_path, capsys):
+    """Issue 50 items 7 and 12: a bad --eval-limit (1e20) marked every iteration .failed, the corrected rerun then
+    evaluated nothing, and the error named --limit where the user typed --eval-limit. Now it is one line, exit 2,
+    before anything is converted or marked."""
+    from pipeline.cli.checkpoint import main as convert_main
+
+    ckpt = tmp_path / "ck"
+    (layout.iter_dir(ckpt, 2)).mkdir(parents=True)
+    layout.write_tracker(ckpt, 2)
+    rc = convert_main(["upload-all", str(ckpt), "--hf-model", "m/x", "--no-reasoning", "--eval", "pipeline_smoke",
+                       "--eval-limit", "1e20"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --eval-limit 1e+20 must be a whole number"), err
+    assert sorted(p.name for p in ckpt.iterdir()) == ["iter_0000002", "latest_checkpointed_iteration.txt"]

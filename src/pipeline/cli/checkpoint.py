@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,20 @@ class ConvertRequest:
                        quiet=True)
 
 
+# the evaluation's own option names in its messages, as upload-all's user typed them (--eval-limit, not --limit)
+EVAL_OPTION_NAMES = re.compile(r"--(limit|num-fewshot|batch-size|tasks-path|tasks)\b")
+
+
+def check_eval(cfg) -> None:
+    """upload-all's evaluation settings checked by the evaluation's own rule, its messages naming the options as
+    upload-all's user typed them (``--eval-limit``, not ``--limit``)."""
+    try:
+        cfg.check()
+    except UserError as exc:
+        raise UserError(EVAL_OPTION_NAMES.sub(lambda m: "--eval" if m.group(1) == "tasks" else f"--eval-{m.group(1)}",
+                                              str(exc))) from None
+
+
 def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
     """The plan of a command line (``nodes``: Slurm's count when --nodes is not given; ``inputs_later``: the job
     waits for the one that writes its checkpoint)."""
@@ -203,7 +218,7 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
         from pipeline.evaluation.tasks import check_tasks
 
-        cfg.check()
+        check_eval(cfg)
         plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile())
     return plan
 
@@ -323,13 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     evaluate = None
     if req.eval:
         from pipeline.evaluation.run import run as run_eval
-        from pipeline.evaluation.tasks import parse_tasks, results_name
 
         def evaluate(iter_path: Path) -> dict:
             cfg = req.eval_run(iter_path / "hf")
             return run_eval(cfg) if cfg is not None else {}
 
-    key = results_name(parse_tasks(req.eval)).removesuffix(".json") if req.eval else "eval"
+    probe = req.eval_run(ckpt_dir / "hf")  # its settings were checked by the plan, before any export
+    key = probe.marker_key() if probe is not None else "eval"
     conv, failed = upload_all(ckpt_dir, convert, poll=req.poll, interval=req.interval,
                               idle_timeout=req.idle_timeout, evaluate=evaluate, eval_key=key)
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")

@@ -60,19 +60,33 @@ class EvalRun:
     def task_names(self) -> tuple[str, ...]:
         return parse_tasks(self.tasks)
 
+    def marker_key(self) -> str:
+        """upload-all's marker name for this evaluation: the task list and a digest of every setting that changes its
+        result (:attr:`settings`), so a rerun with other settings evaluates again, and a failure under one set of
+        settings does not stand for another's."""
+        import hashlib
+        import json
+
+        digest = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{results_name(self.task_names).removesuffix('.json')}.{digest}"
+
     def check(self) -> None:
         self.task_names  # noqa: B018 - refuses a malformed list
         if self.num_fewshot is not None and not 0 <= self.num_fewshot <= 64:
             raise UserError(f"--num-fewshot {self.num_fewshot} must be in [0, 64]")
         if not 1 <= self.batch_size <= 4096:
             raise UserError(f"--batch-size {self.batch_size} must be in [1, 4096]")
-        if self.limit is not None and not (math.isfinite(self.limit) and self.limit > 0 and
+        if self.limit is not None and not (math.isfinite(self.limit) and 0 < self.limit <= MAX_LIMIT and
                                            (self.limit < 1 or float(self.limit).is_integer())):
-            raise UserError(f"--limit {self.limit} must be a whole number of examples per task or a fraction in (0, 1)")
+            raise UserError(f"--limit {self.limit} must be a whole number of examples per task (at most "
+                            f"{MAX_LIMIT:.0f}) or a fraction in (0, 1)")
 
     @property
     def out_file(self) -> Path:
         return (self.output_dir or Path(self.model) / "eval") / results_name(self.task_names)
+
+
+MAX_LIMIT = 1e9  # examples per task: lm-eval takes the first N; 1e20 overflowed after the model had loaded
 
 
 def iteration_of(model: str) -> int | None:
