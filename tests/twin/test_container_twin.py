@@ -127,30 +127,6 @@ def test_the_old_nvrx_pin_crashes_megatron_core(twin, tmp_path):
     assert ok.returncode == 0, ok.stderr[-3000:]
 
 
-def test_compile_helpers_returns_with_the_overlays_megatron_core(twin, tmp_path):
-    """Bridge's setup calls megatron-core's own compile_helpers() (``make -C megatron/core/datasets``, sys.exit(1) when
-    make fails) on local rank 0 of every node. Imported from the overlay as the env setup installs it (with the
-    Makefile src/pipeline/env/overlay.py places), it returns: make finds the wheel's prebuilt CPython 3.12 helpers up
-    to date and writes nothing; the helpers then import. The wheel alone (no Makefile) exits 1: every Bridge
-    training's first minute before this fix."""
-    code = ("import os; from megatron.core.datasets.utils import compile_helpers; compile_helpers(); "
-            "from megatron.core.datasets import helpers_cpp; print('helpers:', helpers_cpp.__file__)")
-    datasets = OVERLAY / "megatron" / "core" / "datasets"
-    before = sorted((p.name, p.stat().st_mtime_ns) for p in datasets.iterdir())
-    r = in_twin(twin, code)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "make: Nothing to be done for 'default'." in r.stdout
-    assert f"helpers: {datasets / 'helpers_cpp.cpython-312-'}" in r.stdout
-    assert sorted((p.name, p.stat().st_mtime_ns) for p in datasets.iterdir()) == before  # nothing written
-    bare = tmp_path / "wheel-only"  # the overlay's megatron-core as pip installs it, without the Makefile
-    shutil.copytree(OVERLAY / "megatron", bare / "megatron", symlinks=True)
-    (bare / "megatron" / "core" / "datasets" / "Makefile").unlink()
-    r = in_twin(twin, code, overlay=bare, extra_path=str(OVERLAY))
-    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "No targets specified and no makefile found" in r.stderr
-    assert "Failed to compile the C++ dataset helper functions" in r.stdout + r.stderr
-
-
 def test_ft_launcher_runs(twin):
     """The image's ft_launcher entry point (NVRx 0.6.0), under the job's path."""
     code = ("import sys; from importlib.metadata import entry_points; "
@@ -210,16 +186,27 @@ def test_the_bridge_smoke_run_config_builds(twin, tmp_path):
                    "seq": 256}, got
 
 
-def test_validate_checks_lm_eval_and_the_dataset_helpers_in_the_container(twin):
-    """validate inside the container: lm-eval (the overlay's pin) imports for pipeline_eval_harness.py, and Bridge's
-    first setup step, megatron-core's compile_helpers(), succeeds with the overlay's megatron-core."""
+def test_validate_runs_compile_helpers_and_imports_lm_eval_in_the_container(twin, tmp_path):
+    """Bridge's setup calls megatron-core's own compile_helpers() (``make -C megatron/core/datasets``, sys.exit(1) when
+    make fails) on local rank 0 of every node. validate's dataset-helpers runs exactly that in the container, with
+    the overlay's megatron-core as the env setup installs it (with the Makefile src/pipeline/env/overlay.py places):
+    it returns, make finds the wheel's prebuilt CPython 3.12 helpers up to date and writes nothing, and the helpers
+    import. The wheel alone has no Makefile: the same make fails, which was every Bridge training's first minute.
+    lm-eval (the overlay's pin) imports for pipeline_eval_harness.py."""
+    datasets = OVERLAY / "megatron" / "core" / "datasets"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in datasets.iterdir())
     r = in_twin(twin, ["-m", "pipeline.env.validate", "--only", "import-lm-eval", "--only", "dataset-helpers"])
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
     assert "PASS import-lm-eval: lm_eval 0.4.13" in out, out
     assert ("PASS dataset-helpers: helpers: helpers_cpp.cpython-312-" in out
-            and "(nothing to make: the prebuilt library is up to date)" in out), out
+            and f"in {datasets} (nothing to make: the prebuilt library is up to date)" in out), out
     assert "validate: 2 passed, 0 failed, 0 skipped" in out
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in datasets.iterdir()) == before  # nothing written
+    bare = tmp_path / "datasets"  # the wheel's folder as pip installs it: no Makefile
+    shutil.copytree(datasets, bare, ignore=shutil.ignore_patterns("Makefile"))
+    make = subprocess.run(["make", "-C", str(bare)], capture_output=True, text=True)  # compile_helpers' own command
+    assert make.returncode != 0 and "No targets specified and no makefile found" in make.stderr, make.stderr
 
 
 def test_validate_gpu_packages_names_what_the_recipes_need_and_the_image_lacks(twin):
