@@ -211,11 +211,12 @@ def test_an_import_of_no_model_is_refused_by_its_plan(name):
 
 
 def test_upload_all_eval_of_no_tasks_is_refused_not_dropped(tmp_path, monkeypatch):
-    """``upload-all --eval ''`` (an empty $TASKS) planned OK and evaluated nothing (hostile pass)."""
+    """``upload-all --eval ''`` (an empty $TASKS) planned OK and evaluated nothing (hostile pass); the refusal names
+    the option as upload-all's user typed it (--eval, not the evaluation's own --tasks: issue 50)."""
     from pipeline.cli.checkpoint import plan_from_argv as checkpoint_plan
 
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
-    with pytest.raises(UserError, match=r"--tasks '': give task names"):
+    with pytest.raises(UserError, match=r"--eval '': give task names .*\(e\.g\. --eval pipeline_smoke\)"):
         checkpoint_plan(["upload-all", str(tmp_path), "--hf-model", SMOL, "--no-reasoning", "--poll", "--eval", ""])
 
 
