@@ -7,37 +7,22 @@ Before this, the planner had neither pyarrow nor orjson, and once the data exist
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from pipeline.data import packed_parquet
 from tests.helpers import run
+from tests.unit.test_preflight_packed import write_packs  # the data pipeline's own writer, as the preflight reads it
 
 pytestmark = pytest.mark.slow
 
 CONFIG = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
 TOK = "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 DATASET = "geodesic-research/pa-warm-start-1B-sft-mix"
-SEQ, PAD, ROWS = 32768, 16, 3
-
-
-def write_packs(root, seq=SEQ):
-    """A packed Parquet as the data pipeline writes it (its own writer), with Bridge's metadata beside it."""
-    paths = packed_parquet.packed_paths(root, TOK, PAD, seq)
-    paths["train"].parent.mkdir(parents=True, exist_ok=True)
-    n = 8
-    offsets = np.arange(ROWS + 1, dtype=np.int64) * n
-    table = packed_parquet.packs_table(offsets, np.ones(ROWS * n, np.int64), np.ones(ROWS * n, np.int8),
-                                       np.arange(ROWS + 1, dtype=np.int64), np.zeros(ROWS, np.int64))
-    packed_parquet.write([table], paths["train"])
-    paths["metadata"].write_text(json.dumps([{"pack_size": seq, "packing_factor": 1.0}]))
-    (paths["train"].parent / f"{seq}_summary.json").write_text(json.dumps({"fingerprint": {"pad_seq_to_mult": PAD}}))
-    return paths
+SEQ, PAD, ROWS = 32768, 16, 3  # test_preflight_packed.write_packs: 3 packs of 32K, pad 16
 
 
 @pytest.fixture(scope="module")
