@@ -244,7 +244,74 @@ def build_config(cfg: TrainingConfig, model: str, mode: str, peft: str | None, e
         conf = _import(_OC, "parse_hydra_overrides")(cfg=conf, overrides=list(extra_overrides))
     _import(_OC, "apply_overrides")(config_obj=container, overrides_dict=OmegaConf.to_container(conf, resolve=True),
                                     excluded_fields=excluded)
+    one_data_source(container.dataset, _named_dataset_fields(ours, extra_overrides))
     return container
+
+
+# ---- one data source --------------------------------------------------------------------------------------
+def data_source_groups(dataset) -> list[tuple[str, ...]]:
+    """The data sources of a Bridge dataset config, read from its own dataclass fields, each a tuple of the fields
+    that belong to it: Bridge's text-SFT config (``GPTSFTDatasetConfig``) has the local source ``dataset_root`` and
+    the Hugging Face source, every field named ``hf_*`` (the source, its validation and test sets, output root,
+    validation proportion, rewrite: what its ``validate()`` calls the HF "split and materialization settings");
+    its GPT config has ``data_path``, ``blend`` and ``blend_per_split`` (``finalize()`` reads ``blend`` first, so a
+    recipe's blend would win over our ``data_path`` without a word). A field the class does not have is no group."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(dataset)]
+    single = ("dataset_root", "data_path", "blend", "blend_per_split")
+    groups: list[tuple[str, ...]] = [(n,) for n in single if n in names]
+    hf = tuple(n for n in names if n.startswith("hf_"))
+    return [*groups, hf] if hf else groups
+
+
+def _field_default(dataset, name: str):
+    import dataclasses
+
+    f = next(f for f in dataclasses.fields(dataset) if f.name == name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _named_dataset_fields(ours: dict[str, Any], extra_overrides: Sequence[str]) -> set[str]:
+    """The dataset fields our values set, and those a Hydra override sets (``[+]dataset.X...=v``; ``~`` deletes)."""
+    named = set((ours.get("dataset") or {}).keys())
+    for o in extra_overrides:
+        key = o.split("=", 1)[0]
+        if key.startswith("~") or "=" not in o:
+            continue
+        parts = key.lstrip("+").split(".")
+        if len(parts) >= 2 and parts[0] == "dataset":
+            named.add(parts[1])
+    return named
+
+
+def one_data_source(dataset, named: set[str]) -> list[str]:
+    """Our data source replaces the recipe's whole: where our config (``named``: the dataset fields it sets) names
+    one source of :func:`data_source_groups`, every field of every other source goes back to its dataclass default
+    (None; ``hf_rewrite`` False). The recipes' SFT dataset is SQuAD (``hf_dataset``, validation proportion 0.1): left
+    beside our ``dataset_root``, Bridge's own validation refuses the pair on every rank after the queue. Two sources
+    named by us is one line. Returns the fields cleared (what the dry run can say)."""
+    groups = data_source_groups(dataset)
+    ours = [g for g in groups if named.intersection(g)]
+    if len(ours) > 1:
+        shown = " and ".join("dataset." + sorted(named.intersection(g))[0] for g in ours)
+        raise UserError(f"{shown} are two data sources: name one (the other is the recipe's to drop)")
+    if not ours:
+        return []  # the recipe's own source stays (a config that names none runs what the recipe names)
+    cleared = []
+    for group in groups:
+        if group is ours[0]:
+            continue
+        for name in group:
+            default = _field_default(dataset, name)
+            if getattr(dataset, name) != default:
+                setattr(dataset, name, default)
+                cleared.append(name)
+    return cleared
 
 
 # ---- training ---------------------------------------------------------------------------------------------

@@ -104,7 +104,62 @@ def op_build_config(req: dict) -> dict:
         "finalized": {k: _finalize(getattr(container, k)) for k in req.get("finalize", [])},
         # where the Bridge engine looks for each rank's trace, read from this real container
         "bridge_trace": {str(r): _bridge_trace(container, r) for r in req.get("trace_ranks", [])},
+        # Bridge's own validation of the whole container (what setup() runs on every rank before anything else)
+        **({"validated": _validate(container, int(req["validate_world"]))} if req.get("validate_world") else {}),
     }
+
+
+# TransformerConfig.__post_init__ (megatron-core 0.19.2) raises "... is not available. Please install TE" for these
+TE_KERNEL_SWITCHES = ("model.apply_rope_fusion", "model.moe_permute_fusion")
+# The GPU of the shipped cluster profile (configs/cluster/isambard_gh200.yaml), as torch.cuda.get_device_properties
+# describes it on a compute node there
+GH200 = type("GH200Properties", (), {"name": "NVIDIA GH200 120GB", "major": 9, "minor": 0,
+                                     "total_memory": 95 * 2**30, "multi_processor_count": 132})()
+
+
+def _validate(container, world: int) -> dict:
+    """Bridge's ``runtime_config_update`` (the first thing its ``pretrain()`` does, and so ``finetune()``: the
+    recipe's environment defaults, the mixed-precision string resolved and applied, the data-parallel size, then
+    ``ConfigContainer.validate()``) on a copy of ``container``, as rank 0 of a job of ``world`` ranks runs it
+    (``get_world_size_safe`` reads WORLD_SIZE). Reports Bridge's exception, whatever it is."""
+    import copy
+
+    from megatron.bridge.training.config import runtime_config_update
+    saved = dict(os.environ)
+    os.environ.update(WORLD_SIZE=str(world), RANK="0", LOCAL_RANK="0")
+    c = copy.deepcopy(container)
+    # What megatron-core's TransformerConfig refuses where Transformer Engine is absent (this venv; never the
+    # cluster's image): each is a fused CUDA kernel whose unfused torch path is megatron-core's own reference. Each
+    # switch the config turns on is turned off on the copy, and listed in the answer.
+    te_kernels = [k for k in TE_KERNEL_SWITCHES if getattr(getattr(c, k.split(".")[0]), k.split(".")[1], False)]
+    for k in te_kernels:
+        setattr(getattr(c, k.split(".")[0]), k.split(".")[1], False)
+    # Not validated here, and named: megatron-core's OptimizerConfig.__post_init__ (the optimizer section's finalize)
+    # imports TE's FusedAdam for the precision-aware optimizer (Super's recipe) and raises without it; turning the
+    # switch off instead changes what it checks (main_params_dtype). The section's finalize is skipped on the copy.
+    not_validated = []
+    if getattr(c.optimizer, "use_precision_aware_optimizer", False):
+        c.optimizer.finalize = lambda: None
+        not_validated.append("optimizer.finalize (use_precision_aware_optimizer: Transformer Engine's FusedAdam)")
+    # [cuda] Bridge's flex-dispatcher check reads GPU 0's architecture (torch.cuda.get_device_properties(0)): here it
+    # reads the shipped cluster's GPU (isambard_gh200: GH200, Hopper, sm_90), as it would on a compute node there.
+    import torch
+
+    real_props = torch.cuda.get_device_properties
+    torch.cuda.get_device_properties = lambda device=None: GH200
+    try:
+        runtime_config_update(c)
+    except Exception as exc:
+        return {"ok": False, **_err(exc), "trace": traceback.format_exc()[-3000:], "te_kernels_off": te_kernels,
+                "not_validated": not_validated}
+    finally:
+        torch.cuda.get_device_properties = real_props
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"ok": True, "dataset": type(c.dataset).__name__, "te_kernels_off": te_kernels,
+            "not_validated": not_validated,
+            "sources": {k: _norm(getattr(c.dataset, k, None))
+                        for k in ("dataset_root", "hf_dataset", "hf_validation_proportion", "data_path", "blend")}}
 
 
 def _bridge_trace(container, rank: int):
@@ -663,7 +718,44 @@ def op_shape_rules(req: dict) -> dict:
     return {"splits": splits, "heads": heads}
 
 
-OPS = {"fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
+def op_data_source(req: dict) -> dict:
+    """pipeline.bridge.one_data_source on the real recipe's dataset config (``model``/``mode``), for each case's named
+    fields (``named``; ``set``: values to give the dataset first, as a base config would): the fields cleared, the
+    sources left, and Bridge's own ``validate()`` of the dataset section after it (its ``finalize()`` for GPT)."""
+    import copy
+
+    from pipeline import bridge as pb
+    from pipeline.common.errors import UserError
+    from pipeline.config.models import get_model
+
+    spec = get_model(req["model"])
+    base = pb._import(spec.recipe_module, spec.recipe_name(req["mode"], None))().dataset
+    out = {"groups": [list(g) for g in pb.data_source_groups(base)], "cases": []}
+    for case in req["cases"]:
+        ds = copy.deepcopy(base)
+        for k, v in case.get("set", {}).items():
+            if k == "hf_dataset":
+                from megatron.bridge.data.sources.hf import HFDatasetSourceConfig
+
+                v = HFDatasetSourceConfig(**v)
+            setattr(ds, k, v)
+        try:
+            cleared = pb.one_data_source(ds, set(case["named"]))
+        except UserError as exc:
+            out["cases"].append({"refused": str(exc)})
+            continue
+        check = ds.validate if hasattr(ds, "validate") else ds.finalize
+        try:
+            check()
+            valid = None
+        except Exception as exc:
+            valid = _err(exc)["error"]
+        out["cases"].append({"cleared": cleared, "invalid": valid,
+                             "left": {n: _norm(getattr(ds, n)) for g in pb.data_source_groups(ds) for n in g}})
+    return out
+
+
+OPS = {"data_source": op_data_source, "fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
        "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records,
        "nan_message": op_nan_message, "profiling_window": op_profiling_window, "shape_rules": op_shape_rules}
 

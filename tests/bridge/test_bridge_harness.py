@@ -86,13 +86,13 @@ def drive(harness, ops: list[dict], timeout: int = 600) -> list[dict]:
     return json.loads(r.stdout.strip().splitlines()[-1])["results"]
 
 
-def our_config(model: str, mode: str, peft: str | None, config: str = QUICKSTART, overrides=()) -> dict:
+def our_config(model: str, mode: str, peft: str | None, config: str = QUICKSTART, overrides=(), nodes: int = 16) -> dict:
     """What the project resolves (the dry run's plan): the login-node preflight must pass it."""
     from pipeline.cli.train import plan_from_argv
 
     # A save directory, as every run under the profile's ft_launcher needs one (the preflight refuses it null)
     save = [] if any(str(o).startswith("checkpoint.save=") for o in overrides) else [f"checkpoint.save={SAVE}"]
-    argv = [config, "--model", model, "--mode", mode, "--dry-run", "--no-path-checks", "--nodes", "16",
+    argv = [config, "--model", model, "--mode", mode, "--dry-run", "--no-path-checks", "--nodes", str(nodes),
             *(["--peft", peft] if peft else []), *save, *overrides]
     lp = plan_from_argv(argv)
     assert lp.preflight.ok, lp.preflight.problems
@@ -112,8 +112,9 @@ def test_build_config_every_model_and_mode(harness):
             # dataset (GPTDatasetConfig), where Bridge's override code would drop them without a word (found by
             # this harness); the login-node preflight now refuses them (test_preflight_refuses_what_bridge_drops).
             # A pretraining run names indexed data instead.
+            # (and, with the quickstart's full recompute, no per-module CUDA graphs: the preflight refuses the pair)
             extra = [*extra, "~dataset.dataset_root", "~dataset.offline_packing_specs",
-                     "+dataset.data_path=[/data/corpus_text_document]"]
+                     "+dataset.data_path=[/data/corpus_text_document]", "model.cuda_graph_impl=none"]
         cfg = our_config(model, mode, peft, overrides=extra)
         ops.append({"op": "build_config", "id": f"{model}/{mode}/{peft}", "cfg": cfg, "model": model, "mode": mode,
                     "peft": peft})
@@ -141,6 +142,103 @@ def test_build_config_every_model_and_mode(harness):
         assert (r["container_types"]["peft"] == "LoRA") == (peft == "lora"), r["container_types"]
         if model == "super":
             assert "model.pipeline_model_parallel_size" in r["checked"]
+
+
+# ---- Bridge's own validation of every job we ship ----------------------------------------------------------------
+PRETRAIN_DATA = ["+dataset.data_path=[/data/corpus_text_document]"]
+NOT_SFT = ["~dataset.dataset_root", "~dataset.offline_packing_specs", *PRETRAIN_DATA]
+SUPER_QS = "configs/quickstart/nemotron_super_quickstart_sft.yaml"
+# (config, model, mode, peft, nodes, overrides): each shipped config as its header plans it; Super has no shipped
+# pretraining config, so its quickstart stands in with indexed data named (as the dry-run test above does).
+SHIPPED_JOBS = [
+    (QUICKSTART, "nano", "sft", None, 16, []),
+    (QUICKSTART, "nano", "sft", "lora", 16, []),
+    ("configs/smoke/nemotron_nano_smoke_sft.yaml", "nano", "sft", None, 4, []),
+    ("configs/cluster_runs/nemotron_nano_pretrain.yaml", "nano", "pretrain", None, 16, PRETRAIN_DATA),
+    ("configs/cluster_runs/nemotron_nano_cpt.yaml", "nano", "cpt", None, 16, PRETRAIN_DATA),
+    (SUPER_QS, "super", "sft", None, 16, []),
+    (SUPER_QS, "super", "sft", "lora", 16, []),
+    (SUPER_QS, "super", "pretrain", None, 16, NOT_SFT),
+    (SUPER_QS, "super", "cpt", None, 16, NOT_SFT),
+]
+GPUS_PER_NODE = 4  # isambard_gh200, every shipped config's cluster
+
+
+def test_bridges_own_validation_passes_every_shipped_job(harness, tmp_path):
+    """Every shipped model x mode x peft, each from its shipped config, through the dry run's plan (preflight passed)
+    and build_config, then Bridge's own ``ConfigContainer.validate()`` (what setup() runs on every rank before
+    anything else) at the job's world size. On a machine without Transformer Engine megatron-core refuses its fused
+    kernels' switches (fused rope, fused permute): those, and only those, are turned off on the copy validated,
+    and named. Before the data-source fix every SFT job died here: the recipes' SQuAD source beside our
+    dataset_root ("Exactly one text-only SFT source must be set"); the Nano pretraining and CPT configs died on
+    full recompute under the recipe's Transformer Engine CUDA graphs."""
+    ops = []
+    base = tmp_path / "base"  # Bridge's checkpoint section asserts the pretrained checkpoint exists: a folder here
+    base.mkdir()
+    for config, model, mode, peft, nodes, extra in SHIPPED_JOBS:
+        cfg = our_config(model, mode, peft, config=config, overrides=extra, nodes=nodes)
+        if cfg["checkpoint"].get("pretrained_checkpoint"):
+            cfg = our_config(model, mode, peft, config=config, nodes=nodes,
+                             overrides=[*extra, f"checkpoint.pretrained_checkpoint={base}"])
+        ops.append({"op": "build_config", "id": f"{config}:{model}/{mode}/{peft}", "cfg": cfg, "model": model,
+                    "mode": mode, "peft": peft, "validate_world": nodes * GPUS_PER_NODE,
+                    "root": cfg["dataset"].get("dataset_root")})
+    results = drive(harness, ops)
+    assert len(results) == len(SHIPPED_JOBS)
+    unvalidated: set[str] = set()
+    for op, r in zip(ops, results):
+        assert "error" not in r, f"{r['id']}: {r['error']} at {r['where']}\n{r.get('trace', '')}"
+        v = r["validated"]
+        assert v["ok"], f"{r['id']}: Bridge's validate() refused it: {v['error']} at {v['where']}\n{v['trace']}"
+        assert set(v["te_kernels_off"]) <= {"model.apply_rope_fusion", "model.moe_permute_fusion"}, v
+        # the one section left unvalidated here, and only where the recipe needs it (Super's; never Nano's)
+        assert set(v["not_validated"]) <= {"optimizer.finalize (use_precision_aware_optimizer: Transformer Engine's "
+                                           "FusedAdam)"} and not (op["model"] == "nano" and v["not_validated"]), v
+        unvalidated.update(v["not_validated"])
+        if op["mode"] == "sft":  # one data source, ours
+            assert v["dataset"] == "GPTSFTDatasetConfig" and v["sources"]["dataset_root"] == op["root"], v
+            assert v["sources"]["hf_dataset"] is None and v["sources"]["hf_validation_proportion"] is None, v
+        else:  # Bridge's finalize() turned our data_path into the blend it reads
+            assert v["dataset"] == "GPTDatasetConfig", v
+            assert v["sources"]["blend"] == [["/data/corpus_text_document"], None], v
+    print("validated whole except:", sorted(unvalidated) or "nothing")
+
+
+def test_our_data_source_replaces_the_recipes_whole(harness):
+    """pipeline.bridge.one_data_source on the real recipes' dataset configs: the SFT recipe's SQuAD source (hf_dataset,
+    validation proportion 0.1) is cleared whole when we name dataset_root, and Bridge's own validate() then passes
+    (it refused the pair: "Exactly one text-only SFT source"); the reverse (a base config's dataset_root, our HF
+    source) too; two sources named by us is one line; naming none leaves the recipe's; the pretraining recipe's
+    blend gives way to our data_path (finalize() reads blend first)."""
+    (sft,) = drive(harness, [{"op": "data_source", "model": "nano", "mode": "sft", "cases": [
+        {"named": ["dataset_root", "seq_length"], "set": {"dataset_root": "/data/packed"}},
+        {"named": ["hf_dataset"], "set": {"dataset_root": "/base/config/root", "hf_dataset": {"dataset_name": "tulu3"}}},
+        {"named": ["dataset_root", "hf_validation_proportion"], "set": {"dataset_root": "/data/packed"}},
+        {"named": ["seq_length"]},
+    ]}])
+    assert "error" not in sft, sft
+    groups = [tuple(g) for g in sft["groups"]]
+    hf = next(g for g in groups if "hf_dataset" in g)
+    assert ("dataset_root",) in groups and {"hf_validation_dataset", "hf_test_dataset", "hf_output_root",
+                                            "hf_validation_proportion", "hf_rewrite"} <= set(hf), groups
+    ours, reverse, two, none = sft["cases"]
+    assert set(ours["cleared"]) == {"hf_dataset", "hf_validation_proportion"} and ours["invalid"] is None, ours
+    assert ours["left"]["dataset_root"] == "/data/packed" and all(ours["left"][n] in (None, False) for n in hf)
+    assert reverse["cleared"] == ["dataset_root"] and reverse["left"]["hf_dataset"]["dataset_name"] == "tulu3", reverse
+    assert two == {"refused": "dataset.dataset_root and dataset.hf_validation_proportion are two data sources: "
+                              "name one (the other is the recipe's to drop)"}
+    # naming none: the recipe's own source, as the recipe wrote it (SQuAD), valid on its own
+    assert none["cleared"] == [] and none["left"]["hf_dataset"]["dataset_name"] == "squad" and none["invalid"] is None
+
+    (gpt,) = drive(harness, [{"op": "data_source", "model": "nano", "mode": "pretrain", "cases": [
+        {"named": ["data_path"], "set": {"data_path": ["/data/corpus_text_document"],
+                                         "blend": [["/recipe/blend_text_document"], None]}},
+    ]}])
+    assert "error" not in gpt, gpt
+    assert [tuple(g) for g in gpt["groups"]] == [("data_path",), ("blend",), ("blend_per_split",)]
+    (case,) = gpt["cases"]
+    assert case["cleared"] == ["blend"] and case["invalid"] is None, case
+    assert case["left"]["blend"] == [["/data/corpus_text_document"], None], case  # finalize() built it from ours
 
 
 # ---- c: misspelled and wrong-type Bridge keys -----------------------------------------------------------------

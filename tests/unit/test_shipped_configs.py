@@ -124,3 +124,33 @@ def test_a_bridge_pretraining_without_data_is_refused(tmp_path):
         assert any(p.startswith(f"mode {mode} on Megatron Bridge reads indexed data, and none is named")
                    for p in plan.preflight.problems), plan.preflight.problems
         assert plan_from_argv(argv + [f"+dataset.data_path=[{tmp_path}/text_text_document]"]).preflight.ok
+
+
+def test_full_recompute_beside_per_module_cuda_graphs_is_refused(tmp_path):
+    """Issue 58: Nano's pretraining recipe captures Transformer Engine CUDA graphs (cuda_graph_impl
+    transformer_engine); megatron-core's TransformerConfig asserts "full recompute is only supported with full
+    iteration CUDA graph" in Bridge's validate(), on every rank after the queue (the Bridge harness runs it:
+    test_bridges_own_validation_passes_every_shipped_job). The shipped pretraining and CPT configs turn the graphs off
+    (their full recompute is what fits 8K); putting the recipe's graphs back is one line on the login node."""
+    from pipeline.cli.train import plan_from_argv
+
+    data = f"+dataset.data_path=[{tmp_path}/text_text_document]"
+    for cfg, mode in (("nemotron_nano_pretrain", "pretrain"), ("nemotron_nano_cpt", "cpt")):
+        argv = [f"configs/cluster_runs/{cfg}.yaml", "--model", "nano", "--mode", mode, "--dry-run", "--nodes", "16",
+                "--no-path-checks", data]
+        assert plan_from_argv(argv).cfg.model.cuda_graph_impl == "none"
+        plan = plan_from_argv([*argv, "model.cuda_graph_impl=transformer_engine"]).preflight
+        assert plan.problems == ["model.recompute_granularity=full with model.cuda_graph_impl=transformer_engine (per-"
+                                 "module CUDA graphs, the nano pretrain recipe's): megatron-core refuses full "
+                                 "recompute beside them; set model.cuda_graph_impl=none, or "
+                                 "recompute_granularity=selective"], plan.problems
+        # the recipe's own graphs (the config's line removed) are what the preflight reads: the same refusal
+        lines = Path(f"configs/cluster_runs/{cfg}.yaml").read_text().replace("  cuda_graph_impl: none\n", "")
+        own = tmp_path / f"{cfg}.yaml"
+        own.write_text(lines)
+        plan = plan_from_argv([str(own), *argv[1:]]).preflight
+        assert not plan.ok and "model.cuda_graph_impl=transformer_engine" in plan.problems[0], plan.problems
+        # selective recompute beside the graphs is what megatron-core accepts
+        ok = plan_from_argv([str(own), *argv[1:], "model.recompute_granularity=selective",
+                             "model.recompute_method=null", "model.recompute_num_layers=null"]).preflight
+        assert not any("cuda_graph_impl" in p for p in ok.problems), ok.problems

@@ -265,9 +265,12 @@ REGISTRY: dict[str, ModelSpec] = {
             recipes={
                 "sft": _NANO_SFT_RECIPE,
                 "pretrain": {
+                    # cuda_graph_impl: the pretraining recipe captures Transformer Engine CUDA graphs of its attention
+                    # and MoE router (its SFT recipe does not); megatron-core refuses full recompute beside them
                     "model": {"seq_length": 8192, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                               "context_parallel_size": 1, "expert_model_parallel_size": 8,
-                              "expert_tensor_parallel_size": 1, "sequence_parallel": False},
+                              "expert_tensor_parallel_size": 1, "sequence_parallel": False,
+                              "cuda_graph_impl": "transformer_engine"},
                     "train": {"train_iters": 39735, "global_batch_size": 1024, "micro_batch_size": 1},
                     "dataset": {"seq_length": 8192},
                 },

@@ -72,6 +72,9 @@ class ModelConfig:
     recompute_method: Literal["uniform", "block"] | None = _f("how full recomputation picks layers")
     recompute_num_layers: int | None = _f("layers per recomputation unit (full recomputation)")
     recompute_modules: Any = _f("modules to recompute (selective), e.g. [moe, mlp]")
+    cuda_graph_impl: Literal["none", "transformer_engine", "local", "full_iteration"] | None = _f(
+        "CUDA graphs: none, per-module (transformer_engine, local) or the whole iteration; per-module graphs refuse "
+        "full recompute")
     moe_permute_fusion: bool | None = _f("fused token permutation in the MoE dispatcher")
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = _f("MoE token dispatcher")
     moe_grouped_gemm: bool | None = _f("grouped GEMM for the experts")

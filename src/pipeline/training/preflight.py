@@ -232,6 +232,11 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
         plan.notes.append("path checks skipped (--no-path-checks)")
 
     recompute = m.recompute_granularity
+    if not local and recompute == "full" and m.cuda_graph_impl in ("transformer_engine", "local"):
+        # megatron-core's TransformerConfig asserts it in Bridge's validate(), on every rank after the queue
+        plan.problems.append(f"model.recompute_granularity=full with model.cuda_graph_impl={m.cuda_graph_impl} (per-"
+                             "module CUDA graphs, the nano pretrain recipe's): megatron-core refuses full recompute "
+                             "beside them; set model.cuda_graph_impl=none, or recompute_granularity=selective")
     plan.memory_gb = estimate_memory_gb(spec, plan, recompute, sp, local, peft)
     _hazards(cfg, plan, local)
     _check_profiling(cfg, plan, local)
