@@ -16,7 +16,7 @@ from tests.parallel import (  # noqa: F401  (the workers' groups and their sched
     pytest_unconfigure,
     pytest_xdist_make_scheduler,
 )
-from tests.tiers import FIXTURES_OF, TIERS, TierError, gpu_exemption, required_tiers
+from tests.tiers import FIXTURES_OF, NAMED_CASES, TIERS, TierError, gpu_exemption, required_tiers
 
 os.environ.setdefault("PIPELINE_ROOT", str(ROOT))
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -136,6 +136,12 @@ def pytest_terminal_summary(terminalreporter, config):
         # a tier's wall time: its tests' time; on one worker the tiers' add up to pytest's, on two (tests/parallel.py)
         # the serial group's tiers run on one worker beside the others, and the line below says how the two compare
         tr.write_line(f"tier {tier}: {counts}{note}; wall {sum(_SECONDS.get(i, 0.0) for i in ids):.1f} s")
+        for label, path in NAMED_CASES.get(tier, {}).items():
+            case = [i for i in ids if i.split("::", 1)[0] == path]
+            outcomes = [_OUTCOMES[i][1] for i in case]
+            tr.write_line(f"  {label} ({path}): " + ", ".join(f"{outcomes.count(o)} {o}"
+                                                               for o in ("passed", "failed", "skipped"))
+                          + f"; wall {sum(_SECONDS.get(i, 0.0) for i in case):.1f} s")
     workers = len(getattr(config.option, "tx", None) or ()) if getattr(config.option, "dist", "no") != "no" else 0
     if workers and _STARTED:
         tr.write_line(f"tiers together: {sum(_SECONDS.values()):.1f} s of tests on {workers} workers in "

@@ -17,6 +17,21 @@ def run(cmd: list[str] | str, env: dict | None = None, timeout: float = 900, che
     return res
 
 
+def offline_hf_home(hf_home: Path) -> Path:
+    """An offline Hugging Face cache at ``hf_home`` holding the shipped model configs (tests/assets/hf_configs/
+    <org>--<name>/config.json, snapshot 0...0), so Bridge's recipes' ``AutoBridge.from_hf_pretrained("nvidia/...")``
+    finds them with HF_HOME=hf_home and HF_HUB_OFFLINE=1 (no download is possible here)."""
+    import shutil
+
+    for d in sorted((ROOT / "tests" / "assets" / "hf_configs").iterdir()):
+        org, name = d.name.split("--", 1)
+        repo = hf_home / "hub" / f"models--{org}--{name}"
+        shutil.copytree(d, repo / "snapshots" / ("0" * 40))
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0" * 40)
+    return hf_home
+
+
 def wandb_offline_runs(wandb_dir: Path) -> list[dict]:
     """The run records (name, project, entity) of the offline W&B runs under ``wandb_dir``, read from each run's
     ``run-*.wandb`` file (W&B's LevelDB-style log of protobuf records, parsed with wandb's own protobufs): what

@@ -23,6 +23,14 @@ from typing import NoReturn
 TIERS = ("slurm", "bridge", "megatron_cpu", "charliecloud", "twin", "gpu")
 RUNNABLE_HERE = ("slurm", "bridge", "megatron_cpu", "charliecloud", "twin")  # every tier that can run on a CPU-only CI machine
 FIXTURES_OF = {"slurm": ("slurm", "senv")}  # a test that uses one of these fixtures is in that tier
+# The cases a tier's summary line names (a required tier runs them; the summary shows their counts and time): label ->
+# the test file that is the case
+NAMED_CASES = {
+    "megatron_cpu": {
+        "finetune() of the Nano quickstart": "tests/megatron_cpu/test_bridge_finetune_cpu.py",
+        "pretrain() save-and-exit and resume": "tests/megatron_cpu/test_bridge_pretrain_cpu.py",
+    },
+}
 
 
 class TierError(ValueError):

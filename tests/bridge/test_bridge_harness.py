@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import offline_hf_home
 from tests.tiers import tier_unavailable
 
 pytestmark = [pytest.mark.bridge, pytest.mark.slow]
@@ -36,7 +36,6 @@ pytestmark = [pytest.mark.bridge, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("PIPELINE_ROOT", ROOT)) / ".cache" / "bridge-venv"
-HF_CONFIGS = ROOT / "tests" / "assets" / "hf_configs"
 QUICKSTART = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
 SAVE = "/scratch/team/checkpoints/nano_quickstart"  # not checked (--no-path-checks): a plan only
 CASES = [(m, mode, peft) for m in ("nano", "super")
@@ -64,15 +63,7 @@ def harness(tmp_path_factory):
             tier_unavailable("bridge", f"the harness venv cannot be installed (no package registry): "
                                        f"{r.stderr.strip().splitlines()[-1]}")
         pytest.fail(f"tests/bridge/setup_env.sh failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-    hf_home = tmp_path_factory.mktemp("hf_home")
-    for d in sorted(HF_CONFIGS.iterdir()):
-        org, name = d.name.split("--", 1)
-        repo = hf_home / "hub" / f"models--{org}--{name}"
-        snap = repo / "snapshots" / ("0" * 40)
-        shutil.copytree(d, snap)
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text("0" * 40)
-    return {"hf_home": hf_home}
+    return {"hf_home": offline_hf_home(tmp_path_factory.mktemp("hf_home"))}
 
 
 def drive(harness, ops: list[dict], timeout: int = 600) -> list[dict]:
@@ -530,7 +521,7 @@ PROFILING = ["profiling.use_pytorch_profiler=true", "profiling.profile_step_star
 def test_profiling_fields_reach_bridges_profiling_config_and_its_window(harness, tmp_path):
     """The suite's typed profiling fields, through the dry run's plan (preflight passed) and build_config on the real
     recipe and override code, land in Bridge 0.6.2's own ProfilingConfig, which Bridge's validation (finalize)
-    accepts; a window the preflight refuses, Bridge's finalize refuses too. The engine's profiling_overrides point
+    accepts; a window the preflight refuses, Bridge's finalize refuses too. The engine's tensorboard_overrides point
     logger.tensorboard_dir at <run_dir>/tb, and Bridge's real profiler functions, run in train.py's order, then
     write their trace to <run_dir>/torch_profile/rank-0.json.gz (where the local engine writes its own), holding
     exactly the steps pipeline.training.profiling.window says: the local engine's rule is Bridge's."""
@@ -539,11 +530,11 @@ def test_profiling_fields_reach_bridges_profiling_config_and_its_window(harness,
     from pipeline.cli.train import plan_from_argv
     from pipeline.config.schema import TrainingConfig
     from pipeline.training import profiling
-    from pipeline.training.engines.megatron_bridge import profiling_overrides
+    from pipeline.training.engines.megatron_bridge import tensorboard_overrides
 
     cfg = our_config("nano", "sft", None, overrides=PROFILING)
     run_dir = tmp_path / "run"
-    extra = profiling_overrides(TrainingConfig.from_dict(cfg), run_dir)
+    extra = tensorboard_overrides(TrainingConfig.from_dict(cfg), run_dir)
     assert extra == [f"logger.tensorboard_dir={run_dir / 'tb'}"]
     bad = {**cfg, "profiling": {**cfg["profiling"], "profile_step_start": 5, "profile_step_end": 3}}
     base = [QUICKSTART, "--model", "nano", "--mode", "sft", "--dry-run", "--no-path-checks", "--nodes", "16"]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 CONFIG = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
 TOK = "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 DATASET = "geodesic-research/pa-warm-start-1B-sft-mix"
-SEQ, PAD, ROWS = 32768, 16, 3  # test_preflight_packed.write_packs: 3 packs of 32K, pad 16
+SEQ, PAD, ROWS = 32768, 16, 128  # test_preflight_packed.write_packs: a global batch (128) of packs of 32K, pad 16
 
 
 @pytest.fixture(scope="module")

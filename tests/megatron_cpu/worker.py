@@ -5,6 +5,10 @@ PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the 
                                              names) + a byte-level BPE tokenizer with a ChatML template, and the
                                              Hugging Face greedy tokens of PROMPTS (OUT/hf_greedy.json)
     python worker.py import HF OUT           pipeline.bridge.import_from_hf (AutoBridge.import_ckpt)
+    python worker.py shrunk-rank HF --run-dir DIR
+                                             one rank of the user's training job (pipeline.training.run, the
+                                             rank entry point the launcher starts) with only the model shrunk to
+                                             the tiny Llama at HF (shrink_model): Bridge's finetune()/pretrain()
     python worker.py generate ITER HF N TP PP EP OUT.json
                                              pipeline.bridge.generate (one rank, or every rank under torchrun)
     python worker.py perturb ITER            one shard of a torch_dist checkpoint changed in place
@@ -133,6 +137,117 @@ def make_lora(base_iter: Path, hf: str, out: Path) -> None:
     torch.save({"input_ids": ids, "logits": logits[..., :vocab].float()}, out / "lora_logits.pt")
 
 
+# What the CPU cannot run of the user's model section, and why it is not copied onto the tiny model: the MoE
+# settings (the tiny Llama has no experts).
+NOT_COPIED = ("moe_",)
+
+
+def shrink_model(container, cfg, hf: str) -> dict:
+    """The user's ConfigContainer with only the model shrunk: Bridge's provider of the tiny Llama (LlamaBridge, what
+    the tier's conversion tests run) in place of the recipe's, carrying every model setting the user's config sets
+    (layout, sequence length, recompute) except those NOT_COPIED, and its tokenizer (the data was packed with it).
+    Where megatron-core has no TE or Apex FusedAdam (here), the distributed optimizer and its overlapped parameter
+    gather are off by the product's own rule (pipeline.bridge.NO_FUSED_ADAM: its torch-Adam fallback cannot resume;
+    the cluster's image has TE). Returns what it did, for the test to read."""
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+    from pipeline import bridge
+
+    ours = bridge.bridge_overrides(cfg).get("model", {})
+    provider = AutoBridge.from_hf_pretrained(hf).to_megatron_provider(load_weights=False)
+    copied = {}
+    for key, value in ours.items():
+        if not key.startswith(NOT_COPIED) and hasattr(provider, key):
+            setattr(provider, key, value)
+            copied[key] = value
+    replaced = type(container.model).__name__
+    container.model = provider
+    container.tokenizer.tokenizer_model = hf
+    dist_opt = bool(container.optimizer.use_distributed_optimizer)
+    if dist_opt and not bridge.fused_adam_available():
+        # with the distributed optimizer goes its overlapped parameter all-gather (the recipe's DDP turns it on;
+        # without the distributed optimizer megatron-core takes a layer-wise gather path that fails at step 1)
+        for section in (container.ddp, container.optimizer):
+            section.use_distributed_optimizer = section.overlap_param_gather = False
+    return {"replaced": replaced, "model": type(provider).__name__, "copied": copied,
+            "distributed_optimizer_off": dist_opt and not container.optimizer.use_distributed_optimizer}
+
+
+def shrunk_rank(hf: str, rest: list[str]) -> int:
+    """pipeline.training.run's main on this rank, build_config's container shrunk by shrink_model; rank 0 writes what
+    the shrink did to <run_dir>/shrunk.json."""
+    from pipeline import bridge
+    from pipeline.training import run
+
+    build = bridge.build_config
+
+    def build_shrunk(cfg, *args, **kwargs):
+        container = build(cfg, *args, **kwargs)
+        done = shrink_model(container, cfg, hf)
+        run_dir = Path(os.environ["PIPELINE_RUN_DIR"])
+        if int(os.environ.get("RANK", "0")) == 0:
+            (run_dir / "shrunk.json").write_text(json.dumps(done, default=str))
+        return container
+
+    bridge.build_config = build_shrunk
+    _record_first_batch(Path(os.environ["PIPELINE_RUN_DIR"]))
+    return run.main(rest)
+
+
+def _record_first_batch(run_dir: Path) -> None:
+    """What Bridge's GPT step hands the model for this rank's first micro-batch (gpt_step.get_batch, read after it
+    returns: the tokens, the loss mask and the packed boundaries, cu_seqlens), to <run_dir>/first_batch_rank<R>.json.
+    Observation only: the values are returned unchanged."""
+    import megatron.bridge.training.gpt_step as step
+
+    get_batch, rank = step.get_batch, int(os.environ.get("RANK", "0"))
+    out = run_dir / f"first_batch_rank{rank}.json"
+
+    def recorded(*args, **kwargs):
+        batch = get_batch(*args, **kwargs)
+        if not out.exists():
+            tokens, _labels, loss_mask, _mask, positions, packed = batch
+            meta = {k: v.flatten().tolist() for k, v in (packed or {}).items() if hasattr(v, "flatten")}
+            out.write_text(json.dumps({"tokens": tokens.flatten().tolist(), "loss_mask": loss_mask.flatten().tolist(),
+                                       "position_ids": positions.flatten().tolist(), "packed": meta}))
+        return batch
+
+    step.get_batch = recorded
+
+
+def packed_attention(out: Path) -> None:
+    """megatron-core's DotProductAttention (the local spec's core attention) on packed THD input, as the tier's
+    stand-in computes it, against the same attention run on each document alone: the largest difference over the
+    real tokens of every document (with padding slots between them, as pad_seq_to_mult makes)."""
+    import torch
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from pipeline import bridge
+
+    bridge._init_model_parallel(1, 1, 1)
+    cfg = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                            attention_dropout=0.0, masked_softmax_fusion=False, bias_dropout_fusion=False)
+    attn = DotProductAttention(cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    torch.manual_seed(0)
+    starts, lengths, t = [0, 16], [5, 3], 32  # two documents of 5 and 3 tokens, each padded to a slot of 16
+    q, k, v = torch.randn(t, 4, 16), torch.randn(t, 2, 16), torch.randn(t, 2, 16)
+    cu = torch.tensor([0, 16, 32], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=torch.tensor([0, 5, 19], dtype=torch.int32),
+                             cu_seqlens_kv=torch.tensor([0, 5, 19], dtype=torch.int32), cu_seqlens_q_padded=cu,
+                             cu_seqlens_kv_padded=cu, max_seqlen_q=16, max_seqlen_kv=16)
+    packed = attn(q, k, v, None, packed_seq_params=params).reshape(t, -1)
+    diffs = []
+    for s, n in zip(starts, lengths):
+        alone = attn(q[s:s + n].unsqueeze(1), k[s:s + n].unsqueeze(1), v[s:s + n].unsqueeze(1), None).reshape(n, -1)
+        diffs.append(float((packed[s:s + n] - alone).abs().max()))
+    # and a wrong boundary shows: one document of 19 tokens attends across the boundary the packs keep
+    merged = attn(q[:19].unsqueeze(1), k[:19].unsqueeze(1), v[:19].unsqueeze(1), None).reshape(19, -1)
+    out.write_text(json.dumps({"diffs": diffs, "across": float((packed[16:19] - merged[16:19]).abs().max())}))
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "make-model":
@@ -141,6 +256,10 @@ def main(argv: list[str]) -> int:
         from pipeline import bridge
 
         bridge.import_from_hf(argv[1], Path(argv[2]))
+    elif cmd == "packed-attention":
+        packed_attention(Path(argv[1]))
+    elif cmd == "shrunk-rank":
+        return shrunk_rank(argv[1], argv[2:])
     elif cmd == "make-lora":
         make_lora(Path(argv[1]), argv[2], Path(argv[3]))
     elif cmd == "generate":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, offline_hf_home
 from tests.tiers import tier_unavailable
 
 pytestmark = [pytest.mark.twin, pytest.mark.slow]
@@ -30,7 +30,6 @@ pytestmark = [pytest.mark.twin, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 VENV = ROOT / ".cache" / "twin-venv"
 OVERLAY = ROOT / ".cache" / "twin-overlay"
-HF_CONFIGS = ROOT / "tests" / "assets" / "hf_configs"
 UNREACHABLE = ("No matching distribution", "Could not find a version", "NewConnectionError", "Network is unreachable")
 
 
@@ -44,14 +43,8 @@ def twin(tmp_path_factory):
         if any(u in r.stderr for u in UNREACHABLE) or "no CPython 3.12 found" in r.stdout + r.stderr:
             tier_unavailable("twin", f"tests/twin/setup_env.sh: {last}")
         pytest.fail(f"tests/twin/setup_env.sh failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-    hf_home = tmp_path_factory.mktemp("hf_home")
-    for d in sorted(HF_CONFIGS.iterdir()):  # the flagship configs as an offline hub cache, as the Bridge harness does
-        org, name = d.name.split("--", 1)
-        repo = hf_home / "hub" / f"models--{org}--{name}"
-        shutil.copytree(d, repo / "snapshots" / ("0" * 40))
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text("0" * 40)
-    return {"hf_home": hf_home}
+    # the flagship configs as an offline hub cache, as the Bridge harness has it
+    return {"hf_home": offline_hf_home(tmp_path_factory.mktemp("hf_home"))}
 
 
 def in_twin(twin, code: str | list[str], overlay: Path = OVERLAY, extra_path: str = "", stdin: str | None = None,

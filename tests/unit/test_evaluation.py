@@ -211,6 +211,29 @@ def test_cuda_without_a_cuda_device_is_one_line_before_the_model_loads(monkeypat
     assert _device(EvalRun(model="m", device="cpu")) == "cpu"
 
 
+@pytest.mark.parametrize("device,dtype", [("cuda", "bfloat16"), ("cuda:1", "bfloat16"), ("cuda:3", "bfloat16"),
+                                          ("cpu", "float32")])
+def test_every_cuda_device_loads_the_model_in_bf16(monkeypatch, device, dtype):
+    """Issue 58 item 4: --device cuda:N loaded the model in fp32 (only "cuda" got bf16): Nano's 31.6B parameters are
+    126 GB in fp32, more than one GPU holds. The dtype evaluate() hands lm-eval's HFLM, read at the call (the model
+    itself needs the device: the call is stopped there)."""
+    import lm_eval.models.huggingface as hf
+
+    from pipeline.evaluation import run as eval_run
+
+    seen = {}
+
+    def hflm(**kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop: the model would load here")
+
+    monkeypatch.setattr(eval_run, "_device", lambda cfg: device)
+    monkeypatch.setattr(hf, "HFLM", hflm)
+    with pytest.raises(RuntimeError, match="stop: the model would load here"):
+        eval_run.evaluate(EvalRun(model="m", tasks="hellaswag", device=device))
+    assert seen["dtype"] == dtype and seen["device"] == device
+
+
 def test_upload_alls_marker_key_holds_every_setting_that_changes_a_result():
     """Issue 50 item 7: the evaluation marker's key was the task list only, so a rerun with another limit or few-shot
     evaluated nothing; it holds a digest of every setting now, and the same settings give the same key."""

@@ -12,6 +12,7 @@ from pipeline.data import packed_parquet
 NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
 TOK = "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 SEQ, PAD = 32768, 16
+GBS = 128  # the quickstart's train.global_batch_size: Megatron Bridge refuses fewer packs
 
 
 def argv(root, ckpt):
@@ -23,14 +24,14 @@ def errors(capsys):
     return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
 
 
-def write_packs(root, rows=3, pack_size=SEQ, pad=PAD):
+def write_packs(root, rows=GBS, pack_size=SEQ, pad=PAD, split="train"):
     paths = packed_parquet.packed_paths(root, TOK, PAD, SEQ)
-    paths["train"].parent.mkdir(parents=True)
+    paths["train"].parent.mkdir(parents=True, exist_ok=True)
     n = 8
     offsets = np.arange(rows + 1, dtype=np.int64) * n
     table = packed_parquet.packs_table(offsets, np.ones(rows * n, np.int64), np.ones(rows * n, np.int8),
                                        np.arange(rows + 1, dtype=np.int64), np.zeros(rows, np.int64))
-    packed_parquet.write([table], paths["train"])
+    packed_parquet.write([table], paths[split])
     paths["metadata"].write_text(json.dumps([{"pack_size": pack_size, "packing_factor": 1.0}]))
     (paths["train"].parent / f"{SEQ}_summary.json").write_text(json.dumps({"fingerprint": {"pad_seq_to_mult": pad}}))
     return paths
@@ -68,7 +69,7 @@ def test_a_base_checkpoint_folder_that_holds_no_checkpoint_is_one_line(capsys, d
 def test_good_packs_pass_and_are_counted(capsys, dirs):
     write_packs(dirs[0])
     assert main(argv(*dirs)) == 0
-    assert f"data: 3 packs of {SEQ} tokens" in capsys.readouterr().out
+    assert f"data: {GBS} packs of {SEQ} tokens" in capsys.readouterr().out
 
 
 def test_a_zero_byte_packed_file_is_one_line(capsys, dirs):
@@ -110,3 +111,28 @@ def test_missing_metadata(capsys, dirs):
     paths["metadata"].unlink()
     assert main(argv(*dirs)) == 2
     assert any(f"packing metadata {paths['metadata']} does not exist" in e for e in errors(capsys))
+
+
+def test_fewer_training_packs_than_one_global_batch_is_one_line(capsys, dirs):
+    """Issue 58: Megatron Bridge's loader raises "Not enough train samples for a single global batch" on every rank,
+    after the queue and the model's load (found by the megatron_cpu tier's finetune() of the quickstart)."""
+    paths = write_packs(dirs[0], rows=GBS - 1)
+    assert main(argv(*dirs)) == 2
+    assert errors(capsys) == [f"error: packed training data {paths['train']} holds {GBS - 1} packs, fewer than one "
+                              f"global batch (train.global_batch_size={GBS}): Megatron Bridge refuses it; prepare more "
+                              "data or lower train.global_batch_size"]
+    assert main([*argv(*dirs), f"train.global_batch_size={GBS // 2}"]) == 0
+
+
+def test_a_validation_split_smaller_than_one_global_batch_is_one_line(capsys, dirs):
+    """Issue 58: Bridge evaluates with the training batch and drops a partial one: a validation split of fewer packs
+    failed its first evaluation, after the training steps had run. Not validating is the other way out."""
+    write_packs(dirs[0])
+    paths = write_packs(dirs[0], rows=15, split="validation")
+    assert main(argv(*dirs)) == 2
+    [err] = errors(capsys)
+    assert err.startswith(f"error: packed validation data {paths['validation']} holds 15 packs, fewer than one global "
+                          f"batch (train.global_batch_size={GBS}, what Megatron Bridge evaluates with)"), err
+    assert main([*argv(*dirs), "dataset.do_validation=false"]) == 0
+    write_packs(dirs[0], split="validation")
+    assert main(argv(*dirs)) == 0

@@ -139,6 +139,12 @@ def _device(cfg: EvalRun) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def model_dtype(device: str) -> str:
+    """bf16 on every CUDA device (``cuda`` and ``cuda:N``: Nano's 31.6B parameters in fp32 fill no single GPU), fp32
+    on the CPU."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
 def evaluate(cfg: EvalRun) -> dict[str, Any]:
     """The harness on the export: its result object (JSON-safe)."""
     import lm_eval
@@ -152,7 +158,7 @@ def evaluate(cfg: EvalRun) -> dict[str, Any]:
 
     multi = device == "cuda" and torch.cuda.device_count() > 1 and os.environ.get("PIPELINE_EVAL_PARALLELIZE") == "1"
     model = HFLM(pretrained=cfg.model, batch_size=cfg.batch_size, device=None if multi else device,
-                 parallelize=multi, dtype="bfloat16" if device == "cuda" else "float32")
+                 parallelize=multi, dtype=model_dtype(device))
     folders = [str(local_tasks_dir()), *map(str, cfg.tasks_path)]
     manager = TaskManager(include_path=folders, include_defaults=False)  # seconds; the built-in index: a minute
     if not all(t in manager.all_tasks for t in cfg.task_names):

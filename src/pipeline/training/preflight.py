@@ -511,8 +511,15 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
 
             bad = check_packed(paths, plan.seq_length, pad)
             plan.problems += bad
-            if not bad:
-                _note_epochs(paths["train"], plan)
+            packs = None if bad else _note_epochs(paths["train"], plan)
+            if not spec.is_local and packs is not None and packs < plan.gbs:
+                # Bridge's loader raises "Not enough train samples for a single global batch" on every rank, after
+                # the queue and the model's load (data/loaders.py)
+                plan.problems.append(f"packed training data {paths['train']} holds {packs} packs, fewer than one "
+                                     f"global batch (train.global_batch_size={plan.gbs}): Megatron Bridge refuses "
+                                     "it; prepare more data or lower train.global_batch_size")
+            if not spec.is_local and not bad:
+                plan.problems += _validation_batch_problems(cfg, paths, plan)
     pre = cfg.checkpoint.pretrained_checkpoint
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
         from pipeline.checkpoint.layout import TRACKER
@@ -647,17 +654,41 @@ def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> lis
     ])
 
 
-def _note_epochs(train_path: Path, plan: Plan) -> None:
+def _validation_batch_problems(cfg: TrainingConfig, paths: dict[str, Path], plan: Plan) -> list[str]:
+    """Bridge evaluates with the training batch (validation.eval_global_batch_size defaults to it) and drops a partial
+    one: a validation split of fewer packs fails its first evaluation ("drop_last=True requires at least one full
+    global batch", data/samplers), at eval_interval or at the end of training, after every step has run. Nothing
+    when the run does not validate (dataset.do_validation false, validation.eval_iters 0) or has no validation
+    packs (Bridge then builds none)."""
+    if cfg.dataset.do_validation is False or cfg.validation.eval_iters == 0 or not paths["validation"].is_file():
+        return []
+    try:
+        import pyarrow.parquet as pq
+
+        packs = pq.read_metadata(str(paths["validation"])).num_rows
+    except Exception:
+        return []  # the training file's reading already says what is wrong with the data
+    if packs >= plan.gbs:
+        return []
+    return [f"packed validation data {paths['validation']} holds {packs} packs, fewer than one global batch "
+            f"(train.global_batch_size={plan.gbs}, what Megatron Bridge evaluates with): its first evaluation fails "
+            "after the training steps; prepare more validation data (pipeline_data_prepare.py --val-fraction) or set "
+            "dataset.do_validation=false"]
+
+
+def _note_epochs(train_path: Path, plan: Plan) -> int | None:
+    """Notes how many epochs the run reads of its packs; returns the number of packs (None: unreadable)."""
     try:
         import pyarrow.parquet as pq
 
         packs = pq.read_metadata(str(train_path)).num_rows
     except Exception:
         plan.notes.append(f"could not read {train_path}")
-        return
+        return None
     seen = plan.gbs * plan.train_iters
     plan.notes.append(f"data: {packs} packs of {plan.seq_length} tokens; {plan.train_iters} iters x gbs {plan.gbs} = "
                       f"{seen} packs = {seen / max(packs, 1):.2f} epochs")
+    return int(packs)
 
 
 def format_plan(plan: Plan) -> str:

@@ -36,6 +36,14 @@
 #             Float16OptimizerWithFloat16Params.__init__ optimizer.py:1009/1028) and while
 #             clip_grad_by_total_norm_fp32 asserts its fp32 grads (clip_grads.py:174): they tell 16-bit from 32-bit
 #             parameters by the CUDA type's name; the dtype is the real one, only the device word is mapped
+#   [kernel]  megatron.core.transformer.dot_product_attention.DotProductAttention.forward with packed sequences
+#             (PackedSeqParams, qkv_format "thd": what Bridge's finetune step builds from the packs' cu_seqlens) ->
+#             megatron-core's own unfused attention on the same tokens with the packs' document boundaries as its
+#             mask (causal inside each cu_seqlens segment, nothing across): on the cluster TE's fused attention
+#             (TEDotProductAttention) computes exactly that from cu_seqlens; megatron-core's local attention refuses
+#             packed_seq_params. Real tokens' outputs equal attention over each document alone (the tier's
+#             test_packed_attention_equals_each_document_alone); the rotary embedding's per-document positions
+#             (apply_rotary_pos_emb's THD path) run for real
 #
 # Not stood in, run for real (decision 90): megatron-core's compile_helpers() (`make -C megatron/core/datasets`,
 # initialize.py:147) finds the harness's prebuilt helpers up to date through the Makefile every install of
@@ -254,3 +262,35 @@ _patch(torch.nn.Module, "cuda", _module_cuda_standin, "torch.nn.Module.cuda (the
 
 _after_import("megatron.core.optimizer.distrib_optimizer", _patch_distrib_optimizer)
 _after_import("megatron.core.optimizer.optimizer", _patch_optimizer)
+
+
+def packed_mask(cu_seqlens, t: int):
+    """[1, 1, t, t] attention mask (True: masked, megatron-core's convention) of ``t`` packed tokens whose documents
+    the ``cu_seqlens`` offsets bound: each token attends to itself and the tokens before it in its own document."""
+    pos = torch.arange(t)
+    doc = torch.bucketize(pos, cu_seqlens.to(torch.long).flatten()[1:], right=True)
+    allowed = (doc[:, None] == doc[None, :]) & (pos[:, None] >= pos[None, :])
+    return (~allowed)[None, None]
+
+
+def _patch_dot_product_attention(m):
+    from megatron.core.transformer.enums import AttnMaskType
+
+    cls = m.DotProductAttention
+    forward = cls.forward
+
+    def _forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                 packed_seq_params=None):
+        if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
+            return forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params)
+        p = packed_seq_params
+        cu = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
+        # THD: [t, heads, dim]; megatron-core's attention takes [s, b=1, heads, dim] and returns [s, 1, hidden]
+        mask = packed_mask(cu, query.size(0))
+        return forward(self, query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, AttnMaskType.arbitrary,
+                       attention_bias, None)
+
+    _patch(cls, "forward", _forward, "DotProductAttention.forward (packed THD: the documents' causal mask)", "kernel")
+
+
+_after_import("megatron.core.transformer.dot_product_attention", _patch_dot_product_attention)

@@ -16,8 +16,8 @@ module adds what both engines share, so a Bridge run behaves like a local one fo
   NaN            megatron-core's own NaN/Inf check raises RuntimeError; this engine writes ``FAILED_NAN`` (which
                  stops restarts) and re-raises
   ft_launcher    NVRx fault tolerance inside Megatron (``launch_overrides``), on a real ``FaultToleranceConfig``
-  profiling      the typed ``profiling.*`` fields reach Bridge's ``ProfilingConfig``; with the torch profiler on and
-                 ``logger.tensorboard_dir`` unset, it is pointed at ``<run_dir>/tb`` so Bridge's trace
+  profiling      the typed ``profiling.*`` fields reach Bridge's ``ProfilingConfig``; ``logger.tensorboard_dir``
+                 unset is ``<run_dir>/tb`` (not the recipes' folder in the working directory), so Bridge's trace
                  (``<tensorboard_dir>/../torch_profile/rank-N.json.gz``) lands where the local engine writes its
                  own; each profiled rank records its trace in events.ndjson at the end (training/profiling.py)
 
@@ -91,11 +91,14 @@ def launch_overrides(environ: Mapping[str, str]) -> list[str]:
     return []
 
 
-def profiling_overrides(cfg: TrainingConfig, run_dir: Path) -> list[str]:
-    """With the torch profiler on and no ``logger.tensorboard_dir``: ``<run_dir>/tb``, so Bridge writes the trace to
+def tensorboard_overrides(cfg: TrainingConfig, run_dir: Path) -> list[str]:
+    """With no ``logger.tensorboard_dir`` in the config: ``<run_dir>/tb``. The recipes' default is
+    ``./nemo_experiments/default/tb_logs`` in the job's working directory (the checkout, on the cluster), where every
+    run of every member wrote its event files into one folder (found by the megatron_cpu tier's finetune() of the
+    quickstart, which names none). With the torch profiler on, Bridge then writes the trace to
     ``<run_dir>/torch_profile/rank-N.json.gz`` (its ``<tensorboard_dir>/../torch_profile``), where the local engine
-    writes its own; the recipes' default is ``./nemo_experiments/default/tb_logs`` in the job's working directory."""
-    if cfg.profiling.use_pytorch_profiler and not cfg.logger.tensorboard_dir:
+    writes its own."""
+    if not cfg.logger.tensorboard_dir:
         return [f"logger.tensorboard_dir={Path(run_dir) / 'tb'}"]
     return []
 
@@ -181,11 +184,29 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
         raise UserError(f"train.train_iters={iters} is not past iteration {start.origin} of {cfg.checkpoint.load}, "
                         "which this run continues: train_iters counts on from there (the total)")
     container = bridge.build_config(cfg, launch["model"], launch["mode"], launch.get("peft"),
-                                    [*launch_overrides(os.environ), *profiling_overrides(cfg, run_dir),
-                                     *load_overrides(cfg, start)])
+                                    [*launch_overrides(os.environ), *tensorboard_overrides(cfg, run_dir),
+                                     *load_overrides(cfg, start), *packed_overrides(view, launch["mode"])])
     pretrain = launch["mode"] == "pretrain" and not launch.get("peft")
     return run_rank(run_dir, container, save=save, iters=iters, tokens_per_step=view.batch.tokens_per_iter,
                     pretrain=pretrain, rank=rank, world=world, start=start)
+
+
+PACKED_FIELDS = {"train": "packed_train_data_path", "validation": "packed_val_data_path",
+                 "metadata": "packed_metadata_path"}
+
+
+def packed_overrides(view, mode: str) -> list[str]:
+    """Our packs, named to Bridge file by file: the packed SFT Parquet the preflight checked (the view's), as
+    Bridge's explicit ``offline_packing_specs`` paths. Bridge 0.6.2 looks for packs it did not name under
+    ``<dataset_root>/packed/<tokenizer>_pad_seq_to_mult<P>_sft_<fingerprint of its preprocessing settings>``, not
+    where our data pipeline writes them (``.../<tokenizer>_pad_seq_to_mult<P>``): finding none there, it re-packed
+    ``training.jsonl`` itself with the recipe's SQuAD preprocessing (prompt/completion columns), which fails on chat
+    data, and with matching settings would have trained on packs of its own, not ours. Nothing outside SFT (a
+    pretraining recipe's dataset has no packing specs)."""
+    if mode != "sft":
+        return []
+    return [f"dataset.offline_packing_specs.{PACKED_FIELDS[k]}={p}" for k, p in sorted(view.data.packed.items())
+            if k in PACKED_FIELDS]
 
 
 def load_overrides(cfg: TrainingConfig, start: records.StartPoint) -> list[str]:
