@@ -17,6 +17,20 @@ def run(cmd: list[str] | str, env: dict | None = None, timeout: float = 900, che
     return res
 
 
+HYBRID_GPU_PACKAGES = ("transformer-engine==2.14.0", "mamba-ssm==2.3.2.post1", "causal-conv1d==1.7.0", "deep-ep==1.2.1")
+
+
+def image_record(sif: Path, packages=HYBRID_GPU_PACKAGES) -> Path:
+    """The record validate's image-packages check writes beside an image (``<sif>.packages.txt``, pip freeze lines):
+    what the login-node preflight reads to know the image holds the GPU packages a recipe's model selects. The
+    default lists those of the hybrid family's recipes, as the NGC NeMo image holds them."""
+    record = Path(str(sif) + ".packages.txt")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("# The packages of the image, recorded by pipeline.env.validate (image-packages)\n"
+                      + "".join(f"{p}\n" for p in packages))
+    return record
+
+
 def offline_hf_home(hf_home: Path) -> Path:
     """An offline Hugging Face cache at ``hf_home`` holding the shipped model configs (tests/assets/hf_configs/
     <org>--<name>/config.json, snapshot 0...0), so Bridge's recipes' ``AutoBridge.from_hf_pretrained("nvidia/...")``

@@ -84,6 +84,7 @@ BRIDGE_API: list[tuple[str, str, tuple[str, ...]]] = [
 # megatron-core names used here (generation across pipeline stages, the model-parallel groups), checked against the
 # pinned megatron-core wheel's source by tests/unit/test_bridge_conformance.py.
 _SCHED = "megatron.core.pipeline_parallel.schedules"
+_MIXER_MODULE = "megatron.core.ssm.mamba_mixer"
 _FB_KWARGS = ("forward_step_func", "data_iterator", "model", "num_microbatches", "seq_length", "micro_batch_size",
               "forward_only")
 CORE_API: list[tuple[str, str, tuple[str, ...]]] = [
@@ -100,6 +101,7 @@ CORE_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("megatron.core.parallel_state", "get_pipeline_model_parallel_group", ()),
     ("megatron.core.tensor_parallel", "gather_from_tensor_model_parallel_region", ()),
     ("megatron.core.dist_checkpointing", "load", ()),
+    (_MIXER_MODULE, "_check_mamba_sequence_packing_support", ("for_inference_not_training",)),
 ]
 
 
@@ -180,11 +182,40 @@ def recipe_gpu_packages(recipes: Sequence[tuple[str, str]] = SHIPPED_RECIPES) ->
     return [GpuPackage(module, attr, why, tuple(users)) for (module, attr), (why, users) in found.items()]
 
 
+# What megatron-core itself imports of each Mamba package (megatron/core/ssm/mamba_mixer.py, 0.19.2), name by name:
+# it wraps these imports in try/except ImportError and sets HAVE_MAMBA_SSM = False (causal_conv1d_fn = None) on any
+# failure of a submodule, so `import mamba_ssm` succeeding proves nothing, and the run fails only in
+# MambaMixer.__init__, on every rank after the queue.
+CORE_IMPORTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "mamba_ssm": (("mamba_ssm.ops.triton.layernorm_gated", "RMSNorm"),
+                  ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined"),
+                  ("mamba_ssm.ops.triton.ssd_combined", "mamba_split_conv1d_scan_combined")),
+    "causal_conv1d": (("causal_conv1d", "causal_conv1d_fn"),
+                      ("causal_conv1d.causal_conv1d_varlen", "causal_conv1d_varlen_states")),
+}
+_MIXER = _MIXER_MODULE
+
+
 def import_gpu_package(pkg: GpuPackage) -> str:
-    """``pkg``'s version after importing it (and reading its ``attr``); raises ImportError/AttributeError."""
+    """``pkg``'s version after importing it (and reading its ``attr``) and every name megatron-core imports of it
+    (:data:`CORE_IMPORTS`); for the Mamba packages, megatron-core's own verdict after its own imports
+    (``HAVE_MAMBA_SSM``, ``causal_conv1d_fn``) and its own version rule for packed training
+    (``_check_mamba_sequence_packing_support``). Raises ImportError/AttributeError naming what failed."""
     m = importlib.import_module(pkg.module)
     if pkg.attr:
         getattr(m, pkg.attr)
+    for module, name in CORE_IMPORTS.get(pkg.module, ()):
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ImportError(f"megatron-core imports {module}.{name}: {exc_line(exc)}") from exc
+    if pkg.module in CORE_IMPORTS:
+        if not _import(_MIXER, "HAVE_MAMBA_SSM") or _import(_MIXER, "causal_conv1d_fn") is None:
+            raise ImportError("megatron-core's mamba_mixer found no Mamba kernels (HAVE_MAMBA_SSM false or "
+                              "causal_conv1d_fn None) after its own imports")
+        ok, why = _import(_MIXER, "_check_mamba_sequence_packing_support")(for_inference_not_training=False)
+        if not ok:
+            raise ImportError(f"megatron-core's rule for packed training: {why}")
     top = importlib.import_module(pkg.module.split(".")[0])
     return f"{pkg.name} {getattr(top, '__version__', '?')}"
 

@@ -755,7 +755,17 @@ def op_data_source(req: dict) -> dict:
     return out
 
 
-OPS = {"data_source": op_data_source, "fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
+def op_gpu_packages(req: dict) -> dict:
+    """pipeline.bridge.recipe_gpu_packages on the real recipes, per (model, mode): the top-level modules selected."""
+    from pipeline import bridge as pb
+
+    out = {}
+    for model, mode in req["recipes"]:
+        out[f"{model} {mode}"] = sorted({p.module.split(".")[0] for p in pb.recipe_gpu_packages([(model, mode)])})
+    return {"packages": out}
+
+
+OPS = {"data_source": op_data_source, "gpu_packages": op_gpu_packages, "fields": op_fields, "build_config": op_build_config, "overrides": op_overrides, "load_paths": op_load_paths,
        "roundtrip": op_roundtrip, "packed_read": op_packed_read, "step_records": op_step_records,
        "nan_message": op_nan_message, "profiling_window": op_profiling_window, "shape_rules": op_shape_rules}
 

@@ -619,3 +619,35 @@ def test_the_planners_shape_rules_are_megatron_cores(harness):
     for case in r["heads"]:
         shape = replace(nano, num_attention_heads=case["heads"], num_query_groups=case["kv"], hybrid_pattern="")
         assert (tp_shape_problem(shape, case["tp"]) is None) == (case["error"] is None), case
+
+
+def test_core_imports_are_megatron_cores_own(harness):
+    """pipeline.bridge.CORE_IMPORTS (what validate's gpu-packages imports of mamba-ssm and causal-conv1d) is exactly
+    what the pinned megatron-core's mamba_mixer imports of them in its guarded try blocks (read from its source in
+    the harness venv): a name megatron-core adds or renames there shows here."""
+    import ast
+
+    from pipeline.bridge import CORE_IMPORTS
+
+    src = (VENV / "megatron-site" / "megatron" / "core" / "ssm" / "mamba_mixer.py").read_text()
+    guarded = {(node.module, alias.name) for t in ast.parse(src).body if isinstance(t, ast.Try)
+               for node in t.body if isinstance(node, ast.ImportFrom) and node.module
+               and node.module.split(".")[0] in CORE_IMPORTS for alias in node.names}
+    assert guarded == {pair for pairs in CORE_IMPORTS.values() for pair in pairs}, guarded
+
+
+def test_the_login_nodes_gpu_package_table_is_the_recipes(harness):
+    """ModelSpec.gpu_packages (what the login-node preflight checks the image's record against) equals what Bridge's
+    real recipes select (pipeline.bridge.recipe_gpu_packages, read from the ConfigContainer each builds: TE, the
+    Mamba packages for a pattern with Mamba layers, DeepEP for the flex dispatcher)."""
+    from pipeline.config.models import get_model
+
+    dist = {"transformer_engine": "transformer-engine", "mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d",
+            "deep_ep": "deep-ep"}
+    recipes = [(m, mode) for m in ("nano", "super") for mode in ("pretrain", "sft")]
+    (r,) = drive(harness, [{"op": "gpu_packages", "recipes": recipes}])
+    assert "error" not in r, r
+    for model, mode in recipes:
+        want = sorted(dist[m] for m in r["packages"][f"{model} {mode}"])
+        assert sorted(get_model(model).gpu_packages[mode]) == want, (model, mode, want)
+    assert "deep-ep" in get_model("nano").gpu_packages["sft"] and "deep-ep" not in get_model("super").gpu_packages["sft"]

@@ -5,6 +5,8 @@
 #   bridge-train-resume   a few steps of the Bridge engine on a tiny GPT, save-and-exit, resume to the end
 #   export-verify         a tiny Llama imported to Megatron, exported back to Hugging Face and verified
 #   megatron-generate     megatron-backend greedy generation == Hugging Face greedy of the same weights
+#   bridge-sft-resume     finetune() of the Nano quickstart shrunk to that tiny model, on our packs: stop, resume,
+#                         losses equal to an uninterrupted run's (skipped without Transformer Engine)
 #
 # One line per check, `device_check: NAME PASS|FAIL|SKIP (detail)`, then `device_check: N passed, M failed`.
 # Exit 0 all passed, 1 a check failed, 2 refused (no CUDA GPU visible, no torch, bad arguments).
@@ -23,7 +25,7 @@ usage: bash tests/gpu/device_check.sh [--wheels DIR] [--work DIR] [--only CHECK]
 
   --wheels DIR   wheels to install where missing (default: .cache/gpu-wheels, from tests/gpu/fetch_wheels.sh)
   --work DIR     working folder (default: a new temporary folder)
-  --only CHECK   bridge-train-resume | export-verify | megatron-generate (repeatable)
+  --only CHECK   bridge-train-resume | export-verify | megatron-generate | bridge-sft-resume (repeatable)
   PYTHON=...     the Python to use (default python3)
 Prints one line per check and a total; exit 0 all passed, 1 a check failed, 2 refused (no CUDA GPU).
 EOF

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from pipeline.data import packed_parquet
-from tests.helpers import run
+from tests.helpers import image_record, run
 from tests.unit.test_preflight_packed import write_packs  # the data pipeline's own writer, as the preflight reads it
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,10 @@ def login(planner, tmp_path):
     (base_ckpt / "iter_0000000" / "common.pt").write_bytes(b"x")
     (base_ckpt / "latest_checkpointed_iteration.txt").write_text("0")
     write_packs(data)
+    sif = public / "containers" / "nemo-26.06.sif"
+    image_record(sif)  # validate's record of the image (the env pipeline's step before training)
     env = {**env, "PIPELINE_BINDS": str(tmp_path / "projects"), "PIPELINE_VENV": str(base / "no-venv"),
+           "PIPELINE_SIF": str(sif),
            "PIPELINE_RUNS_DIR": str(tmp_path / "runs"), "PIPELINE_LOG_DIR": str(tmp_path / "logs")}
     paths = [f"dataset.dataset_root={data}", f"checkpoint.pretrained_checkpoint={base_ckpt}",
              f"checkpoint.save={public / 'checkpoints' / 'megatron' / 'nemotron_nano_quickstart_sft'}",

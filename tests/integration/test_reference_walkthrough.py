@@ -66,7 +66,11 @@ CASES = [
     Case("3a", TRAIN, 2, [r"^error: dataset\.dataset_root /projects/a5k/public/data/\S+ does not exist",
                           r"^error: checkpoint /projects/a5k/public/checkpoints/megatron_bridges/models/"
                           r"NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16 does not exist",
-                          r"^error: preflight: 2 problem\(s\); nothing was submitted"]),
+                          # no image was validated on this machine: Step 0's validate records it beside the SIF
+                          r"^error: the image's package record /projects/a5k/public/containers/nemo-26\.06\.sif\."
+                          r"packages\.txt does not exist: the nano sft recipe needs transformer-engine, mamba-ssm, "
+                          r"causal-conv1d, deep-ep",
+                          r"^error: preflight: 3 problem\(s\); nothing was submitted"]),
     # the demo command with the path checks left to the cluster: the preflight passes on 16 nodes, and the local
     # Slurm (4 nodes) refuses 16
     Case("3b", [*TRAIN, *DEMO, "--no-path-checks"], 1,

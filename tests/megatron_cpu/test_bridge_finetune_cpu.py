@@ -29,10 +29,8 @@ each patch classified; the packed-attention one is tested here against each docu
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -42,72 +40,25 @@ import pytest
 
 from tests.helpers import offline_hf_home, wandb_offline_runs
 from tests.megatron_cpu.conftest import HERE, PROFILE, ROOT, VENV, tier_env, tier_run
+from tests.megatron_cpu.worker import SFT_ITERS as ITERS
+from tests.megatron_cpu.worker import SFT_PAD as PAD
+from tests.megatron_cpu.worker import SFT_SEQ as SEQ
+from tests.megatron_cpu.worker import chat_jsonl, sft_launch, sft_plan
 
 pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
 
-QUICKSTART = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
-SEQ, ITERS, STOP_AT = 256, 4, 2
-PAD = 16  # the quickstart's dataset.offline_packing_specs.pad_seq_to_mult, as shipped
+STOP_AT = 2
 GBS = 128  # the quickstart's train.global_batch_size, as shipped
 
 
-def chat_jsonl(path: Path, n: int = 2000) -> Path:
-    """Chat conversations of varied lengths (several fit in one pack of SEQ tokens)."""
-    rnd = random.Random(0)
-    words = ("the quick brown fox jumps over the lazy dog Paris is the capital of France two plus two is four "
-             "write a short poem about the morning light on the water").split()
-    with path.open("w") as f:
-        for _ in range(n):
-            q = " ".join(rnd.choice(words) for _ in range(rnd.randint(3, 20)))
-            a = " ".join(rnd.choice(words) for _ in range(rnd.randint(2, 40)))
-            f.write(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": a}]}) + "\n")
-    return path
-
-
-def overrides(work: Path, tiny: dict, run: str, *extra: str) -> list[str]:
-    return [f"model.seq_length={SEQ}", f"dataset.seq_length={SEQ}",
-            f"dataset.offline_packing_specs.packed_sequence_size={SEQ}",
-            f"dataset.offline_packing_specs.tokenizer_model_name={tiny['hf'].name}",
-            f"dataset.dataset_root={work / 'data'}", "model.context_parallel_size=1",
-            "model.expert_model_parallel_size=1", f"train.train_iters={ITERS}",
-            f"checkpoint.pretrained_checkpoint={tiny['meg']}", f"checkpoint.save={work / run / 'checkpoints'}",
-            f"logger.wandb_save_dir={work / run / 'wandb'}", "+dist.distributed_backend=gloo", *extra]
-
-
 def plan(work: Path, tiny: dict, run: str, *extra: str):
-    from pipeline.cli.train import plan_from_argv
-
-    argv = [QUICKSTART, "--model", "nano", "--mode", "sft", "--disable-ft", "--nodes", "1", "--run-dir",
-            str(work / run), *overrides(work, tiny, run, *extra)]
-    return plan_from_argv(argv)
+    return sft_plan(work / "data", tiny["hf"], tiny["meg"], work / run, *extra)
 
 
 def launch(p, env: dict) -> subprocess.CompletedProcess:
-    """What pipeline_training_launch.sh does after its preflight (cli/train.py main): the run records, then the plan's
-    own launch command; each rank's module is the worker's shrunk-rank (pipeline.training.run with the model
-    shrunk)."""
-    from pipeline.config.cluster import job_environ
-    from pipeline.training import records
-    from pipeline.training.views import build_view
-
-    # The preflight's one problem is the memory estimate of the model the CPU does not run (Nano's 31.6B parameters
-    # on the tier's 4 GB "GPUs": test_the_plan_is_the_quickstarts_with_the_model_shrunk); with it set aside, the
-    # view the engines read is built as plan_launch builds it once the preflight passes.
-    assert len(p.preflight.problems) == 1 and p.preflight.problems[0].startswith("estimated memory"), \
-        p.preflight.problems
-    checked = dataclasses.replace(p.preflight, problems=[])
-    records.write_launch_records(Path(p.run_dir), cfg=p.cfg, spec=p.spec, mode="sft", peft=None, cluster=p.cluster,
-                                 alloc=p.alloc, nodes=p.nodes, plan=checked, command=["test"],
-                                 launch_cmd=p.command(), view=build_view(p.cfg, p.spec, "sft", checked))
-    cmd = p.command()
-    i = cmd.index("-m")
-    assert cmd[i + 1] == "pipeline.training.run", cmd
-    cmd = [str(VENV / "bin" / "torchrun"), *cmd[1:i], str(HERE / "worker.py"), "shrunk-rank", env["TINY_HF"],
-           *cmd[i + 2:]]
-    rank_env = job_environ(p.cluster.env, base=env, extra=p.cfg.env_vars)
-    rank_env.update(PIPELINE_RUN_DIR=str(p.run_dir), PIPELINE_LAUNCHER="torchrun")
-    return tier_run(cmd, env=rank_env, timeout=1500)
+    r = sft_launch(p, Path(env["TINY_HF"]), env, [str(VENV / "bin" / "torchrun")])
+    print(f"$ launch {p.run_dir} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
 
 
 def lines(path: Path) -> list[dict]:

@@ -5,6 +5,10 @@ PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the 
                                              names) + a byte-level BPE tokenizer with a ChatML template, and the
                                              Hugging Face greedy tokens of PROMPTS (OUT/hf_greedy.json)
     python worker.py import HF OUT           pipeline.bridge.import_from_hf (AutoBridge.import_ckpt)
+    python worker.py chat OUT.jsonl          the chat conversations the SFT job's packs are made from
+    python worker.py sft DATA HF MEG RUN [OVERRIDE...]
+                                             the Nano quickstart shrunk to the tiny model, planned and launched
+                                             once on this machine's GPUs (the GPU check's SFT case)
     python worker.py shrunk-rank HF --run-dir DIR
                                              one rank of the user's training job (pipeline.training.run, the
                                              rank entry point the launcher starts) with only the model shrunk to
@@ -248,6 +252,94 @@ def packed_attention(out: Path) -> None:
     out.write_text(json.dumps({"diffs": diffs, "across": float((packed[16:19] - merged[16:19]).abs().max())}))
 
 
+# ---- the Nano quickstart's SFT job, shrunk to the tiny model (the tier's finetune() case; the GPU check's SFT case) --
+QUICKSTART = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
+SFT_SEQ, SFT_ITERS, SFT_PAD = 256, 4, 16  # the packs' length; a few steps; the quickstart's pad multiple, as shipped
+
+
+def chat_jsonl(path: Path, n: int = 2000) -> Path:
+    """Chat conversations of varied lengths (several fit in one pack of SFT_SEQ tokens)."""
+    import random
+
+    rnd = random.Random(0)
+    words = ("the quick brown fox jumps over the lazy dog Paris is the capital of France two plus two is four "
+             "write a short poem about the morning light on the water").split()
+    with path.open("w") as f:
+        for _ in range(n):
+            q = " ".join(rnd.choice(words) for _ in range(rnd.randint(3, 20)))
+            a = " ".join(rnd.choice(words) for _ in range(rnd.randint(2, 40)))
+            f.write(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": a}]}) + "\n")
+    return path
+
+
+def sft_overrides(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True) -> list[str]:
+    """What the machine forces on the quickstart (the model is shrunk by shrink_model in each rank): the packs' length,
+    no context or expert parallelism (TE's ring attention; the tiny model has no experts), a few steps, our packs and
+    the tiny model's base checkpoint, a save folder, and gloo on a CPU."""
+    return [f"model.seq_length={SFT_SEQ}", f"dataset.seq_length={SFT_SEQ}",
+            f"dataset.offline_packing_specs.packed_sequence_size={SFT_SEQ}",
+            f"dataset.offline_packing_specs.tokenizer_model_name={hf.name}", f"dataset.dataset_root={data}",
+            "model.context_parallel_size=1", "model.expert_model_parallel_size=1", f"train.train_iters={SFT_ITERS}",
+            f"checkpoint.pretrained_checkpoint={meg}", f"checkpoint.save={run_dir / 'checkpoints'}",
+            f"logger.wandb_save_dir={run_dir / 'wandb'}", *(["+dist.distributed_backend=gloo"] if gloo else []),
+            *extra]
+
+
+def sft_plan(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True):
+    """The product's plan of the quickstart (pipeline.cli.train.plan_from_argv) for the selected cluster profile."""
+    from pipeline.cli.train import plan_from_argv
+
+    return plan_from_argv([QUICKSTART, "--model", "nano", "--mode", "sft", "--disable-ft", "--nodes", "1",
+                           "--run-dir", str(run_dir), *sft_overrides(data, hf, meg, run_dir, *extra, gloo=gloo)])
+
+
+def sft_launch(p, hf: Path, env: dict, torchrun: list[str], timeout: float = 1500):
+    """What pipeline_training_launch.sh does after its preflight (cli/train.py main): the run records, then the plan's
+    own launch command, with ``torchrun`` as its launcher and each rank the worker's shrunk-rank
+    (pipeline.training.run with the model shrunk). The preflight's one problem must be the memory estimate of the
+    model not run (Nano's 31.6B parameters); with it set aside, the view the engines read is built as plan_launch
+    builds it once the preflight passes."""
+    import dataclasses
+    import subprocess
+
+    from pipeline.config.cluster import job_environ
+    from pipeline.training import records
+    from pipeline.training.views import build_view
+
+    problems = p.preflight.problems
+    if len(problems) > 1 or (problems and not problems[0].startswith("estimated memory")):
+        raise SystemExit(f"the quickstart's plan was refused: {problems}")
+    checked = dataclasses.replace(p.preflight, problems=[])
+    records.write_launch_records(Path(p.run_dir), cfg=p.cfg, spec=p.spec, mode="sft", peft=None, cluster=p.cluster,
+                                 alloc=p.alloc, nodes=p.nodes, plan=checked, command=["worker.py sft"],
+                                 launch_cmd=p.command(), view=build_view(p.cfg, p.spec, "sft", checked))
+    cmd = p.command()
+    i = cmd.index("-m")
+    assert cmd[i + 1] == "pipeline.training.run", cmd
+    cmd = [*torchrun, *cmd[1:i], str(Path(__file__).resolve()), "shrunk-rank", str(hf), *cmd[i + 2:]]
+    rank_env = job_environ(p.cluster.env, base=env, extra=p.cfg.env_vars)
+    rank_env.update(PIPELINE_RUN_DIR=str(p.run_dir), PIPELINE_LAUNCHER="torchrun")
+    return subprocess.run(cmd, capture_output=True, text=True, env=rank_env, timeout=timeout)
+
+
+def sft_job(data: Path, hf: Path, meg: Path, run_dir: Path, extra: list[str]) -> int:
+    """worker.py sft DATA HF MEG RUN [OVERRIDE...]: plan and launch the shrunk quickstart once on this machine's
+    GPUs (nccl) through torch.distributed.run; its output goes to RUN/launch.log."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.helpers import offline_hf_home
+
+    # the recipe reads Nano's Hugging Face config (AutoBridge.from_hf_pretrained): offline, from the suite's copy
+    hf_home = run_dir.parent / "hf_home"
+    if not hf_home.is_dir():
+        offline_hf_home(hf_home)
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    p = sft_plan(data, hf, meg, run_dir, *extra, gloo=False)
+    r = sft_launch(p, hf, env, [sys.executable, "-m", "torch.distributed.run"])
+    Path(run_dir, "launch.log").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
+    return r.returncode
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "make-model":
@@ -256,6 +348,10 @@ def main(argv: list[str]) -> int:
         from pipeline import bridge
 
         bridge.import_from_hf(argv[1], Path(argv[2]))
+    elif cmd == "chat":
+        chat_jsonl(Path(argv[1]))
+    elif cmd == "sft":
+        return sft_job(Path(argv[1]), Path(argv[2]), Path(argv[3]), Path(argv[4]), argv[5:])
     elif cmd == "packed-attention":
         packed_attention(Path(argv[1]))
     elif cmd == "shrunk-rank":

@@ -11,7 +11,7 @@ import pytest
 from pipeline.cli.train import plan_from_argv
 from pipeline.config.cluster import load_cluster
 from pipeline.env.runtimes import RuntimeConfig, invisible_paths, job_runtime, render
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, image_record, run
 
 GH = "/projects/a5k/public"
 FABRIC = "/opt/cray/libfabric/1.22.0/lib64"
@@ -113,7 +113,7 @@ def test_the_bind_refusal_names_pipeline_binds_first_and_it_works(tmp_path, monk
     assert not any("is not visible" in p and "dataset_root" in p for p in plan.preflight.problems)
 
 
-def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
+def test_training_passes_with_the_dataset_inside_the_binds(tmp_path, monkeypatch):
     from tests.unit.test_preflight_packed import write_packs
 
     data, ckpt = tmp_path / "data", tmp_path / "models" / "nano"
@@ -123,6 +123,8 @@ def test_training_passes_with_the_dataset_inside_the_binds(tmp_path):
     (ckpt / "latest_checkpointed_iteration.txt").write_text("0")
     argv = [NANO, "--model", "nano", "--mode", "sft", "--disable-ft", "--dry-run", "--nodes", "16", f"dataset.dataset_root={data}",
             f"checkpoint.pretrained_checkpoint={ckpt}"]
+    monkeypatch.setenv("PIPELINE_SIF", str(tmp_path / "nemo.sif"))
+    image_record(tmp_path / "nemo.sif")  # validate's record of the image: it holds the recipe's GPU packages
     assert any("checkpoint.pretrained_checkpoint" in p and "not visible" in p
                for p in plan_from_argv(argv).preflight.problems)
     plan = plan_from_argv(argv + ["--cluster", site_profile(tmp_path, str(tmp_path))])

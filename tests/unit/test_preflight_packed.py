@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.cli.train import main
 from pipeline.data import packed_parquet
+from tests.helpers import image_record
 
 NANO = "configs/quickstart/nemotron_nano_quickstart_sft.yaml"
 TOK = "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
@@ -40,6 +41,8 @@ def write_packs(root, rows=GBS, pack_size=SEQ, pad=PAD, split="train"):
 @pytest.fixture
 def dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))  # the container sees them (binds: decisions #55)
+    monkeypatch.setenv("PIPELINE_SIF", str(tmp_path / "nemo.sif"))  # with validate's record of what it holds
+    image_record(tmp_path / "nemo.sif")
     root, ckpt = tmp_path / "data", tmp_path / "ckpt"
     root.mkdir()
     (ckpt / "iter_0000000").mkdir(parents=True)  # an imported base: a tracker and its iteration
@@ -136,3 +139,33 @@ def test_a_validation_split_smaller_than_one_global_batch_is_one_line(capsys, di
     assert main([*argv(*dirs), "dataset.do_validation=false"]) == 0
     write_packs(dirs[0], split="validation")
     assert main(argv(*dirs)) == 0
+
+
+def test_an_image_without_its_package_record_is_one_line(capsys, dirs, tmp_path):
+    """Issue 58 item 4: the hybrid family's recipes need mamba-ssm and causal-conv1d (and Nano's DeepEP for its flex
+    dispatcher); the first Nano run failed in MambaMixer.__init__ on every rank after the allocation. The preflight
+    reads validate's record of the image; without one it says how to make it."""
+    write_packs(dirs[0])
+    record = tmp_path / "nemo.sif.packages.txt"
+    record.unlink()
+    assert main(argv(*dirs)) == 2
+    assert errors(capsys) == [f"error: the image's package record {record} does not exist: the nano sft recipe needs "
+                              "transformer-engine, mamba-ssm, causal-conv1d, deep-ep; record what the image holds "
+                              "with isambard_sbatch pipeline_env_submit.sbatch validate (its image-packages check "
+                              "writes it)"]
+
+
+def test_an_image_that_lacks_a_package_of_the_recipe_is_one_line(capsys, dirs, tmp_path):
+    write_packs(dirs[0])
+    sif = tmp_path / "nemo.sif"
+    image_record(sif, ("transformer_engine==2.14.0", "Mamba_SSM==2.3.2.post1", "deep_ep==1.2.1"))  # names as pip
+    assert main(argv(*dirs)) == 2
+    [err] = errors(capsys)
+    assert err.startswith(f"error: the image {sif} lacks causal-conv1d (its record {sif}.packages.txt): the nano "
+                          "sft recipe needs"), err
+    # alltoall in the config: DeepEP is no longer needed (and its absence not refused)
+    image_record(sif, ("transformer-engine==2.14.0", "mamba-ssm==2.3.2.post1", "causal-conv1d==1.7.0"))
+    assert main([*argv(*dirs), "model.moe_token_dispatcher_type=alltoall"]) == 0
+    assert main(argv(*dirs)) == 2 and "lacks deep-ep" in errors(capsys)[0]
+    # the venv runtime (no image) and --no-path-checks read no record
+    assert main([*argv(*dirs), "--no-path-checks"]) == 0

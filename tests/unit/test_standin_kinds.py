@@ -90,3 +90,43 @@ def test_what_runs_for_real_is_not_stood_in(path):
     code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
     for name in RUN_FOR_REAL:
         assert name not in code, f"{path.name} stands in for {name}, which the tier runs for real"
+
+
+# ---- the Bridge harness's import shim, which the tier chains (issue 58 item 4) ---------------------------------
+SHIM = ROOT / "tests" / "bridge" / "shim" / "sitecustomize.py"
+SHIM_KINDS = {"kernel", "image"}
+# the import name of each package the shim stands in for -> its distribution in the image's package list
+IMAGE_DISTRIBUTIONS = {"multistorageclient": "multi-storage-client", "ryml": "rapidyaml", "PIL": "pillow",
+                       "diffusers": "diffusers", "modelopt": "nvidia-modelopt", "triton": "triton",
+                       "transformer_engine": "transformer-engine"}
+
+
+def _shim_scoped() -> dict:
+    tree = ast.parse(SHIM.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_SCOPED" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("the shim defines no _SCOPED table")
+
+
+def test_every_package_the_shim_stands_in_for_is_classified():
+    """Each scoped stand-in of the harness shim is tagged in its header: [kernel] (GPU kernels the tier does not run:
+    Triton, Transformer Engine) or [image] (a package the cluster's image holds, imported for paths the tier does not
+    run); nothing else, and every one of them is in the image's package list, so none of them can be missing on the
+    cluster."""
+    from pipeline.env.closure import IMAGE_LIST, read_freeze
+
+    head = header(SHIM)
+    tagged: dict[str, str] = {}
+    for kind, text in re.findall(r"^#\s+\[(\w+)\]\s+(.*(?:\n#\s{6,}\S.*)*)", head, flags=re.M):
+        assert kind in SHIM_KINDS, f"the shim's header tags [{kind}]"
+        names = re.split(r"[:]", text, maxsplit=1)[0]
+        for name in re.findall(r"[A-Za-z_]+", names):
+            tagged[name] = kind
+    scoped = _shim_scoped()
+    assert set(scoped) <= set(tagged), f"untagged shim stand-ins: {sorted(set(scoped) - set(tagged))}"
+    image = {n.lower() for n in read_freeze(IMAGE_LIST)}
+    for name in scoped:
+        dist = IMAGE_DISTRIBUTIONS[name]
+        assert dist in image, f"{name} ({dist}) is not in {IMAGE_LIST.name}: on the cluster it would be missing too"
+    assert {n for n, k in tagged.items() if k == "kernel"} == {"triton", "transformer_engine"}

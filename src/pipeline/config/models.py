@@ -91,6 +91,12 @@ class ModelSpec:
     # checked against the wheel's source by tests/unit/test_bridge_conformance.py) so the login-node
     # preflight sees them.
     recipes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # The GPU packages (pip distribution names) the pinned recipe's model selects, per recipe mode: Transformer Engine
+    # for the layer specs, mamba-ssm and causal-conv1d for Mamba layers, DeepEP for the flex MoE token dispatcher
+    # (a config that sets model.moe_token_dispatcher_type decides that one). The login-node preflight checks them
+    # against the image's record (validate's image-packages); the Bridge harness checks this table against
+    # pipeline.bridge.recipe_gpu_packages on the real recipes.
+    gpu_packages: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # The pretrained base model's hub id (``hf_id`` is the post-trained one), and which of the two ``import NAME``
     # fetches: the one the shipped SFT config starts from (checkpoint.pretrained_checkpoint).
     base_hf_id: str | None = None
@@ -239,6 +245,9 @@ _NANO_SFT_RECIPE: dict[str, Any] = {
     "dataset": {"seq_length": 2048, "enable_offline_packing": True},
 }
 
+# Every recipe of the hybrid (Mamba + attention + MoE) family: TE's layers, and the Mamba layers' two packages
+_HYBRID_PACKAGES = ("transformer-engine", "mamba-ssm", "causal-conv1d")
+
 REGISTRY: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -276,6 +285,7 @@ REGISTRY: dict[str, ModelSpec] = {
                 },
                 "peft": _NANO_SFT_RECIPE,  # the PEFT recipe builds on the same SFT defaults
             },
+            gpu_packages={m: _HYBRID_PACKAGES + ("deep-ep",) for m in ("sft", "pretrain", "peft")},
         ),
         ModelSpec(
             name="super",
@@ -312,6 +322,9 @@ REGISTRY: dict[str, ModelSpec] = {
                     "train": {"train_iters": 100, "global_batch_size": 32, "micro_batch_size": 1},
                 },
             },
+            # Super's SFT and PEFT recipes dispatch tokens with alltoall; its pretraining recipe with flex (DeepEP)
+            gpu_packages={"sft": _HYBRID_PACKAGES, "peft": _HYBRID_PACKAGES,
+                          "pretrain": _HYBRID_PACKAGES + ("deep-ep",)},
         ),
         ModelSpec(
             name="smollm2-135m",

@@ -15,6 +15,12 @@ failed``; exit 1 on any FAIL, 2 when no CUDA GPU is visible):
                         AutoBridge's export and the suite's logit verification must pass
   megatron-generate     greedy generation from that Megatron checkpoint (``pipeline.bridge.generate``, through the
                         worker's ``generate``) must give the Hugging Face greedy text of the same weights
+  bridge-sft-resume     Bridge's ``finetune()`` on the job users submit first: the Nano quickstart config as shipped,
+                        planned by the product, only the model shrunk to that tiny Llama (the worker's ``sft``), on
+                        packs our data pipeline writes (``pipeline_data_prepare.py prepare``); Megatron's
+                        ``exit_interval`` stops it at SFT_STOP_AT with a save, a relaunch resumes it to the end, and
+                        every step's loss must equal an uninterrupted run's. Skipped without Transformer Engine
+                        (packed attention is TE's fused kernel; the cluster's image has it; the CPU tier maps it)
 
 ``validate --run-training`` runs the same checks through :func:`run_checks` (one line for all of them).
 Every step is a subprocess with this process's environment (the wrapper's PYTHONPATH: carried wheels, the import
@@ -36,7 +42,8 @@ from pathlib import Path
 from pipeline.common import paths
 
 TRAIN_ITERS, STOP_AT, SAVE_INTERVAL = 6, 3, 2
-CHECKS = ("bridge-train-resume", "export-verify", "megatron-generate")
+CHECKS = ("bridge-train-resume", "export-verify", "megatron-generate", "bridge-sft-resume")
+SFT_STOP_AT = 2
 PREFIX = "device_check:"
 
 
@@ -187,9 +194,53 @@ def check_generate(work: Path, gpus: int, timeout: float) -> str:
     return f"{len(same)}/{len(same)} prompts identical to Hugging Face greedy ({n} tokens); {time.time() - t0:.0f}s"
 
 
+def _progress(run_dir: Path) -> list[dict]:
+    path = run_dir / "progress.ndjson"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def check_sft_resume(work: Path, gpus: int, timeout: float) -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        raise CheckSkip("no Transformer Engine in this Python: packed (THD) attention is its fused kernel (the "
+                        "cluster's image has it; the megatron_cpu tier runs this job on CPU processes)")
+    t0 = time.time()
+    hf, mcore, _ = _tiny_model(work, timeout / 4)
+    worker = worker_script()
+    data = work / "sft-data"
+    if not (data / "training.jsonl").is_file():
+        chat = work / "sft-chat.jsonl"
+        _run([sys.executable, str(worker), "chat", str(chat)], work / "sft-chat.log", 60.0)
+        _run([sys.executable, str(paths.repo_root() / "pipeline_data_prepare.py"), "prepare", "--dataset",
+              str(chat), "--seq-length", "256", "--tokenizer", str(hf),
+              "--pad-seq-to-mult", "16", "--val-fraction", "0.3", "--dataset-root", str(data), "--workers", "1",
+              "--quiet"], work / "sft-prepare.log", timeout / 4)
+    runs = {}
+    for name, extra in (("straight", []), ("resumed", [f"+train.exit_interval={SFT_STOP_AT}"])):
+        run_dir = work / f"sft-{name}"
+        for attempt in (1, 2) if name == "resumed" else (1,):
+            left = max(60.0, timeout - (time.time() - t0))
+            _run([sys.executable, str(worker), "sft", str(data), str(hf), str(mcore), str(run_dir), *extra],
+                 work / f"sft-{name}-{attempt}.log", left)
+            if name == "resumed" and attempt == 1 and _tracker(run_dir / "checkpoints") != SFT_STOP_AT:
+                raise CheckFail(f"exit_interval {SFT_STOP_AT}: the tracker says {_tracker(run_dir / 'checkpoints')}")
+        runs[name] = _progress(run_dir)
+        if not (run_dir / "TRAINING_DONE").exists():
+            raise CheckFail(f"the {name} run did not complete (see {run_dir / 'launch.log'})")
+    straight, resumed = ([p["loss"] for p in runs[k]] for k in ("straight", "resumed"))
+    if not straight or resumed != straight:
+        raise CheckFail(f"resumed losses {resumed} differ from the uninterrupted run's {straight}")
+    return (f"finetune() of the Nano quickstart (tiny model) on {gpus} GPU(s): stopped at {SFT_STOP_AT}, resumed, "
+            f"losses equal to the uninterrupted run's ({straight[0]:.3f} -> {straight[-1]:.3f}); "
+            f"{time.time() - t0:.0f}s")
+
+
 FUNCS: dict[str, Callable[[Path, int, float], str]] = {
-    "bridge-train-resume": check_train_resume, "export-verify": check_export, "megatron-generate": check_generate}
-TIMEOUTS = {"bridge-train-resume": 240.0, "export-verify": 180.0, "megatron-generate": 120.0}
+    "bridge-train-resume": check_train_resume, "export-verify": check_export, "megatron-generate": check_generate,
+    "bridge-sft-resume": check_sft_resume}
+TIMEOUTS = {"bridge-train-resume": 240.0, "export-verify": 180.0, "megatron-generate": 120.0,
+            "bridge-sft-resume": 300.0}
 
 
 def gpu_profile(work: Path, gpus: int) -> dict[str, str]:

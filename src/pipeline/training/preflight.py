@@ -228,6 +228,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     if path_checks:
         _check_paths(cfg, spec, mode, plan, peft)
         plan.problems += _invisible_in_container(cfg, cluster)
+        plan.problems += image_package_problems(cfg, spec, mode, peft, cluster)
     else:
         plan.notes.append("path checks skipped (--no-path-checks)")
 
@@ -633,6 +634,57 @@ def _check_continued(cfg: TrainingConfig, plan: Plan) -> None:
     elif (step or done[-1]) >= int(cfg.train.train_iters or 0):
         plan.problems.append(f"train.train_iters={cfg.train.train_iters} is not past iteration {step or done[-1]} "
                              f"of {src}, which this run continues: train_iters counts on from there (the total)")
+
+
+def gpu_packages_needed(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None) -> list[str]:
+    """The GPU packages this job's model selects (the recipe's, :attr:`ModelSpec.gpu_packages`), DeepEP decided by the
+    config's own ``model.moe_token_dispatcher_type`` where it sets one."""
+    from pipeline.config.models import recipe_mode
+
+    need = [p for p in spec.gpu_packages.get(recipe_mode(mode, peft), ())]
+    dispatcher = cfg.model.moe_token_dispatcher_type
+    if dispatcher is not None:
+        need = [p for p in need if p != "deep-ep"] + (["deep-ep"] if dispatcher == "flex" else [])
+    return need
+
+
+def _canonical(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(".", "-")
+
+
+def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None,
+                           cluster: ClusterProfile) -> list[str]:
+    """A container job whose model needs GPU packages (mamba-ssm and causal-conv1d for the hybrid family, DeepEP for
+    the flex dispatcher, Transformer Engine) reads the image's own record of what it holds (validate's
+    image-packages writes ``<image>.packages.txt`` beside the SIF, inside the container): a missing record, or one
+    without a needed package, is one line here; before, the first Nano run failed in ``MambaMixer.__init__`` on
+    every rank after the allocation. Read as ``name==version`` lines with the standard library (the login node's
+    planner has no ``packaging``)."""
+    from pipeline.common.paths import ENV_SUBMIT
+    from pipeline.config.cluster import effective_knobs
+
+    need = gpu_packages_needed(cfg, spec, mode, peft)
+    if spec.is_local or cluster.runtime == "venv" or not need:
+        return []
+    sif = effective_knobs(cluster).get("PIPELINE_SIF", "")
+    if not sif:
+        return []
+    record = Path(sif + ".packages.txt")  # pipeline.env.closure.RECORD_SUFFIX
+    what = f"the {spec.name} {mode}{' ' + peft if peft else ''} recipe needs {', '.join(need)}"
+    try:
+        text = record.read_text(errors="replace")
+    except FileNotFoundError:
+        return [f"the image's package record {record} does not exist: {what}; record what the image holds with "
+                f"isambard_sbatch {ENV_SUBMIT} validate (its image-packages check writes it)"]
+    except OSError as exc:
+        return [f"the image's package record {record} is unreadable ({exc.strerror}): {what}"]
+    have = {_canonical(line.split("#", 1)[0].split("==", 1)[0]) for line in text.splitlines()
+            if "==" in line.split("#", 1)[0]}
+    missing = [p for p in need if _canonical(p) not in have]
+    if missing:
+        return [f"the image {sif} lacks {', '.join(missing)} (its record {record}): {what}; use an image that has "
+                f"them (the NGC NeMo image does), then rerun isambard_sbatch {ENV_SUBMIT} validate"]
+    return []
 
 
 def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:

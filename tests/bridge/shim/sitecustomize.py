@@ -1,6 +1,17 @@
 # IMPORT SHIM (Bridge harness only): not Megatron Bridge, not its dependencies. It exists only so that
 # `import megatron.bridge` succeeds on a CPU-only Python 3.11 machine. No test assertion may rest on
-# anything this directory provides.
+# anything this directory provides. The megatron_cpu tier chains it (tests/megatron_cpu/standin), so each scoped
+# stand-in below is classified as the tier's stand-ins are (tests/unit/test_standin_kinds.py checks it):
+#
+#   [kernel]  triton: megatron-core's MoE and SSM op modules define Triton GPU kernels at import; the tier runs their
+#             torch paths (a kernel called through the stand-in runs as plain Python, never as Triton)
+#   [kernel]  transformer_engine: Bridge's LoRA module imports TE's layer classes for its TE-layer branches; the
+#             tier's layers are megatron-core's local (torch) ones
+#   [image]   multistorageclient, ryml, PIL, diffusers, modelopt: packages the cluster's image holds
+#             (3rdparty/image-packages.txt: multi-storage-client, rapidyaml, pillow, diffusers, nvidia-modelopt), that
+#             Bridge's and energon's modules import at module level for paths the tier does not run (object storage,
+#             energon's YAML and image loaders, the diffusion models, quantization and distillation): on the
+#             cluster each is the real package; here it is not installed
 import builtins
 import os
 import sys
