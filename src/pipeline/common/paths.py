@@ -19,6 +19,9 @@ COHERENCE_SUBMIT = "pipeline_coherence_submit.sbatch"
 EVAL_SUBMIT = "pipeline_eval_submit.sbatch"
 DATA_SUBMIT = "pipeline_data_submit.sbatch"
 ENV_SUBMIT = "pipeline_env_submit.sbatch"
+# validate's record of what an image holds, beside its SIF (pipeline.env.closure writes it, the training preflight
+# reads it on the login node)
+IMAGE_RECORD_SUFFIX = ".packages.txt"
 
 # src/pipeline/common/paths.py -> the checkout (the editable install points here).
 _CHECKOUT = Path(__file__).resolve().parents[3]

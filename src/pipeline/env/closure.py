@@ -308,7 +308,7 @@ def installed_image() -> dict[str, Version]:
     return out
 
 
-RECORD_SUFFIX = ".packages.txt"
+RECORD_SUFFIX = paths.IMAGE_RECORD_SUFFIX
 
 
 def image_record(sif: str | None = None) -> Path | None:

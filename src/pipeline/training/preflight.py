@@ -641,7 +641,7 @@ def gpu_packages_needed(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: s
     config's own ``model.moe_token_dispatcher_type`` where it sets one."""
     from pipeline.config.models import recipe_mode
 
-    need = [p for p in spec.gpu_packages.get(recipe_mode(mode, peft), ())]
+    need = list(spec.gpu_packages.get(recipe_mode(mode, peft), ()))
     dispatcher = cfg.model.moe_token_dispatcher_type
     if dispatcher is not None:
         need = [p for p in need if p != "deep-ep"] + (["deep-ep"] if dispatcher == "flex" else [])
@@ -660,7 +660,7 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
     without a needed package, is one line here; before, the first Nano run failed in ``MambaMixer.__init__`` on
     every rank after the allocation. Read as ``name==version`` lines with the standard library (the login node's
     planner has no ``packaging``)."""
-    from pipeline.common.paths import ENV_SUBMIT
+    from pipeline.common.paths import ENV_SUBMIT, IMAGE_RECORD_SUFFIX
     from pipeline.config.cluster import effective_knobs
 
     need = gpu_packages_needed(cfg, spec, mode, peft)
@@ -669,7 +669,7 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
     sif = effective_knobs(cluster).get("PIPELINE_SIF", "")
     if not sif:
         return []
-    record = Path(sif + ".packages.txt")  # pipeline.env.closure.RECORD_SUFFIX
+    record = Path(sif + IMAGE_RECORD_SUFFIX)
     what = f"the {spec.name} {mode}{' ' + peft if peft else ''} recipe needs {', '.join(need)}"
     try:
         text = record.read_text(errors="replace")
