@@ -169,3 +169,24 @@ def test_an_image_that_lacks_a_package_of_the_recipe_is_one_line(capsys, dirs, t
     assert main(argv(*dirs)) == 2 and "lacks deep-ep" in errors(capsys)[0]
     # the venv runtime (no image) and --no-path-checks read no record
     assert main([*argv(*dirs), "--no-path-checks"]) == 0
+
+
+@pytest.mark.parametrize("made", ["fifo", "folder", "huge"])
+def test_an_image_record_that_is_no_package_list_is_one_line(capsys, dirs, tmp_path, made):
+    """A FIFO as the record would block the login node's planner for ever; a folder or a file over the cap is one line
+    too."""
+    import os
+
+    write_packs(dirs[0])
+    record = tmp_path / "nemo.sif.packages.txt"
+    record.unlink()
+    if made == "fifo":
+        os.mkfifo(record)
+    elif made == "folder":
+        record.mkdir()
+    else:
+        with record.open("wb") as f:
+            f.truncate(5 * 2**20)  # sparse: no memory, no disk
+    assert main(argv(*dirs)) == 2
+    [err] = errors(capsys)
+    assert err.startswith(f"error: the image's package record {record} is "), err

@@ -652,6 +652,9 @@ def _canonical(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(".", "-")
 
 
+RECORD_MAX_BYTES = 4 * 2**20
+
+
 def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None,
                            cluster: ClusterProfile) -> list[str]:
     """A container job whose model needs GPU packages (mamba-ssm and causal-conv1d for the hybrid family, DeepEP for
@@ -671,11 +674,15 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
         return []
     record = Path(sif + IMAGE_RECORD_SUFFIX)
     what = f"the {spec.name} {mode}{' ' + peft if peft else ''} recipe needs {', '.join(need)}"
-    try:
-        text = record.read_text(errors="replace")
-    except FileNotFoundError:
+    if not record.exists():
         return [f"the image's package record {record} does not exist: {what}; record what the image holds with "
                 f"isambard_sbatch {ENV_SUBMIT} validate (its image-packages check writes it)"]
+    # a FIFO would block the planner for ever, and a record is a few KB of pip freeze lines
+    if not record.is_file() or record.stat().st_size > RECORD_MAX_BYTES:
+        return [f"the image's package record {record} is not a package list (not a regular file, or over "
+                f"{RECORD_MAX_BYTES // 2**20} MiB): {what}; write it again with isambard_sbatch {ENV_SUBMIT} validate"]
+    try:
+        text = record.read_text(errors="replace")
     except OSError as exc:
         return [f"the image's package record {record} is unreadable ({exc.strerror}): {what}"]
     have = {_canonical(line.split("#", 1)[0].split("==", 1)[0]) for line in text.splitlines()
