@@ -5,7 +5,8 @@
 #   bash pipeline_checkpoint_convert.sh export CKPT_DIR --hf-model ID --reasoning|--no-reasoning \
 #        [--iteration N] [--not-strict] [--push-to-hub]
 #   bash pipeline_checkpoint_convert.sh import NAME|HF_ID [--output DIR] [--force] [--tp T --pp P --ep E]
-#   bash pipeline_checkpoint_convert.sh upload-all CKPT_DIR --hf-model ID --no-reasoning [--poll] [--coherence]
+#   bash pipeline_checkpoint_convert.sh upload-all CKPT_DIR --hf-model ID --no-reasoning [--poll] [--coherence] \
+#        [--push-to-hub]   (without it nothing leaves this filesystem: each iteration goes to iter_N/hf/)
 #   ... --dry-run [--nodes N] [--json]   the plan (layout, nodes, memory per GPU, launch line); needs no GPU
 #
 # Local-engine checkpoints convert in one process on CPU. Megatron checkpoints convert through Megatron

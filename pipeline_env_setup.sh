@@ -132,10 +132,22 @@ do_assets() {
 
 # --- the login node's planner (apptainer) ---------------------------------------------------------------------
 do_planner() {
-  local py="$PIPELINE_PLANNER_PYTHON" tmp="$PIPELINE_PLANNER_VENV.tmp.$$" version
-  rm -rf "$tmp"; mkdir -p "$(dirname "$PIPELINE_PLANNER_VENV")"
+  local py="$PIPELINE_PLANNER_PYTHON" tmp="$PIPELINE_PLANNER_VENV.tmp.$$" version parent private
+  parent="$(dirname "$PIPELINE_PLANNER_VENV")"
+  { mkdir -p "$parent" 2>/dev/null && [[ -w "$parent" ]]; } \
+    || die "cannot write the planner's directory $parent (PIPELINE_PLANNER_VENV=$PIPELINE_PLANNER_VENV); $(share_fix "$parent"), or make a planner of your own: PIPELINE_PLANNER_VENV=\$HOME/.cache/pipeline/planner bash $0 --only planner (and export that PIPELINE_PLANNER_VENV)" 1
+  rm -rf "$tmp"
   if command -v "$py" >/dev/null && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     version=$("$py" -c 'import platform; print(platform.python_version())')
+    # The planner's bin/python links to this Python: under a folder only its owner may enter (a home with mode
+    # 700, a private conda), every teammate would find a planner they cannot run.
+    private=$("$py" -c 'import os, stat, sys
+def private(p):
+    while p != "/":
+        if not os.stat(p).st_mode & (stat.S_IXGRP | stat.S_IXOTH): return p
+        p = os.path.dirname(p)
+print(private(os.path.dirname(os.path.abspath(sys.executable))) or private(os.path.realpath(sys.base_prefix)) or "")')
+    [[ -z "$private" ]] || log_warn "the planner's Python $py lives under $private, which only its owner may enter: teammates cannot run this planner; use a Python the team can run (PIPELINE_PLANNER_PYTHON=..., e.g. after module load), or keep it yours with PIPELINE_PLANNER_VENV=\$HOME/.cache/pipeline/planner"
     "$py" -m venv "$tmp"
     with_retries 3 "$tmp/bin/python" -m pip install -q --disable-pip-version-check -r "$PIPELINE_PLANNER_REQUIREMENTS" \
       2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
@@ -159,15 +171,30 @@ do_planner() {
 # --- container steps -------------------------------------------------------------------------------------
 # Shared by every checkout on the cluster (PIPELINE_CONTAINER_DIR): a second checkout finds the steps done.
 CONTAINER_STEP_DIR="$PIPELINE_CONTAINER_DIR/.pipeline_steps"
-# Two setups at once (two teammates, two worktrees) take turns on the shared directory.
+# Two setups at once (two teammates, two worktrees) take turns on the shared directory. What the container steps
+# make there is the team's: group-writable whatever the caller's umask (the umask keeps only what it takes from
+# others), so a teammate's setup, validate or planner can replace it (docs/cluster.md, "A team on one cluster").
+team_umask() { umask "$(printf '%04o' $(( 8#$(umask) & 8#0707 )))"; }
+# share_fix PATH: how the owner of PATH gives it to the team.
+share_fix() {
+  local what="chmod g+w"; [[ -d "$1" ]] && what="chmod g+ws"
+  echo "its owner ($(stat -c %U:%G "$1" 2>/dev/null || echo unknown)) can share it: chgrp TEAM $1 && $what $1 (docs/cluster.md, \"A team on one cluster\")"
+}
 lock_container_dir() {
-  mkdir -p "$PIPELINE_CONTAINER_DIR" || die "cannot create the shared container directory $PIPELINE_CONTAINER_DIR" 1
+  mkdir -p "$PIPELINE_CONTAINER_DIR" \
+    || die "cannot create the shared container directory $PIPELINE_CONTAINER_DIR (PIPELINE_CONTAINER_DIR); $(share_fix "$(dirname "$PIPELINE_CONTAINER_DIR")")" 1
   local lock="$PIPELINE_CONTAINER_DIR/.setup.lock"
-  exec 9>>"$lock" || die "cannot open the setup lock $lock" 1
+  # flock needs only a descriptor: a lock file this user may not write (a teammate's, made before lock files were
+  # group-writable) is opened read-only.
+  if ! { exec 9>>"$lock"; } 2>/dev/null && ! { exec 9<"$lock"; } 2>/dev/null; then
+    die "cannot open the setup lock $lock: the shared container directory is not writable by you; $(share_fix "$PIPELINE_CONTAINER_DIR")" 1
+  fi
   if ! flock -n 9; then
     log_info "another setup holds $lock; waiting for it"
     flock -w 7200 9 || die "the setup lock $lock was not released within 2 hours" 1
   fi
+  [[ -w "$PIPELINE_CONTAINER_DIR" ]] \
+    || die "the shared container directory $PIPELINE_CONTAINER_DIR is not writable by you, and setup writes there; $(share_fix "$PIPELINE_CONTAINER_DIR")" 1
 }
 do_image() {
   [[ $(id -u) -eq 0 ]] || die "building the Charliecloud image needs root (debootstrap); run as root or set PIPELINE_CH_IMAGE to a built image" 1
@@ -232,6 +259,7 @@ case "$PIPELINE_RUNTIME" in
     fi ;;
   apptainer)
     STEP_DIR="$CONTAINER_STEP_DIR"
+    team_umask
     [[ "$ONLY" == planner ]] || lock_container_dir
     step planner "$(sha_of "$PIPELINE_PLANNER_REQUIREMENTS")-$PIPELINE_PLANNER_PYTHON-$PIPELINE_PLANNER_VENV" do_planner \
       "$PIPELINE_PLANNER_VENV/bin/python"

@@ -33,3 +33,26 @@ def test_a_refused_submission_reports_its_reason_not_its_count():
         _sbatch(["pipeline_coherence_submit.sbatch", "/nonexistent/ckpt", "--backend", "megatron", "--tp", "3"])
     msg = str(exc.value)
     assert msg.startswith("isambard_sbatch exited 2: ") and "problem(s)" not in msg, msg
+
+
+@pytest.mark.slurm
+def test_a_submit_that_queued_nothing_writes_no_lock(tmp_path, senv):
+    """Issue 59, item 4: the lock records what was queued. A submit whose first sbatch fails (here the real local
+    Slurm refuses the run's partition, which does not exist) leaves no lock, so editing the file afterwards is not
+    refused as drift; the same edit after a queued job would be (tests/integration/test_experiments.py)."""
+    py = [sys.executable, str(ROOT / "pipeline_experiment.py")]
+    exp = tmp_path / "e.yaml"
+    body = BASE.replace("  mode: sft\n", "  mode: sft\n  sbatch: [--partition=no-such-partition]\n")
+    assert body != BASE
+    exp.write_text("name: nolock\n" + body + "grid: {optimizer.lr: [0.1]}\n")
+    subprocess.run([sys.executable, "pipeline_data_prepare.py", "prepare", "--dataset", "chatterbot-corpus",
+                    "--seq-length", "256", "--limit", "200", "--quiet"], env=senv, cwd=ROOT, check=True)
+    res = subprocess.run([*py, "submit", str(exp)], capture_output=True, text=True, cwd=ROOT, env=senv)
+    assert res.returncode == 2 and "isambard_sbatch exited" in res.stderr, res.stdout + res.stderr
+    assert "invalid partition" in res.stderr.lower(), res.stderr
+    assert "locked" not in res.stdout and "jobs submitted before it: none" in res.stderr, res.stdout + res.stderr
+    assert not list((tmp_path / "locks").rglob("*.lock.yaml")), list((tmp_path / "locks").rglob("*"))
+    exp.write_text("name: nolock\n" + body.replace("train_iters: 8", "train_iters: 9") + "grid: {optimizer.lr: [0.1]}\n")
+    res = subprocess.run([*py, "submit", str(exp)], capture_output=True, text=True, cwd=ROOT, env=senv)
+    assert res.returncode == 2 and "differs from its lock" not in res.stderr, res.stderr
+    assert "isambard_sbatch exited" in res.stderr, res.stderr

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline.data import packed_parquet
-from tests.helpers import image_record, run
+from tests.helpers import ROOT, image_record, run
 from tests.unit.test_preflight_packed import write_packs  # the data pipeline's own writer, as the preflight reads it
 
 pytestmark = pytest.mark.slow
@@ -99,3 +100,115 @@ def test_the_data_prepare_plan_runs_on_the_planner(login):
     assert "Traceback" not in out and "ModuleNotFoundError" not in out, out[-3000:]
     assert res.returncode == 0, out[-3000:]
     assert re.search(rf"packed/{TOK}_pad_seq_to_mult{PAD}/training_{SEQ}\.idx\.parquet", out), out[-3000:]
+
+
+@pytest.fixture
+def corpus(login, tmp_path):
+    """The reference's indexed pretraining corpus where its cluster configs name it, written by the data pipeline's
+    own tokenize (a small real corpus; the planner checks the .bin/.idx pair, Bridge reads it on the cluster)."""
+    from pipeline.data.indexed import tokenize_corpus
+
+    env, _, _ = login
+    public = tmp_path / "projects" / "a5k" / "public"
+    texts = tmp_path / "corpus.jsonl"
+    texts.write_text("".join(f'{{"text": "document {i}: the quick brown fox jumps over the lazy dog."}}\n'
+                             for i in range(64)))
+    out = public / "data" / "pretrain" / "tokenized"
+    tokenize_corpus(str(texts), "smollm2-135m", out, "text", quiet=True, workers=1)
+    prefix = out / "text_text_document"
+    assert prefix.with_suffix(".bin").is_file() and prefix.with_suffix(".idx").is_file()
+    base_ckpt = public / "checkpoints" / "megatron_bridges" / "models" / "NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
+    save = public / "checkpoints" / "megatron" / "me"
+    return env, prefix, base_ckpt, save
+
+
+@pytest.mark.parametrize("config,mode", [("configs/cluster_runs/nemotron_nano_pretrain.yaml", "pretrain"),
+                                         ("configs/cluster_runs/nemotron_nano_cpt.yaml", "cpt")])
+def test_the_cluster_pretraining_configs_plan_with_path_checks_on(corpus, config, mode):
+    """Issue 59, item 2: the commands in the shipped pretraining and CPT configs' headers, planned by the planner
+    alone with path checks on: before, the preflight demanded dataset.dataset_root, and naming it was refused as
+    not a field of GPTDatasetConfig. The corpus is named as the headers say (+dataset.data_path=[PREFIX])."""
+    env, prefix, base_ckpt, save = corpus
+    no_venv_python(env)
+    extra = [f"checkpoint.pretrained_checkpoint={base_ckpt}"] if mode == "cpt" else []
+    res = run(["bash", "pipeline_training_launch.sh", config, "--model", "nano", "--mode", mode, "--dry-run",
+               "--nodes", "16", f"+dataset.data_path=[{prefix}]", f"checkpoint.save={save / mode}", *extra],
+              env=env, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "== preflight: PASS ==" in out and "path checks skipped" not in out and "dataset_root" not in out, out
+    # a missing corpus is still refused, naming the prefix and the command that writes it
+    res = run(["bash", "pipeline_training_launch.sh", config, "--model", "nano", "--mode", mode, "--dry-run",
+               "--nodes", "16", f"+dataset.data_path=[{prefix}x]", f"checkpoint.save={save / mode}", *extra],
+              env=env, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"dataset.data_path prefix {prefix}x has no .bin or .idx file: write it with pipeline_data_prepare.py " \
+           "tokenize" in res.stderr, res.stderr
+
+
+def _cluster_experiment(tmp_path, public) -> Path:
+    """The shipped cluster experiment with the reference's /projects/a5k/public standing at the test's root (the
+    only change: every path in it is under that root)."""
+    text = (ROOT / "configs" / "experiments" / "nano_pretrain_cooldown.yaml").read_text()
+    assert "/projects/a5k/public/" in text
+    exp = tmp_path / "experiments" / "nano_pretrain_cooldown.yaml"
+    exp.parent.mkdir(parents=True, exist_ok=True)
+    exp.write_text(text.replace("/projects/a5k/public", str(public)))
+    return exp
+
+
+def test_the_cluster_experiment_chain_plans_whole_on_the_planner(corpus, tmp_path):
+    """Issue 59, items 2, 6 and 7: the shipped Isambard experiment (Nano pretrain -> cooldown -> export -> coherence)
+    rendered by the planner alone with path checks on and the corpus present: every phase planned, no problem, each
+    training phase saving into its own folder from ${exp.name}/${exp.label}/${exp.phase}, the cooldown continuing
+    the pretrain's last checkpoint and the export reading the cooldown's."""
+    env, prefix, _, _ = corpus
+    no_venv_python(env)
+    public = tmp_path / "projects" / "a5k" / "public"
+    exp = _cluster_experiment(tmp_path, public)
+    env = {**env, "USER": "pipeline-alice"}
+    res = run(["python3", "pipeline_experiment.py", "render", str(exp), "--no-configs"], env=env, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert "submit refuses" not in out and "problem(s)" not in out, out[-3000:]
+    jobs = [ln for ln in res.stdout.splitlines() if ln.startswith("JOB_")]
+    assert [ln.rsplit("# ", 1)[1] for ln in jobs] == ["pretrain", "cooldown", "export", "coherence"], jobs
+    save = public / "checkpoints" / "megatron" / "pipeline-alice" / "nano_pretrain_cooldown" / "base"
+    assert f"checkpoint.save={save / 'pretrain'} " in jobs[0] and f"+dataset.data_path=[{prefix}]" in jobs[0], jobs[0]
+    assert f"checkpoint.save={save / 'cooldown'} checkpoint.load={save / 'pretrain'} checkpoint.ckpt_step=1000 " \
+           "train.train_iters=1200 " in jobs[1], jobs[1]
+    assert f"export {save / 'cooldown'} " in jobs[2] and "--iteration 1200" in jobs[2], jobs[2]
+    assert f"{save / 'cooldown' / 'iter_0001200' / 'hf'})" in jobs[3], jobs[3]
+
+
+def test_isambard_sbatch_dry_run_prints_the_sbatch_line_and_queues_nothing(corpus, tmp_path):
+    """Issue 59, item 5: `isambard_sbatch --dry-run` on the login node (the planner alone): the preflight runs, the
+    exact sbatch command comes out on stdout (the bad-node --exclude, the profile's --gpus-per-node and --exclusive,
+    the run's job name) and nothing reaches sbatch (a tripwire sbatch first on PATH would leave its mark). A broken
+    job is refused by the dry run as by the submission."""
+    env, prefix, _, save = corpus
+    trip = tmp_path / "tripwire"
+    trip.mkdir()
+    # (the option parser asks sbatch --help/--usage which options take values: that queues nothing)
+    (trip / "sbatch").write_text('#!/bin/sh\ncase "$1" in --help|--usage) exit 0;; esac\n'
+                                 f'echo "$@" >> {tmp_path}/sbatch-called\nexit 1\n')
+    (trip / "sbatch").chmod(0o755)
+    env = {**env, "PATH": f"{trip}:{env['PATH']}", "BAD_NODES_LOG": str(tmp_path / "bad_nodes.txt")}
+    assert run(["./isambard_sbatch", "--mark-bad", "nid000002", "GPU ECC (Xid 48)"], env=env).returncode == 0
+    cmd = ["./isambard_sbatch", "--dry-run", "--nodes=16", "pipeline_training_submit.sbatch",
+           "configs/cluster_runs/nemotron_nano_pretrain.yaml", "nano", "pretrain", f"+dataset.data_path=[{prefix}]",
+           f"checkpoint.save={save / 'dry'}"]
+    res = run(cmd, env=env, timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sbatch "), res.stdout
+    words = lines[0].split()
+    for want in ("--nodes=16", "--exclude=nid000002", "--gpus-per-node=4", "--exclusive",
+                 "--job-name=training-nemotron_nano_pretrain", "pipeline_training_submit.sbatch"):
+        assert want in words, (want, words)
+    assert "--dry-run" not in words
+    assert "dry run: nothing was queued" in res.stderr and "Preflight: PASS - world 64 " in res.stderr
+    res = run([*cmd[:-2], f"+dataset.data_path=[{prefix}x]", cmd[-1]], env=env, timeout=300)
+    assert res.returncode == 2 and res.stdout.strip() == "", res.stdout + res.stderr
+    assert "has no .bin or .idx file" in res.stderr
+    assert not (tmp_path / "sbatch-called").exists()

@@ -111,7 +111,8 @@ def test_cluster_login_node_plans_before_anything_is_queued(login_node, tmp_path
     assert "unknown key 'train.trian_iters' (did you mean 'train.train_iters'?)" in typo.stderr
     bare = run([str(ROOT / "isambard_sbatch"), *nano], env={**env, "PIPELINE_PLANNER_VENV": str(tmp_path / "none")})
     assert bare.returncode == 2 and "create the planner with: PIPELINE_CLUSTER=isambard_gh200 bash " \
-        "pipeline_env_setup.sh --only planner (or pass --no-preflight" in bare.stderr, bare.stderr
+        f"pipeline_env_setup.sh --only planner (it is made at PIPELINE_PLANNER_VENV={tmp_path / 'none'}) (or pass " \
+        "--no-preflight" in bare.stderr, bare.stderr
     layout = run([str(ROOT / "isambard_sbatch"), *nano], env=env)
     assert layout.returncode == 2, layout.stderr
     assert "error: ep(8) * etp(1) = 8 > gpus_per_node(4) on 'isambard_gh200'" in layout.stderr

@@ -99,3 +99,40 @@ def test_every_decision_number_cited_names_an_entry():
                 if n not in entries:
                     unknown.append(f"{f.relative_to(ROOT)}: {m.group(0)}")
     assert not unknown, f"decision numbers with no entry in docs/decisions.md: {unknown}"
+
+
+def test_the_env_jobs_help_counts_the_checks_validate_runs():
+    """Issue 59's docs drift: pipeline_env_submit.sbatch --help said 28 checks (30 with --run-training) while
+    validate ran 30 (33): the counts in the header are the code's, and it names each check --run-training adds."""
+    from pipeline.env.validate import CHECKS, TRAINING_CHECKS
+
+    header = (ROOT / "pipeline_env_submit.sbatch").read_text()
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+    base, extra = len(CHECKS), len(TRAINING_CHECKS)
+    assert f"validate runs {base} checks; --run-training adds {words[extra]} ({base + extra})" in header
+    for check in TRAINING_CHECKS:
+        assert f" {check.name}," in header, check.name
+    assert f"{base} checks" in (ROOT / "README.md").read_text()
+
+
+def test_pointers_to_readme_sections_name_sections_that_exist():
+    """A help text that sends the reader to the README's "X" section (pipeline_experiment.py --help pointed to an
+    "Experiments" section the README never had): every such pointer names a heading of the README."""
+    headings = {m.group(1).strip() for m in re.finditer(r"^#+ (.+)$", (ROOT / "README.md").read_text(), re.M)}
+    files = [*ROOT.glob("*.py"), *ROOT.glob("*.sh"), *ROOT.glob("*.sbatch"), ROOT / "isambard_sbatch",
+             *(ROOT / "src").rglob("*.py"), *(ROOT / "docs").glob("*.md")]
+    cited = [(f.name, m.group(1)) for f in files for m in re.finditer(r"README(?:\.md)?'s [\"`“]([^\"`”]+)[\"`”]",
+                                                                        f.read_text())]
+    assert [c for c in cited if c[1] not in headings] == []
+
+
+def test_documented_shared_checkpoint_folders_carry_the_user():
+    """A team shares /projects/.../checkpoints/megatron: every save into it that the docs, the configs or a help text
+    show carries the member ($USER or ${oc.env:USER}), as the smoke config does (issue 59: the documented demo's
+    checkpoint.save did not, so two members' demos would write one run directory)."""
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").rglob("*.yaml"),
+             *ROOT.glob("*.sh"), *ROOT.glob("*.sbatch"), *(ROOT / "src").rglob("*.py")]
+    shared = re.compile(r"/projects/a5k/public/checkpoints/megatron/(\S+)")
+    bare = [(f.name, m.group(0)) for f in files for m in shared.finditer(f.read_text())
+            if not m.group(1).startswith(("$USER", "${oc.env:USER}", "<user>", "${USER}"))]
+    assert bare == []

@@ -210,3 +210,29 @@ def test_two_submits_of_one_experiment_at_once_are_refused(tmp_path, pipeline_en
     err = capsys.readouterr().err
     assert "a submit is running" in err and len(err.strip().splitlines()) == 1, err
     assert not (state_dir(exp) / "submissions.json").exists()
+
+
+def test_phase_overrides_interpolate_the_experiment_run_and_phase(tmp_path):
+    """Issue 59, item 7: ${exp.name}, ${exp.label} and ${exp.phase} in a phase's overrides, per run (before, only
+    `computed` resolved them, and a phase's checkpoint folder had to be written out literally); the run's values and
+    the base config resolve there too, and a reference to nothing is one line naming the phase and key."""
+    exp = load(tmp_path, """
+grid:
+  optimizer.lr: [3.0e-3, 1.0e-3]
+phases:
+  - name: pretrain
+    overrides: {checkpoint.save: "/ck/${exp.name}/${exp.label}/${exp.phase}", optimizer.min_lr: "${calc:'${optimizer.lr} / 10'}"}
+  - name: cooldown
+    from: pretrain
+    overrides: {checkpoint.save: "/ck/${exp.name}/${exp.label}/${exp.phase}"}
+  - {name: export, kind: export}
+""", name="chain.yaml")
+    first, second = exp.runs
+    assert first.phase_overrides["pretrain"] == {"checkpoint.save": "/ck/chain/lr0.003/pretrain", "optimizer.min_lr": 0.0003}
+    assert second.phase_overrides["cooldown"] == {"checkpoint.save": "/ck/chain/lr0.001/cooldown"}
+    assert "export" not in second.phase_overrides and "checkpoint.save" not in second.overrides
+    with pytest.raises(UserError, match=r"^phase 'pretrain' override checkpoint.save='/ck/\$\{exp.nope\}' does not resolve"):
+        load(tmp_path, """
+phases:
+  - {name: pretrain, overrides: {checkpoint.save: "/ck/${exp.nope}"}}
+""", name="bad.yaml")

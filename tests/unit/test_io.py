@@ -92,3 +92,67 @@ def test_modes_follow_the_umask_on_a_group_shared_directory(tmp_path, umask002):
     assert stat.S_IMODE((shared / "one.bin").stat().st_mode) == 0o664
     os.umask(0o077)
     assert stat.S_IMODE(write_text(shared / "private", "x").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_team_files_are_group_writable_whatever_the_umask(tmp_path, umask):
+    """The team's shared files (issue 59): a lock file, the bad-node log, a folder made for them, the image record -
+    group read/write whatever the creator's umask; others keep what the umask gives. An existing file keeps its mode."""
+    from pipeline.common.io import make_shared_dirs, shared_mode, write_text
+    from pipeline.common.locks import open_shared, release, try_flock
+
+    old = os.umask(umask)
+    try:
+        make_shared_dirs(tmp_path / "a" / "b")
+        fd, _ = try_flock(tmp_path / "a" / "b" / "x.lock")
+        release(fd)
+        os.close(open_shared(tmp_path / "a" / "log", os.O_WRONLY | os.O_APPEND))
+        write_text(tmp_path / "a" / "record.txt", "x\n", shared=True)
+        (tmp_path / "kept").write_text("")
+        os.chmod(tmp_path / "kept", 0o600)
+        os.close(open_shared(tmp_path / "kept", os.O_WRONLY))
+    finally:
+        os.umask(old)
+    file_mode = (0o666 & ~umask) | 0o060
+    assert shared_mode(umask) == file_mode and shared_mode(umask, directory=True) == (0o777 & ~umask) | 0o070
+    for d in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert stat.S_IMODE(d.stat().st_mode) == (0o777 & ~umask) | 0o070, d
+    for f in (tmp_path / "a" / "b" / "x.lock", tmp_path / "a" / "log", tmp_path / "a" / "record.txt"):
+        assert stat.S_IMODE(f.stat().st_mode) == file_mode, f
+    assert stat.S_IMODE((tmp_path / "kept").stat().st_mode) == 0o600
+
+
+def test_a_lock_taken_but_not_yet_described_is_read_again_not_reported_empty(tmp_path):
+    """The gap between a holder's flock and its holder text: two nodes' launchers of one Slurm job met there and the
+    second read an empty holder ("pid ? on host ?") and refused its own job (seen in test_slurm's 2-node job). The
+    reader now waits for the text (or the lock's end)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from pipeline.common.locks import release, try_flock
+
+    lock = tmp_path / "w.lock"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        sys.stdin.readline()          # the test reads the lock now, in the gap
+        os.pwrite(fd, b'{{"pid": 7, "host": "n1"}}\\n', 0)
+        sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        import threading
+        threading.Timer(0.2, lambda: (holder.stdin.write("\n"), holder.stdin.flush())).start()
+        fd, text = try_flock(lock)
+        assert fd is None and text == '{"pid": 7, "host": "n1"}'
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait() == 0
+        fd, text = try_flock(lock)  # free again: taken at once
+        assert fd is not None and text == ""
+        release(fd)
+    finally:
+        holder.kill()

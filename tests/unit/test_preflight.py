@@ -58,11 +58,23 @@ def test_ft_launcher_without_a_save_directory_is_one_line(capsys):
     assert errors(capsys)[0].endswith("set checkpoint.save=DIR, or set ft.enable_ft_package=false")
 
 
-def test_path_checks_name_the_missing_dataset(capsys):
-    assert main(BASE[:-1]) == 2
+def test_path_checks_name_the_missing_dataset(capsys, tmp_path):
+    """Its own missing root (issue 59, item 8): on the cluster's login node the reference's dataset exists."""
+    missing = tmp_path / "data" / "geodesic-research__pa-warm-start-1B-sft-mix"
+    assert main([*BASE[:-1], f"dataset.dataset_root={missing}"]) == 2
     errs = errors(capsys)
-    assert any("dataset.dataset_root /projects/a5k/public/data/geodesic-research__pa-warm-start-1B-sft-mix "
-               "does not exist" in e for e in errs)
+    assert any(f"dataset.dataset_root {missing} does not exist" in e for e in errs), errs
+
+
+def test_a_lora_plan_says_lora_where_it_names_the_mode(capsys):
+    """Issue 59's docs drift: a LoRA dry run said "lora" only inside its sbatch line; the plan's first line says the
+    run trains adapters on a frozen base (as its memory estimate, with no gradients or Adam state for the base, has
+    it), and a full fine-tune says nothing of adapters."""
+    assert main([*BASE, "--peft", "lora"]) == 0
+    out = capsys.readouterr().out
+    assert "mode sft with lora adapters (--peft lora: the base weights frozen, only the adapters train)" in out, out
+    assert main(BASE) == 0
+    assert "adapters" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("overrides,needle", [

@@ -98,8 +98,9 @@ def test_two_members_of_a_team_run_the_smoke_command_into_their_own_folders(monk
 
 def test_list_names_every_model_mode_and_shipped_config(capsys):
     """Issue 49 item 7: the known models appeared only in an error message; --list names each model with its engine
-    and recipe per mode, the modes, and every shipped training config with its header's first line."""
-    from pipeline.cli.train import main
+    and recipe per mode, the modes, and every shipped training config with its header's first paragraph, whole
+    (issue 59: its first line alone cut most descriptions mid-sentence: "... from random weights on a Megatron")."""
+    from pipeline.cli.train import header_summary, main
     from pipeline.config.models import REGISTRY
 
     assert main(["--list"]) == 0
@@ -108,8 +109,11 @@ def test_list_names_every_model_mode_and_shipped_config(capsys):
         assert any(line.startswith(f"  {name} ") for line in out.splitlines()), name
     assert "sft: megatron.bridge.recipes.nemotronh.nemotron_3_nano.nemotron_3_nano_sft_config" in out
     for config in TRAINING_CONFIGS:
-        first = next(ln for ln in config.read_text().splitlines() if ln.startswith("#")).lstrip("# ").strip()
-        assert f"{config.relative_to(ROOT)}" in out and first in out, config
+        para = " ".join(config.read_text().split("\n#\n", 1)[0].replace("#", " ").split())
+        summary = header_summary(config.read_text())
+        assert summary.endswith((".", ")")) and summary.rstrip(".") == para.rstrip(":.").rstrip(":"), (config, summary)
+        entry = " ".join(out.split(f"  {config.relative_to(ROOT)}", 1)[1].split("\n  configs/", 1)[0].split())
+        assert entry == summary, (config, entry)
 
 
 def test_a_bridge_pretraining_without_data_is_refused(tmp_path):
@@ -154,3 +158,4 @@ def test_full_recompute_beside_per_module_cuda_graphs_is_refused(tmp_path):
         ok = plan_from_argv([str(own), *argv[1:], "model.recompute_granularity=selective",
                              "model.recompute_method=null", "model.recompute_num_layers=null"]).preflight
         assert not any("cuda_graph_impl" in p for p in ok.problems), ok.problems
+

@@ -320,6 +320,9 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
             notes.append(f"--push-to-hub: each iteration goes to <token's user>/"
                          f"{hub_repo_name(Path(ckpt_dir), 'iter_NNNNNNN')} (private); the token and its write access "
                          "are checked before converting")
+    elif job == "upload-all":  # the reference's "Upload all iterations": here the hub is opt-in (issue 59, item 3)
+        notes.append("upload-all converts each iteration to <iteration>/hf/ on this filesystem and pushes nothing "
+                     "to the Hugging Face Hub: add --push-to-hub to upload each one")
     argv = list(argv or [])
     module = ["-m", "pipeline.cli.checkpoint", *argv]
     peft = _peft_iteration(Path(ckpt_dir), iteration) if engine == "megatron" else None

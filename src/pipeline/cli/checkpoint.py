@@ -14,8 +14,11 @@
          the shipped configs look
   upload-all CKPT_DIR --hf-model ID --reasoning|--no-reasoning [--poll] [--interval S] [--coherence]
          [--eval TASKS [--eval-limit N] [--eval-num-fewshot K] [--eval-batch-size B] [--eval-tasks-path DIR]]
-         convert every complete iteration exactly once; with --poll keep watching until training ends; with
-         --eval, lm-evaluation-harness on each verified export, once (hf/eval/<tasks>.json)
+         [--push-to-hub]
+         convert every complete iteration exactly once, to CKPT_DIR/iter_NNNNNNN/hf/; nothing goes to the
+         Hugging Face Hub without --push-to-hub (then each iteration to <token's user>/<run>-iter_NNNNNNN); with
+         --poll keep watching until training ends; with --eval, lm-evaluation-harness on each verified export,
+         once (hf/eval/<tasks>.json)
 
 Every action takes --dry-run [--nodes N] [--json]: the plan (world size, nodes, layout, memory per GPU per
 phase, launch line) without a GPU, container or Megatron Bridge; exit 2 when it cannot run, one line per problem.

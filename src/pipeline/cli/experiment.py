@@ -16,7 +16,7 @@
   runs    [ROOT]                             every run directory under ROOT (default $PIPELINE_RUNS_DIR), however it
                                              was submitted: state, step, last loss, Slurm job, checkpoint, owner
 
-EXPERIMENT is a YAML file (see configs/experiments/ and the README's "Experiments" section): a base (config,
+EXPERIMENT is a YAML file (see configs/experiments/ and docs/experiments.md): a base (config,
 model, mode, nodes, flags, overrides), axes of Hydra overrides (grid: product; zip: lists taken together),
 computed values (OmegaConf interpolation, ${calc:'...'} for arithmetic) and phases (pretrain -> cooldown ->
 export -> coherence). Run NAME is a label from `list` (or <experiment>.<label>); --only may be repeated.
@@ -219,9 +219,6 @@ def cmd_submit(exp: spec.Experiment, only: list[str] | None, relock: bool, allow
                         "nothing was submitted")
     print(f"preflight: PASS ({len(plans)} run(s), {sum(len(rp.jobs) for rp in plans)} job(s))")
     for rp in plans:
-        written = locks.write(exp, rp, force=relock)
-        if written:
-            print(f"{rp.run.label}: locked {written}")
         stamp = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
         ids: dict[str, str] = {}
         for job in rp.jobs:
@@ -233,6 +230,10 @@ def cmd_submit(exp: spec.Experiment, only: list[str] | None, relock: bool, allow
             except UserError as exc:
                 raise UserError(f"{rp.run.label}: {job.phase}: {exc} (jobs submitted before it: "
                                 f"{' '.join(ids.values()) or 'none'}; status shows them)") from None
+            if not ids:  # the lock records what was queued: written once the run's first job is (issue 59, item 4)
+                written = locks.write(exp, rp, force=relock)
+                if written:
+                    print(f"{rp.run.label}: locked {written}")
             ids[job.phase] = job_id
             board.record_job(exp, rp.run.label, job, job_id, log, stamp)
             after = f" after {job.after} ({job.dep_type}:{dep})" if dep else ""

@@ -3,6 +3,9 @@
     isambard_sbatch [sbatch options] SCRIPT [script args]     submit, excluding every node in the shared
                                                              bad-node log younger than the TTL
     isambard_sbatch --no-preflight [sbatch options] SCRIPT    the same without the training preflight
+    isambard_sbatch --dry-run [sbatch options] SCRIPT ...    every check and the plan, then print the exact sbatch
+                                                             command (with --exclude and the profile's options)
+                                                             and queue nothing
     isambard_sbatch --mark-bad NODE [REASON]                 report a node (or hostlist nid[001-004])
     isambard_sbatch --list-bad                               list the log (active entries marked *)
     isambard_sbatch --update-bad NODE REASON                 change the reason
@@ -45,7 +48,7 @@ from pipeline.slurm.sbatch_options import (
 # Above this length the exclusion goes to a file (sbatch reads --exclude=PATH when the value has a "/"):
 # one argument may not exceed MAX_ARG_STRLEN (128 KiB) on Linux.
 MAX_EXCLUDE_ARG = 64 * 1024
-OWN_FLAGS = ("--no-preflight",)  # isambard_sbatch's options among sbatch's; never passed to sbatch
+OWN_FLAGS = ("--no-preflight", "--dry-run")  # isambard_sbatch's options among sbatch's; never passed to sbatch
 
 
 def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | None) -> Path | None:
@@ -98,6 +101,7 @@ class Submission:
     script_args: list[str]
     bad: list[str]
     bad_log: Path
+    dry_run: bool = False
 
     @property
     def cmd(self) -> list[str]:
@@ -109,6 +113,7 @@ def plan_submission(argv: list[str]) -> Submission:
     log = from_env()
     opts, user_ex, script, script_args = split_sbatch_args(argv, own_flags=OWN_FLAGS)
     no_preflight = "--no-preflight" in opts
+    dry_run = "--dry-run" in opts
     opts = [o for o in opts if o not in OWN_FLAGS]
     if script is None and option_value(opts, "--wrap") is None:
         raise UserError("no batch script given (usage: isambard_sbatch [sbatch options] SCRIPT [args])")
@@ -140,13 +145,35 @@ def plan_submission(argv: list[str]) -> Submission:
         opts.append("--exclude=" + render_exclude(excluded))
     if script is not None and Path(script).name == TRAINING_SUBMIT and option_value(opts, "--job-name", "-J") is None:
         opts.insert(0, f"--job-name={run_job_name(checked.run_name, script_args[0])}")
-    return Submission(opts=opts, script=script, script_args=list(script_args), bad=bad, bad_log=log.path)
+    return Submission(opts=opts, script=script, script_args=list(script_args), bad=bad, bad_log=log.path,
+                      dry_run=dry_run)
 
 
 def build_submission(argv: list[str]) -> tuple[list[str], list[str], Path]:
     """The sbatch command line (a list, never a shell string), the excluded nodes, and the log path."""
     sub = plan_submission(argv)
     return sub.cmd, sub.bad, sub.bad_log
+
+
+def job_log_dir(sub: Submission) -> Path:
+    """Create the folder the job's log goes to (Slurm does not, and a job whose log cannot be opened fails with no
+    log at all); a folder this user cannot create or write is refused in one line (a teammate submitting from a
+    checkout that is not theirs: the scripts' ``logs/slurm/`` is relative to the submission's directory)."""
+    log = log_path(sub.opts, sub.script, "0", option_value(sub.opts, "--job-name", "-J"))
+    if log is None:
+        return Path.cwd()
+    out = log.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        writable = os.access(out, os.W_OK | os.X_OK)
+    except OSError as exc:
+        writable, why = False, exc.strerror or str(exc)
+    else:
+        why = "not writable by you"
+    if not writable:
+        raise UserError(f"the job's log would go to {out}, which cannot be created here ({why}); submit from a "
+                        "directory of your own (your checkout) or pass --output=PATH; nothing was submitted")
+    return out
 
 
 @cli_main
@@ -161,8 +188,17 @@ def main(argv: list[str] | None = None) -> int:
 
     sub = plan_submission(argv)
     cmd, bad, path = sub.cmd, sub.bad, sub.bad_log
-    Path("logs/slurm").mkdir(parents=True, exist_ok=True)
+    if not sub.dry_run:
+        job_log_dir(sub)  # (refused before anything is said of the submission)
     print(f"Bad nodes: {len(bad)} excluded (last {log.ttl_days:g}d) - file: {path}", file=sys.stderr)
+    if sub.dry_run:
+        import shlex
+
+        out = log_path(sub.opts, sub.script, "<jobid>", option_value(sub.opts, "--job-name", "-J"))
+        print(f"dry run: nothing was queued; the job's log would be {out if out else 'in ' + str(Path.cwd())}",
+              file=sys.stderr)
+        print(shlex.join(cmd))  # stdout: the command alone, to read or to run
+        return 0
     print("           report more: isambard_sbatch --mark-bad <node> [reason]", file=sys.stderr)
     if shutil.which("sbatch") is None:
         raise UserError("sbatch not found on PATH (is this a Slurm login node?)")

@@ -38,6 +38,21 @@ from pipeline.slurm.sbatch_options import (
 DATA_ACTIONS = ("prepare", "tokenize", "pack")
 ENV_ACTIONS = ("setup", "validate")  # pipeline_env_submit.sbatch runs pipeline_env_setup.sh (bash: no parser here)
 PLANNER_SETUP = "bash pipeline_env_setup.sh --only planner"
+
+
+def planner_fix(cluster: str | None = None) -> str:
+    """The command that gives this user a login-node planner, naming where it goes (PIPELINE_PLANNER_VENV); a
+    teammate's planner this user cannot run (isambard_sbatch sets PIPELINE_PLANNER_UNUSABLE) gets one of their own."""
+    cluster = cluster if cluster is not None else os.environ.get("PIPELINE_CLUSTER")
+    prefix = f"PIPELINE_CLUSTER={cluster} " if cluster else ""
+    venv = os.environ.get("PIPELINE_PLANNER_VENV", "")
+    unusable = os.environ.get("PIPELINE_PLANNER_UNUSABLE")
+    if unusable:
+        return (f"the planner at {venv} (PIPELINE_PLANNER_VENV) cannot be run by you: its Python {unusable} is not "
+                f"yours to run; make your own with: PIPELINE_PLANNER_VENV=$HOME/.cache/pipeline/planner {prefix}"
+                f"{PLANNER_SETUP}, and export that PIPELINE_PLANNER_VENV")
+    where = f" (it is made at PIPELINE_PLANNER_VENV={venv})" if venv else ""
+    return f"create the planner with: {prefix}{PLANNER_SETUP}{where}"
 # the job script -> its pipeline's CLI, whose plan_from_argv parses the job's arguments and plans it
 GPU_JOB_SCRIPTS = {CHECKPOINT_SUBMIT: "pipeline.cli.checkpoint", COHERENCE_SUBMIT: "pipeline.cli.coherence",
                    EVAL_SUBMIT: "pipeline.cli.evaluation"}
@@ -145,7 +160,7 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
     except ImportError as exc:
         if required:
             raise UserError(f"the {Path(script).name} plan cannot be checked here: no pipeline venv or login-node "
-                            f"planner ({exc}); create the planner with: {PLANNER_SETUP} (or pass --no-preflight to "
+                            f"planner ({exc}); {planner_fix()} (or pass --no-preflight to "
                             "queue without the checks); nothing was submitted") from None
         print(f"warning: plan check skipped (--no-preflight): {exc}", file=sys.stderr)
         return
@@ -201,7 +216,7 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
     except ImportError as exc:  # a login node without the pipeline venv or the planner (the container posture)
         if required:
             # The container runtime's login node gets the planner; a venv machine gets the venv itself.
-            fix = (f"create the planner with: {f'PIPELINE_CLUSTER={cluster} ' if cluster else ''}{PLANNER_SETUP}"
+            fix = (planner_fix(cluster)
                    if os.environ.get("PIPELINE_RUNTIME") == "apptainer" else
                    "create the pipeline venv with: bash pipeline_env_setup.sh")
             raise UserError(f"the training preflight cannot run here: no pipeline venv or login-node planner "

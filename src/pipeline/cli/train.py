@@ -145,11 +145,28 @@ def listing() -> list[str]:
     out += [f"  {m:<20} {MODE_HELP.get(m, '')}" for m in MODES]
     out.append("shipped configs (bash pipeline_training_launch.sh CONFIG --model M --mode MODE --dry-run ...):")
     root = paths.repo_root()
+    import textwrap
+
     for sub in SHIPPED_CONFIG_DIRS:
         for f in sorted((root / "configs" / sub).glob("*.yaml")):
-            first = next((ln.lstrip("# ").strip() for ln in f.read_text().splitlines() if ln.startswith("#")), "")
-            out.append(f"  {f.relative_to(root)!s:<54} {first}")
+            lines = textwrap.wrap(header_summary(f.read_text()), 118 - 57, break_on_hyphens=False) or [""]
+            out.append(f"  {f.relative_to(root)!s:<54} {lines[0]}")
+            out += [" " * 57 + ln for ln in lines[1:]]
     return out
+
+
+def header_summary(text: str) -> str:
+    """A config's description for --list: the first paragraph of its header comment, whole (its first line alone
+    cut sentences in two), a closing ':' that introduced what follows made a full stop."""
+    para: list[str] = []
+    for ln in text.splitlines():
+        if not ln.startswith("#") or not ln.lstrip("#").strip():
+            if para or not ln.startswith("#"):
+                break
+            continue
+        para.append(ln.lstrip("#").strip())
+    summary = " ".join(para)
+    return summary[:-1] + "." if summary.endswith(":") else summary
 
 
 @cli_main

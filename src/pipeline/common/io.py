@@ -7,7 +7,10 @@ temporary vanished (someone removed it) fails with :class:`ConcurrentWriteError`
 
 Modes: what is published gets the mode an ordinary write under the user's umask gives (``0o666 & ~umask``
 for files, ``0o777 & ~umask`` for directories), not the 0600/0700 of ``tempfile.mkstemp``/``mkdtemp``, so
-outputs on a team's group-shared directory stay readable by the team.
+outputs on a team's group-shared directory stay readable by the team. The team's shared files (the bad-node
+log, the lock files beside it and beside the container directory's setup, the image record) are created
+group-writable whatever the creator's umask (:func:`shared_mode`, :func:`make_shared_dirs`): a teammate under the
+default umask 022 must be able to change what another created (issue 59, decision 97).
 """
 
 from __future__ import annotations
@@ -55,6 +58,29 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def shared_mode(umask: int | None = None, *, directory: bool = False) -> int:
+    """The mode of a team-shared file (directory): the umask's ordinary mode plus group read and write (and, for
+    a directory, group search), whatever the umask takes away from the group. Others keep what the umask gives."""
+    umask = current_umask() if umask is None else umask
+    return ((0o777 if directory else 0o666) & ~umask) | (0o070 if directory else 0o060)
+
+
+def make_shared_dirs(directory: str | os.PathLike) -> None:
+    """``mkdir -p`` whose new directories are group-writable (:func:`shared_mode`); a new directory inside a setgid
+    one inherits the group and the setgid bit from the kernel. Existing directories are left as they are."""
+    directory = Path(directory)
+    missing = []
+    for d in [directory, *directory.parents]:
+        if d.is_dir():
+            break
+        missing.append(d)
+    directory.mkdir(parents=True, exist_ok=True)
+    for d in reversed(missing):
+        with contextlib.suppress(OSError):  # made by another process between the two lines: theirs, not ours
+            if d.stat().st_uid == os.geteuid():
+                os.chmod(d, shared_mode(directory=True) | (d.stat().st_mode & 0o2000))
 
 
 def _file_mode(st_mode: int, umask: int) -> int:
@@ -174,11 +200,12 @@ def _publish(target: Path, path: Path, tmp: Path) -> None:
     raise ConcurrentWriteError(f"could not publish {path}: other writers kept replacing it")
 
 
-def write_bytes(path: str | os.PathLike, data: bytes, *, like: os.stat_result | None = None) -> Path:
+def write_bytes(path: str | os.PathLike, data: bytes, *, like: os.stat_result | None = None,
+                shared: bool = False) -> Path:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename).
 
-    The result has the umask's ordinary mode, or, with ``like``, that stat's mode, group and (when this
-    user may) owner - for rewriting a shared file in place.
+    The result has the umask's ordinary mode (group-writable with ``shared``: :func:`shared_mode`), or, with
+    ``like``, that stat's mode, group and (when this user may) owner - for rewriting a shared file in place.
     """
     path = Path(path)
     check_parent(path)
@@ -203,6 +230,8 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, like: os.stat_result | 
                 except OSError:
                     continue
             os.chmod(tmp, like.st_mode & 0o7777)  # chown may clear setuid/setgid bits
+        elif shared:
+            os.chmod(tmp, shared_mode())
         else:
             apply_umask_modes(tmp)
         try:
@@ -216,9 +245,9 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, like: os.stat_result | 
     return path
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + fsync + rename)."""
-    return write_bytes(path, text.encode("utf-8"))
+def write_text(path: str | os.PathLike, text: str, *, shared: bool = False) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + fsync + rename); ``shared``: group-writable."""
+    return write_bytes(path, text.encode("utf-8"), shared=shared)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:

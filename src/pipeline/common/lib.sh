@@ -65,7 +65,13 @@ env_fix() {
   if [[ "$PIPELINE_RUNTIME" == venv ]]; then
     echo "create the pipeline venv with: bash $PIPELINE_ROOT/pipeline_env_setup.sh"
   else
-    echo "create the planner with: ${PIPELINE_CLUSTER:+PIPELINE_CLUSTER=$PIPELINE_CLUSTER }bash $PIPELINE_ROOT/pipeline_env_setup.sh --only planner"
+    local py="$PIPELINE_PLANNER_VENV/bin/python"
+    if [[ ( -e "$py" || -L "$py" ) && ! -x "$py" ]]; then
+      # a teammate's planner, made from a Python only its maker may run (a private home, a private conda)
+      echo "the planner at $PIPELINE_PLANNER_VENV (PIPELINE_PLANNER_VENV) cannot be run by you: its Python $(readlink -m "$py") is not yours to run; make your own with: PIPELINE_PLANNER_VENV=\$HOME/.cache/pipeline/planner ${PIPELINE_CLUSTER:+PIPELINE_CLUSTER=$PIPELINE_CLUSTER }bash $PIPELINE_ROOT/pipeline_env_setup.sh --only planner, and export that PIPELINE_PLANNER_VENV"
+    else
+      echo "create the planner with: ${PIPELINE_CLUSTER:+PIPELINE_CLUSTER=$PIPELINE_CLUSTER }bash $PIPELINE_ROOT/pipeline_env_setup.sh --only planner (it is made at PIPELINE_PLANNER_VENV=$PIPELINE_PLANNER_VENV)"
+    fi
   fi
 }
 

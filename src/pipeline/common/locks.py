@@ -25,6 +25,7 @@ torchrun); and its soft fallback has no TTL takeover for another host's dead hol
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -34,30 +35,67 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.common.io import ConcurrentWriteError, check_parent
+from pipeline.common.io import ConcurrentWriteError, check_parent, shared_mode
 from pipeline.common.procs import pid_alive
 
 log = logging.getLogger(__name__)
 
 
+HOLDER_GRACE_S = 5.0
+
+
+def open_shared(path: str | os.PathLike, flags: int) -> int:
+    """``os.open(path, flags | O_CREAT)`` for a file the team shares: one this call creates is made group-writable
+    whatever the umask (:func:`pipeline.common.io.shared_mode`), so a teammate under umask 022 can write and lock it
+    too; an existing file keeps its mode."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return os.open(path, flags)
+    try:
+        os.fchmod(fd, shared_mode())
+    except OSError:
+        pass  # a filesystem without modes (some FUSE mounts): the open itself is what matters
+    return fd
+
+
 def try_flock(path: str | os.PathLike, *, wait: bool = False) -> tuple[int | None, str]:
-    """Open ``path`` (created, mode 0666 under the umask) and take an exclusive ``flock`` on it.
+    """Open ``path`` (created group-writable: :func:`open_shared`) and take an exclusive ``flock`` on it.
 
     ``(fd, "")`` when this process holds it (:func:`release` unlocks and closes it); ``(None,
     holder)`` when another does and ``wait`` is False, ``holder`` being the text its holder wrote into the file
     (:func:`write_holder`). With ``wait`` it blocks until the lock is free (and opens the file write-only: a
-    shared lock file needs no read permission then)."""
-    fd = os.open(path, (os.O_WRONLY if wait else os.O_RDWR) | os.O_CREAT, 0o666)
+    shared lock file needs no read permission then). A lock file this user may not write (a teammate's, made
+    before lock files were group-writable) is opened read-only: ``flock`` needs no write permission, only the
+    holder text is then not written."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip()
-        os.close(fd)
-        return None, holder
+        fd = open_shared(path, os.O_WRONLY if wait else os.O_RDWR)
+    except PermissionError:
+        if not os.path.isfile(path):
+            raise
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        if wait:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return fd, ""
+        # The holder writes its text just after it takes the lock: a lock held with no text yet is re-read (and
+        # re-tried) until the text is there, or the lock is free. Two nodes' launchers of one job read an empty
+        # holder in that gap and refused each other. A holder that never writes (it opened a teammate's old lock
+        # file read-only) is reported as it is after HOLDER_GRACE_S.
+        deadline = time.monotonic() + HOLDER_GRACE_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd, ""
+            except BlockingIOError:
+                holder = os.pread(fd, 1000, 0).decode("utf-8", "replace").strip()
+            if holder or time.monotonic() >= deadline:
+                os.close(fd)
+                return None, holder
+            time.sleep(0.02)
     except BaseException:
         os.close(fd)
         raise
-    return fd, ""
 
 
 def release(fd: int) -> None:
@@ -69,9 +107,13 @@ def release(fd: int) -> None:
 
 
 def write_holder(fd: int, text: str) -> None:
-    """Say who holds the lock of ``fd`` (what a refused second writer reads)."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (text.rstrip("\n") + "\n").encode(), 0)
+    """Say who holds the lock of ``fd`` (what a refused second writer reads); nothing on a read-only descriptor."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (text.rstrip("\n") + "\n").encode(), 0)
+    except OSError as exc:
+        if exc.errno not in (errno.EBADF, errno.EINVAL):
+            raise
 
 
 @contextlib.contextmanager

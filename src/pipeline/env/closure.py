@@ -325,7 +325,7 @@ def record_image(packages: dict[str, Version], where: Path, image: str) -> Path:
     lines = [f"# The packages of {image}, recorded by pipeline.env.validate (image-packages) inside the container;",
              "# python -m pipeline.env.closure reads this record in place of 3rdparty/image-packages.txt."]
     lines += [f"{name}=={version}" for name, version in sorted(packages.items())]
-    return write_text(where, "\n".join(lines) + "\n")
+    return write_text(where, "\n".join(lines) + "\n", shared=True)  # the team's: a teammate's validate rewrites it
 
 
 def default_image_list() -> Path:

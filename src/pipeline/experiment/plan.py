@@ -171,7 +171,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     from pipeline.training.records import check_run_identity
 
     name = exp.run_name(run, phase)
-    ov = {**run.overrides, **phase.overrides}
+    ov = {**run.overrides, **run.phase_overrides.get(phase.name, {})}  # spec.py resolved ${exp.*} in them
     job = Job(phase=phase.name, kind="train", script=TRAINING_SUBMIT, args=[], run_name=name,
               sbatch=_merge_opts([f"--nodes={run.node_count(exp.base)}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)

@@ -41,6 +41,7 @@ is part of the name whenever the file has ``phases``), which is also its ``logge
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -104,6 +105,9 @@ class Run:
     values: dict[str, Any]     # what differs between the runs (axis key -> value)
     overrides: dict[str, Any]  # every override of the run: base < axes < computed
     nodes: int | None = None   # a swept node count (the axis key ``nodes``); None: base.nodes
+    # each training phase's own overrides for this run, ${...} resolved (${exp.name}, ${exp.label}, ${exp.phase},
+    # the run's values, the base config); a phase not here has none
+    phase_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def node_count(self, base: Base) -> int:
         return self.nodes if self.nodes is not None else base.nodes
@@ -212,7 +216,7 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
         raise UserError(str(exc)) from None
 
 
-def resolve_values(values: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def resolve_values(values: dict[str, Any], context: dict[str, Any], what: str = "computed value") -> dict[str, Any]:
     """Resolve every ``${...}`` in ``values`` (dotted key -> value) against ``context`` (the base config, nested)
     merged with the values themselves; values without interpolation are returned as they are."""
     todo = [k for k, v in values.items() if isinstance(v, str) and "${" in v]
@@ -229,7 +233,7 @@ def resolve_values(values: dict[str, Any], context: dict[str, Any]) -> dict[str,
             v = OmegaConf.select(conf, k.lstrip("+"), throw_on_missing=True)
         except (OmegaConfBaseException, ValueError) as exc:
             msg = str(exc).splitlines()[0]
-            raise UserError(f"computed value {k}={values[k]!r} does not resolve: {msg}") from None
+            raise UserError(f"{what} {k}={values[k]!r} does not resolve: {msg}") from None
         out[k] = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
     return out
 
@@ -443,9 +447,25 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
                         "(one file per slice of the grid)")
     computed = _overrides(raw.get("computed"), f"{path}: computed")
     context = _base_context(base, root)
-    runs = _expand(name, base, axes, computed, context)
+    runs = [_with_phases(name, run, phases, context) for run in _expand(name, base, axes, computed, context)]
     return Experiment(name=name, path=path.resolve(), base=base, phases=phases, runs=tuple(runs),
                       explicit_phases=explicit, description=str(raw.get("description") or ""))
+
+
+def _with_phases(name: str, run: Run, phases: tuple[Phase, ...], context: dict) -> Run:
+    """The run with each training phase's overrides resolved for it: ``${exp.name}``, ``${exp.label}`` (the run's
+    label) and ``${exp.phase}`` (the phase's name), the run's own values and the base config, as in ``computed``.
+    A phase's checkpoint folder is then written once for every run (``checkpoint.save: /ckpt/${exp.name}/
+    ${exp.label}/${exp.phase}``), where before it had to be spelled out literally."""
+    out: dict[str, dict[str, Any]] = {}
+    for ph in phases:
+        if not ph.overrides:
+            continue
+        values = {**run.overrides, **ph.overrides}
+        ctx = {**context, "exp": {"name": name, "label": run.label, "phase": ph.name}}
+        resolved = resolve_values(values, ctx, what=f"phase {ph.name!r} override")
+        out[ph.name] = {k: resolved[k] for k in ph.overrides}
+    return dataclasses.replace(run, phase_overrides=out)
 
 
 def _base_context(base: Base, root: Path | None) -> dict:

@@ -13,7 +13,9 @@ line is skipped with a warning, never fatal, and never reaches an ``sbatch`` com
 The log is the team's file: ``--unmark-bad``/``--update-bad``/``--prune-bad`` rewrite only the entry lines
 they change, keep ``#`` comments and lines they cannot parse byte-for-byte in place, keep the file's mode,
 group (and owner when allowed), and do not touch the file at all when nothing changes. A log without write
-permission is refused before anything is written.
+permission is refused before anything is written. The log, its ``.lock`` and a directory made for them are created
+group-writable whatever the creator's umask, so every member of the directory's group can mark, update, unmark and
+prune (docs/cluster.md, "A team on one cluster"; decision 97).
 
 Entries dated in the future (clock skew, a hand edit) count as active: excluding a node by mistake costs a
 little capacity, while dropping a report of a faulty node costs jobs. But they could never expire, so they
@@ -37,8 +39,8 @@ from pathlib import Path
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError
-from pipeline.common.io import write_bytes
-from pipeline.common.locks import release, try_flock
+from pipeline.common.io import make_shared_dirs, write_bytes
+from pipeline.common.locks import open_shared, release, try_flock
 from pipeline.slurm.hostlist import expand, is_hostlist, is_node_name
 
 FMT = "%Y-%m-%dT%H:%M:%SZ"
@@ -79,6 +81,30 @@ def _clean_ident(name: str) -> str:
 def printable(text: str) -> str:
     """Text for a terminal: control characters (ANSI escapes among them) shown escaped, never replayed."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _owner(st: os.stat_result) -> str:
+    """``user:group`` of a stat, by name where this host knows them."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{user}:{group}"
+
+
+def _share_fix(path: Path, st: os.stat_result) -> str:
+    """What makes ``path`` the team's: its owner gives the group write (a directory also setgid, so what is made in
+    it keeps the team's group)."""
+    cmd = (f"chmod g+ws {path}" if stat.S_ISDIR(st.st_mode) else f"chmod g+w {path}")
+    return (f"its owner can share it with the team's group: chgrp TEAM {path} && {cmd} (docs/cluster.md, "
+            "\"A team on one cluster\")")
 
 
 def _user() -> str:
@@ -136,11 +162,14 @@ class BadNodeLog:
         target = self.target
         lock = target.with_name(target.name + ".lock")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_shared_dirs(self.path.parent)
             fd, _ = try_flock(lock, wait=True)  # common/locks.py: writers from many login nodes wait their turn
         except OSError as exc:
+            fix = ""
+            if isinstance(exc, PermissionError) and target.parent.is_dir():
+                fix = f" - {_share_fix(target.parent, target.parent.stat())}"
             raise UserError(f"cannot lock the bad-node log {self.path} ({lock}: {exc.strerror or exc}); "
-                            "nothing was changed") from None
+                            f"nothing was changed{fix}") from None
         assert fd is not None  # wait=True: held, or an OSError above
         try:
             yield
@@ -186,23 +215,31 @@ class BadNodeLog:
             out.append(e)
         return out
 
-    def check_writable(self) -> None:
-        """Refuse (UserError) a log this user must not change, before anything is written."""
+    def check_writable(self, rewrite: bool = False) -> None:
+        """Refuse (UserError) a log this user must not change, before anything is written. A rewrite (unmark,
+        update, prune) replaces the log atomically, so it also needs to write the log's directory."""
+        target = self.target
         try:
-            st = self.path.stat()
+            st = target.stat()
         except FileNotFoundError:
             return
         except OSError as exc:
             raise UserError(f"cannot read the bad-node log {self.path}: {exc.strerror or exc}") from None
-        if not os.access(self.path, os.W_OK) or not st.st_mode & 0o222:
-            raise UserError(f"the bad-node log {self.path} is read-only (mode {st.st_mode & 0o777:o}); "
-                            "nothing was changed - ask its owner, or set BAD_NODES_LOG to a writable log")
+        if not os.access(target, os.W_OK) or not st.st_mode & 0o222:
+            raise UserError(f"the bad-node log {self.path} is read-only (mode {st.st_mode & 0o777:o}, owner "
+                            f"{_owner(st)}); nothing was changed - {_share_fix(target, st)}, or set BAD_NODES_LOG "
+                            "to a writable log")
+        if rewrite and not os.access(target.parent, os.W_OK | os.X_OK):
+            dst = target.parent.stat()
+            raise UserError(f"the bad-node log's directory {target.parent} is not writable by you (mode "
+                            f"{dst.st_mode & 0o7777:o}, owner {_owner(dst)}), and a change replaces the log there "
+                            f"atomically; nothing was changed - {_share_fix(target.parent, dst)}")
 
     def _rewrite_lines(self, change) -> int:
         """Under the lock, replace each entry line by ``change(entry)`` (None: drop it, an Entry: rewrite it,
         the same Entry: keep the bytes). Other lines stay byte-for-byte. Writes only when something changed;
         returns how many entries were dropped or changed."""
-        self.check_writable()
+        self.check_writable(rewrite=True)
         with self.locked():
             data = self._read()
             out, n = [], 0
@@ -260,7 +297,7 @@ class BadNodeLog:
         self._require_regular()
         with self.locked():
             try:
-                fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o664)
+                fd = open_shared(self.target, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
             except OSError as exc:
                 raise UserError(f"cannot append to the bad-node log {self.path}: {exc.strerror or exc}") from None
             try:

@@ -48,6 +48,7 @@ class Plan:
     nodes: int
     ranks_per_node: int
     layout: Layout  # the counts as read (all 1 until every one is set and >= 1); its problems are the plan's
+    peft: str | None = None  # --peft (lora): adapters on a frozen base
     gbs: int = 0
     mbs: int = 0
     grad_accum: int = 0
@@ -142,7 +143,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     unless --disable-ft), which turns on Megatron's fault tolerance on the Bridge engine."""
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
-                ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node))
+                ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node), peft=peft)
     if nodes < 1:
         plan.problems.append(f"--nodes({nodes}) must be >= 1")
         return plan
@@ -490,9 +491,16 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
             plan.problems.append(f"checkpoint.save {save} {problem}")
     root = cfg.dataset.dataset_root
     pad = cfg.dataset.offline_packing_specs.pad_seq_to_mult or 1
-    if root is None:
-        plan.problems.append("dataset.dataset_root is not set: point it at a prepared dataset "
-                             "(pipeline_data_prepare.py prepare ...)")
+    from pipeline.config.models import recipe_mode
+
+    if not spec.is_local and not peft and recipe_mode(mode) == "pretrain":
+        # Bridge pretraining and CPT read indexed .bin/.idx prefixes (+dataset.data_path, a blend), checked by
+        # _check_pretraining_data; dataset_root is not a field of GPTDatasetConfig (issue 59, item 2)
+        pass
+    elif root is None:
+        fix = ("pipeline_data_prepare.py tokenize ... for an indexed corpus" if mode != "sft" else
+               "pipeline_data_prepare.py prepare --dataset ... --dataset-root DIR, then pack")
+        plan.problems.append(f"dataset.dataset_root is not set: point it at a prepared dataset ({fix})")
     elif not Path(root).is_dir():
         plan.problems.append(f"dataset.dataset_root {root} does not exist: prepare it with "
                              f"python pipeline_data_prepare.py prepare --dataset ... --dataset-root {root}, "
@@ -753,7 +761,9 @@ def _note_epochs(train_path: Path, plan: Plan) -> int | None:
 def format_plan(plan: Plan) -> str:
     lay = plan.layout
     lines = [
-        f"model {plan.model} ({plan.engine} engine), mode {plan.mode}, cluster {plan.cluster}",
+        f"model {plan.model} ({plan.engine} engine), mode {plan.mode}"
+        + (f" with {plan.peft} adapters (--peft {plan.peft}: the base weights frozen, only the adapters train)"
+           if plan.peft else "") + f", cluster {plan.cluster}",
         f"layout: nodes {plan.nodes} x {plan.ranks_per_node} ranks = world {lay.world}; tp {lay.tp} pp {lay.pp} "
         f"cp {lay.cp} ep {lay.ep} etp {lay.etp} -> dp {lay.dp}",
         f"batch: gbs {plan.gbs} = mbs {plan.mbs} x dp {lay.dp} x grad_accum {plan.grad_accum}; seq {plan.seq_length}",
