@@ -89,7 +89,7 @@ def test_hf_backend_spreads_super_over_the_node():
     assert sup.ok and "over the node's 4 GPUs (device_map='auto')" in sup.notes[0] and sup.memory_per_gpu_gb < 95
 
 
-def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks():
+def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks(tmp_path):
     import yaml
 
     profile = load_cluster("isambard_gh200")
@@ -99,7 +99,7 @@ def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks(
         assert megatron and str(out) == cfg["checkpoint"]["pretrained_checkpoint"]
         assert out.name == fetch.split("/")[-1]
     assert import_target("nano", None, profile)[0] == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
-    plan = plan_import("nano")
+    plan = plan_import("nano", tmp_path / "nano")  # its own output: on the cluster the default one exists
     assert plan.ok and plan.host_memory_gb == 68.2 and plan.world_size == 1
 
 
@@ -139,6 +139,8 @@ def test_isambard_sbatch_checks_each_plan(tmp_path, monkeypatch, capsys, argv, o
     (ckpt / "iter_0000010" / ".metadata").write_bytes(b"")  # torch_dist's completion file
     (ckpt / "latest_checkpointed_iteration.txt").write_text("10")
     argv = [str(ckpt) if a == "CKPT" else a for a in argv]
+    if "import" in argv:  # its own output (issue 59, item 8: on the cluster the default one holds the import)
+        argv += ["--output", str(tmp_path / "imported")]
     monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
     monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
     if ok:
@@ -314,22 +316,23 @@ def test_a_super_export_without_not_strict_is_refused_with_the_fix(action):
     assert get_model("super").mtp_layers > 0 and get_model("nano").mtp_layers == 0
 
 
-def test_a_super_import_is_never_single_process_and_host_memory_is_checked():
+def test_a_super_import_is_never_single_process_and_host_memory_is_checked(tmp_path):
     """Super imports under torchrun on every GPU of the nodes it gets (the reference's --nodes=4: tp 1 pp 4 ep 4),
     its GPU memory per rank and host memory per node checked; Nano stays one process (decisions #83)."""
     gh = load_cluster("isambard_gh200")
-    four = plan_import("super", nodes=4)  # the reference's command
+    out = tmp_path / "out"  # its own output (issue 59, item 8): on the cluster the default one holds the import
+    four = plan_import("super", out, nodes=4)  # the reference's command
     assert four.ok, four.problems
     assert (four.nodes, four.procs_per_node, four.layout.tp, four.layout.pp, four.layout.ep) == (4, 4, 1, 4, 4)
     assert four.launch[:5] == ["torchrun", "--nnodes=4", "--nproc-per-node=4", "--rdzv-backend=c10d",
                                "--rdzv-endpoint=127.0.0.1:29500"]
     assert four.launch[-6:] == ["--tp", "1", "--pp", "4", "--ep", "4"]
     assert four.memory_gb == {"import": 22.7} and four.host_memory_gb == 90.8  # 4 ranks x (17.7 + 5) per node
-    one = plan_import("super")  # one node: ep 4 over its GPUs, still torchrun
+    one = plan_import("super", out)  # one node: ep 4 over its GPUs, still torchrun
     assert one.ok and one.world_size == 4 and one.launch[0] == "torchrun" and one.host_memory_gb == 303.2
     assert one.host_memory_gb < gh.host_memory_gb and one.memory_per_gpu_gb < gh.memory_budget_gb
     assert not any(p.launch[0] == "python" for p in (one, four))  # never a single process
-    nano = plan_import("nano")
+    nano = plan_import("nano", out)
     assert nano.ok and nano.world_size == 1 and nano.host_memory_gb == 68.2 and nano.host_memory_gb < gh.host_memory_gb
 
 
@@ -337,9 +340,9 @@ def test_a_parallel_import_that_does_not_fit_is_refused_with_the_fix(monkeypatch
     small = tmp_path / "small.yaml"
     small.write_text((ROOT / "configs" / "cluster" / "isambard_gh200.yaml").read_text()
                      .replace("host_memory_gb: 440", "host_memory_gb: 200"))
-    plan = plan_import("super", cluster=str(small))
+    plan = plan_import("super", tmp_path / "out", cluster=str(small))
     assert plan.problems == ["import needs ~303 GB of host memory per node > 200 GB on 'isambard_gh200'"]
-    assert plan_import("super", nodes=4, cluster=str(small)).ok
+    assert plan_import("super", tmp_path / "out", nodes=4, cluster=str(small)).ok
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
     assert plan_import("super").problems[-1].startswith("a model-parallel import runs one rank per GPU; cluster "
                                                         "profile 'local_cpu' has none")
