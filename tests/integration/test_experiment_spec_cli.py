@@ -56,3 +56,41 @@ def test_a_submit_that_queued_nothing_writes_no_lock(tmp_path, senv):
     res = subprocess.run([*py, "submit", str(exp)], capture_output=True, text=True, cwd=ROOT, env=senv)
     assert res.returncode == 2 and "differs from its lock" not in res.stderr, res.stderr
     assert "isambard_sbatch exited" in res.stderr, res.stderr
+
+
+HOSTILE = ["x\ntouch PWNED1 #", "y\rtouch PWNED2 #", "z\u2028touch PWNED3", "w\x85touch PWNED4", "v\x1b[2Ktouch PWNED5",
+           "it's \\ $(touch PWNED6) `touch PWNED7`"]
+
+
+def test_every_line_render_prints_is_safe_to_run(tmp_path):
+    """Issue 60, item 1: a swept value "x\\ntouch PWNED #" ended render's `# run LABEL: key=value` comment and the
+    next line ran as a command when the rendered lines were run. Every line render prints is now safe to run: the
+    script render prints (hostile values in the grid and in the experiment file's own folder name) is executed by
+    bash, with isambard_sbatch a function that prints a job id (what it would queue is not under test here), and
+    nothing else runs; each command is one physical line and gets back each value byte for byte."""
+    folder = tmp_path / "d\ntouch PWNED0 #"
+    folder.mkdir()
+    exp = folder / "e.yaml"
+    values = ", ".join('"' + v.encode("unicode_escape").decode().replace('"', '\\"') + '"' for v in HOSTILE)
+    exp.write_text("name: inj\n" + BASE + f"grid:\n  logger.wandb_project: [{values}]\n")
+    res = subprocess.run([sys.executable, str(ROOT / "pipeline_experiment.py"), "render", str(exp)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.split("\n")
+    assert sum(ln.startswith("JOB_1=$(isambard_sbatch ") for ln in lines) == len(HOSTILE), res.stdout
+    for ln in lines:
+        assert ln == "" or ln.startswith(("# ", "JOB_", "mkdir -p ")), repr(ln)
+        assert not any(c in ln for c in "\r\x85\u2028\x1b"), repr(ln)
+    work = tmp_path / "work"
+    work.mkdir()
+    seen = work / "argv.txt"
+    script = ("isambard_sbatch() { printf '%s\\0' \"$@\" >> " + str(seen) + "; printf '\\0' >> " + str(seen)
+              + "; echo 1; }\n" + res.stdout)
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=work, env={"PATH": "/usr/bin:/bin"})
+    assert ran.returncode == 0, ran.stderr
+    assert not list(work.glob("PWNED*")) and not list(ROOT.glob("PWNED*")), list(work.iterdir())
+    jobs = [j.split("\0") for j in seen.read_bytes().decode().split("\0\0") if j]
+    got = [next(w for w in j if w.startswith("logger.wandb_project=")) for j in jobs]
+    from pipeline.experiment.spec import render_override
+
+    assert got == [render_override("logger.wandb_project", v) for v in HOSTILE]

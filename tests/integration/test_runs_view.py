@@ -55,3 +55,28 @@ def test_runs_refuses_a_root_that_is_not_a_folder_in_one_line(tmp_path, capsys):
     assert main(["runs", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: runs root {tmp_path / 'nope'} is not a folder (set PIPELINE_RUNS_DIR, or name one)"]
+
+
+def test_runs_shows_a_nan_loss_as_nan_and_no_checkpoint_of_another_run(tmp_path, capsys):
+    """Issue 60, item 10: a run whose last loss was NaN showed its last finite loss, and a run refused at its save
+    claim (the folder belongs to another run) showed that run's checkpoint. The owner record is the save claim's
+    own (training/records.claim_save)."""
+    from pipeline.config.schema import TrainingConfig
+    from pipeline.training import records
+
+    save = tmp_path / "ck"
+    it = layout.iter_dir(save, 4)
+    it.mkdir(parents=True)
+    for f in ("metadata.json", "common.pt", "__0_0.distcp"):
+        (it / f).write_bytes(b"{}")
+    layout.write_tracker(save, 4)
+    owner = make_run(tmp_path, "owner", 4, status="completed", done=True, save=save)
+    records.claim_save(save, owner, TrainingConfig())
+    make_run(tmp_path, "refused", 1, status="failed", save=save)  # it named the same save; its claim was refused
+    nan = make_run(tmp_path, "diverged", 2)
+    ProgressLog(nan, tokens_per_step=128).log(3, {"loss": float("nan")})
+    assert main(["runs", str(tmp_path)]) == 0
+    rows = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["owner"][5] == "4", rows["owner"]
+    assert rows["refused"][5] == "-", rows["refused"]
+    assert rows["diverged"][2:4] == ["3", "nan"], rows["diverged"]

@@ -149,3 +149,25 @@ def test_an_export_plan_refuses_a_checkpoint_outside_the_binds(tmp_path):
     assert not any("not visible" in p for p in shipped.problems), shipped.problems
     local = plan_export(ckpt, "tiny-qwen3-moe", cluster="local_cpu", nodes=1)
     assert not any("not visible" in p for p in local.problems)
+
+
+def test_a_link_under_a_bind_that_leads_outside_every_bind_is_not_visible(tmp_path):
+    """Issue 60, item 8: binds were checked on the path as written: checkpoint.save=<bound>/link/ck with link
+    pointing outside every bind passed (the container would see a dangling link), while the same folder named
+    directly was refused. The real path is checked too; a link inside the bind, and a bind whose source is itself a
+    link, stay visible."""
+    bound, outside = tmp_path / "bound", tmp_path / "outside"
+    (bound / "inner").mkdir(parents=True)
+    outside.mkdir()
+    (bound / "out").symlink_to(outside)
+    (bound / "in").symlink_to(bound / "inner")
+    (tmp_path / "alias").symlink_to(bound)  # a site whose bound folder is a link to the real one
+    profile = load_cluster(site_profile(tmp_path, str(bound)))
+    env = {"PIPELINE_ROOT": str(ROOT)}
+    lines = invisible_paths(profile, [("checkpoint.save", str(bound / "out" / "ck")),
+                                      ("checkpoint.load", str(outside / "ck")),
+                                      ("dataset.dataset_root", str(bound / "in" / "data"))], env)
+    assert [ln.split(" ", 2)[:2] for ln in lines] == [["checkpoint.save", str(bound / "out" / "ck")],
+                                                     ["checkpoint.load", str(outside / "ck")]], lines
+    aliased = load_cluster(site_profile(tmp_path, str(tmp_path / "alias")))
+    assert invisible_paths(aliased, [("checkpoint.save", str(tmp_path / "alias" / "in" / "ck"))], env) == []

@@ -236,3 +236,28 @@ phases:
 phases:
   - {name: pretrain, overrides: {checkpoint.save: "/ck/${exp.nope}"}}
 """, name="bad.yaml")
+
+
+@pytest.mark.parametrize("axes,where", [("grid:\n  optimizer.lr: [1.0e-5, 2.0e-5]\n", "grid.optimizer.lr"),
+                                        ("zip:\n  optimizer.lr: [1.0e-5, 2.0e-5]\n  rng.seed: [1, 2]\n", "zip"),
+                                        ("grid:\n  size:\n    a: {optimizer.lr: 1.0e-5}\n    b: {optimizer.lr: 2.0e-5}\n",
+                                         "grid.size")])
+def test_a_phase_may_not_set_what_an_axis_sweeps(tmp_path, axes, where):
+    """Issue 60, item 5: a phase override of a swept key replaced the swept values: runs labelled, listed and
+    exported as optimizer.lr 1e-5 and 2e-5 both ran 7e-5. Refused, naming the key, the axis and the phase."""
+    with pytest.raises(UserError) as exc:
+        load(tmp_path, axes + "phases:\n  - {name: train, overrides: {optimizer.lr: 7.0e-5}}\n")
+    assert str(exc.value) == (f"{tmp_path / 'exp.yaml'}: phases[0] (train) overrides optimizer.lr, which {where} sweeps:"
+                              " every run would run the phase's value while named for its own; drop it from the phase "
+                              "(or from the axis)")
+
+
+def test_tokens_may_not_size_a_phase_whose_iterations_an_axis_sweeps(tmp_path):
+    """Issue 60, item 6: `tokens:` replaced a train.train_iters axis (run iters4 launched with train_iters=2, the CSV
+    said 4). Refused on the phase the axis sizes; a cooldown that continues it counts on with its own tokens."""
+    with pytest.raises(UserError, match=r"phases\[0\] \(train\) has tokens: 2048, which sets train.train_iters, and "
+                                        r"grid.train.train_iters sweeps train.train_iters"):
+        load(tmp_path, "grid:\n  train.train_iters: [4, 8]\nphases:\n  - {name: train, tokens: 2048}\n")
+    exp = load(tmp_path, "grid:\n  train.train_iters: [4, 8]\nphases:\n  - {name: pretrain}\n"
+                         "  - {name: cooldown, from: pretrain, tokens: 2048}\n", name="wsd.yaml")
+    assert [r.label for r in exp.runs] == ["iters4", "iters8"]

@@ -181,3 +181,27 @@ def test_a_time_limit_inside_the_pre_limit_signal_lead_is_refused():
             check_signal_lead(script, opts)
     for opts in (["--time=6"], ["--time=30"], [], ["--time=5", "--signal=B:USR1@60"]):
         check_signal_lead(script, opts)
+
+
+def test_the_signal_lead_check_reads_time_min_the_environment_and_no_limit(monkeypatch):
+    """Issue 60, item 9: --time-min (Slurm may lower the limit to it) and SBATCH_TIMELIMIT (sbatch's input variable,
+    over the script's header) bypassed the check; --time=0, Slurm's "no limit", was refused as "0 s"."""
+    from pipeline.cli.submission import check_signal_lead
+    from pipeline.common.errors import UserError
+    from pipeline.common.paths import TRAINING_SUBMIT
+
+    script = str(ROOT / TRAINING_SUBMIT)
+    monkeypatch.delenv("SBATCH_TIMELIMIT", raising=False)
+    monkeypatch.delenv("SBATCH_SIGNAL", raising=False)
+    with pytest.raises(UserError, match=r"^--time-min=4 \(240 s, the limit Slurm may lower the job's to\) is at or "):
+        check_signal_lead(script, ["--time=600", "--time-min=4"])
+    check_signal_lead(script, ["--time=0"])  # no limit: nothing to save before
+    check_signal_lead(script, ["--time=600", "--time-min=30"])
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "3")
+    with pytest.raises(UserError, match=r"^--time=3 \(180 s\) is at or under"):
+        check_signal_lead(script, [])
+    check_signal_lead(script, ["--time=60"])  # the command line wins over the environment
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "60")
+    monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@3900")
+    with pytest.raises(UserError, match=r"--signal=B:USR1@3900: 3900 s before the limit"):
+        check_signal_lead(script, [])

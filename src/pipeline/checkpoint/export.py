@@ -148,12 +148,38 @@ def hf_output_problem(out: Path) -> str | None:
         return None
     if not out.is_dir():
         return f"export output {out} exists and is not a folder: move it away"
-    names = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
-    if any(n in RECORDS for n in names) or set(names) <= {"eval/", "coherence/"}:
+    names = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir())
+    results = {"eval/", "coherence/"}
+    if any(n in RECORDS for n in names):
+        # an export of ours: what its record lists, the records and the results written into it, nothing else
+        # (a user's notes beside a real export were deleted by --force, never named: issue 60, item 2)
+        names = [n for n in names if n not in RECORDS and n not in results and n.rstrip("/") not in _listed(out)]
+    elif set(names) <= results:
+        return None
+    if not names:
         return None
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (f"export output {out} holds files that are not an export of this suite ({shown}): refusing to replace "
             "it, even with --force; move them away")
+
+
+def _listed(out: Path) -> set[str]:
+    """The top-level names the export record of ``out`` lists (its files and their folders); empty when it has no
+    readable record (then nothing but the records and the results is the export's)."""
+    try:
+        meta = read_json(out / "pipeline_export.json")
+        files = meta.get("files") or {}
+        legacy = not files and meta.get("weights")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if legacy and isinstance(legacy, dict):  # a record of before every file was listed: its weights only, so the
+        # Hugging Face files an export writes beside them are the export's too
+        import fnmatch
+
+        hf = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
+              "merges.txt", "chat_template.*", "*.safetensors", "*.safetensors.index.json", "*.py")
+        return set(legacy) | {p.name for p in out.iterdir() if any(fnmatch.fnmatch(p.name, g) for g in hf)}
+    return {str(name).split("/", 1)[0] for name in files} if isinstance(files, dict) else set()
 
 
 def file_digest(path: Path) -> str:
@@ -580,7 +606,7 @@ def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False, 
         tok.save_pretrained(tmp)
         write_json(tmp / layout.MARKER, {"engine": "local", "model": spec.name if spec else str(hf_id),
                                           "hf_id": spec.hf_id if spec else str(hf_id), "iteration": 0,
-                                          "imported_from": str(src)})
+                                          "imported_from": str(src), "files": layout.written_names(tmp)})
     layout.write_tracker(output, 0)
     return target
 

@@ -69,7 +69,7 @@ def publish_iteration(staged: Path, save: Path, iteration: int, marker: dict) ->
     """Publish a fully written checkpoint directory as ``<save>/iter_NNNNNNN``: the marker inside, file modes
     from the umask (safetensors writes 0600; the team must read checkpoints), one rename, then the tracker (last,
     so a reader that trusts the tracker never sees a half-published iteration)."""
-    write_json(staged / MARKER, marker)
+    write_json(staged / MARKER, {**marker, "files": written_names(staged)})
     target = iter_dir(save, iteration)
     if target.exists():
         shutil.rmtree(target)
@@ -77,6 +77,31 @@ def publish_iteration(staged: Path, save: Path, iteration: int, marker: dict) ->
     os.replace(staged, target)
     write_tracker(save, iteration)
     return target
+
+
+def written_names(staged: Path) -> list[str]:
+    """The top-level names of a checkpoint as written (the marker records them: what --force may replace)."""
+    return sorted(p.name for p in Path(staged).iterdir() if p.name != MARKER)
+
+
+# what comes into a published iteration after it was written: its export (hf/) and the export's temporaries
+_ADDED_LATER = re.compile(r"^(hf|\.hf\..*\.tmp)$")
+
+
+def unlisted_entries(d: Path) -> list[str]:
+    """What an iteration of ours holds beyond what its marker says it was written with, its export aside (a user's
+    notes inside iter_0000000 were deleted by import --force: issue 60, item 3). Empty for a marker that lists no
+    files (written before markers did) and for Megatron's iterations, which carry no marker."""
+    try:
+        marker = read_json(d / MARKER)
+    except (OSError, ValueError):
+        return []
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, list):
+        return []
+    listed = {str(f) for f in files} | {MARKER}
+    return [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in sorted(d.iterdir())
+            if p.name not in listed and not _ADDED_LATER.match(p.name)]
 
 
 def engine_of(d: Path) -> str | None:
@@ -194,7 +219,10 @@ def foreign_entries(folder: Path) -> list[str]:
             continue
         if _ITER_RE.match(e.name) and e.is_dir() and not e.is_symlink():
             inside = sorted(e.iterdir())
-            if not inside or engine_of(e) is not None:
+            if not inside:
+                continue
+            if engine_of(e) is not None:
+                out += [f"{e.name}/{n}" for n in unlisted_entries(e)]
                 continue
             out += [f"{e.name}/{f.name}" for f in inside]
             continue

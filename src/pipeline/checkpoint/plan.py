@@ -36,6 +36,7 @@ from typing import Any
 from pipeline.checkpoint.layout import output_folder_problem
 from pipeline.common import paths
 from pipeline.common.errors import UserError
+from pipeline.common.io import folder_problem
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
 from pipeline.config.models import REGISTRY, ModelSpec, spec_for
 from pipeline.config.parallel import (
@@ -557,6 +558,8 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
         problem = output_folder_problem(out, force=force, what="import output")
         if problem:
             plan.problems.append(problem)
+        elif folder_problem(out):  # a file in the way, an unwritable folder: the job failed after the model loaded
+            plan.problems.append(f"import output {out}: {folder_problem(out)}")
     if spec is None and not Path(fetch).is_dir() and not HUB_ID.fullmatch(fetch):  # planned OK, failed in the job
         plan.problems.append(f"{fetch!r} is neither a registry model, a Hugging Face hub id (ORG/NAME) nor a local "
                              "model folder")

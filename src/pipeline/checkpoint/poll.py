@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pipeline.checkpoint import layout
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
-from pipeline.common.io import write_json
+from pipeline.common.io import read_json, write_json
 
 log = logging.getLogger(__name__)
 DONE_DIR = "converted_checkpoints"
@@ -80,10 +80,12 @@ def result_markers(ckpt: Path, it: int) -> list[Path]:
 
 
 def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600,
-                    evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval"
-                    ) -> tuple[list[int], list[int]]:
+                    evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval",
+                    exported: Callable[[Path], bool] | None = None) -> tuple[list[int], list[int]]:
     """One pass: convert every complete, unconverted, unlocked iteration (and evaluate every converted one not
-    evaluated yet, with ``evaluate``). Returns (converted, failed); a failed evaluation counts as failed."""
+    evaluated yet, with ``evaluate``). Returns (converted, failed); a failed evaluation counts as failed.
+    ``exported(iter_path)``: whether the iteration's export is there; a ``.done`` marker whose export is gone is
+    not trusted (the iteration is converted again: issue 60, item 7)."""
     done_dir = ckpt / DONE_DIR
     converted, failed = [], []
     for it in layout.complete_iterations(ckpt):
@@ -91,6 +93,10 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
         if (done_dir / f"{name}.failed").exists():
             continue
         need_convert = not (done_dir / f"{name}.done").exists()
+        if not need_convert and exported is not None and not exported(layout.iter_dir(ckpt, it)):
+            log.warning("%s is marked converted (%s), but its export is gone: converting it again", name,
+                        done_dir / f"{name}.done")
+            need_convert = True
         need_eval = evaluate is not None and not any(eval_marker(ckpt, it, eval_key, s).exists()
                                                      for s in ("done", "failed"))
         if not (need_convert or need_eval):
@@ -131,9 +137,35 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
     return converted, failed
 
 
+def earlier_failures(ckpt: Path, eval_key: str | None = None,
+                     exported: Callable[[Path], bool] | None = None) -> dict[int, str]:
+    """Complete iterations that a pass skips because an earlier attempt failed (its ``.failed`` marker: not retried
+    automatically), each with why: what the summary names, so an old failure never reads as "failed none"."""
+    out: dict[int, str] = {}
+    for it in layout.complete_iterations(ckpt):
+        markers = [(ckpt / DONE_DIR / f"{layout.iter_dirname(it)}.failed", "conversion")]
+        if exported is not None and exported(layout.iter_dir(ckpt, it)):
+            markers = []  # exported since (by hand): the conversion's old failure no longer stands
+        if eval_key is not None:
+            markers.append((eval_marker(ckpt, it, eval_key, "failed"), "evaluation"))
+        for marker, what in markers:
+            if marker.is_file():
+                try:
+                    error = str(read_json(marker).get("error") or "")[:200]
+                except (OSError, ValueError, AttributeError):
+                    error = "unreadable marker"
+                out[it] = (f"its {what} failed before ({error or 'no error recorded'}): not retried; remove {marker} "
+                           "to try again")
+                break
+    return out
+
+
 def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, interval: float = 60.0,
                idle_timeout: float | None = None, lock_ttl: float = 3600,
-               evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval") -> tuple[list[int], list[int]]:
+               evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval",
+               exported: Callable[[Path], bool] | None = None) -> tuple[list[int], list[int]]:
+    """Convert (and evaluate) until done; (converted, failed). ``failed`` also holds every complete iteration left
+    without its export or evaluation by an earlier failure (:func:`earlier_failures`, each logged with why)."""
     all_conv, all_failed = [], []
     last_new = last_status = time.time()
     from pipeline.common.log import progress_interval
@@ -141,7 +173,7 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
     status_every = progress_interval()
     while True:
         finished_before = training_finished(ckpt)
-        conv, failed = convert_pending(ckpt, convert, lock_ttl, evaluate, eval_key)
+        conv, failed = convert_pending(ckpt, convert, lock_ttl, evaluate, eval_key, exported)
         all_conv += conv
         all_failed += failed
         if conv or failed:
@@ -171,4 +203,9 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
                      "running; polling every %g s", len(all_conv), len(all_failed), layout.latest_complete(ckpt),
                      interval)
         time.sleep(interval)
-    return all_conv, all_failed
+    for it, why in earlier_failures(ckpt, eval_key if evaluate is not None else None, exported).items():
+        if it not in all_failed:
+            log.error("%s has no export%s: %s", layout.iter_dirname(it),
+                      " or evaluation" if evaluate is not None else "", why)
+            all_failed.append(it)
+    return all_conv, sorted(all_failed)

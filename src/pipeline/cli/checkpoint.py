@@ -122,6 +122,8 @@ def build_parser() -> Parser:
     u.add_argument("--eval-batch-size", type=int, default=8)
     u.add_argument("--eval-tasks-path", action="append", type=Path, default=[], metavar="DIR",
                    help="--eval: a folder of task YAMLs to add (repeatable)")
+    u.add_argument("--eval-force", action="store_true", help="--eval: replace results of these tasks that were "
+                   "measured with other settings, or of another model (otherwise the plan refuses them)")
     u.add_argument("--push-to-hub", action="store_true")
     return parser
 
@@ -164,6 +166,7 @@ class ConvertRequest:
     eval_num_fewshot: int | None = None
     eval_batch_size: int = 8
     eval_tasks_path: tuple[Path, ...] = ()
+    eval_force: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, argv: list[str] | tuple[str, ...] = ()) -> ConvertRequest:
@@ -188,7 +191,7 @@ class ConvertRequest:
 
         return EvalRun(model=str(hf), tasks=self.eval, tasks_path=self.eval_tasks_path,
                        num_fewshot=self.eval_num_fewshot, batch_size=self.eval_batch_size, limit=self.eval_limit,
-                       quiet=True)
+                       quiet=True, force=self.eval_force)
 
 
 # the evaluation's own option names in its messages, as upload-all's user typed them (--eval-limit, not --limit)
@@ -223,7 +226,34 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
 
         check_eval(cfg)
         plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile())
+        plan.problems += earlier_results(req)
     return plan
+
+
+# upload-all's own way out of an evaluation that would replace other results (it has no --force/--output-dir)
+UPLOAD_ALL_EVAL_FIX = ("rerun upload-all with --eval-force to replace them, or keep the --eval settings they were "
+                       "made with")
+
+
+def earlier_results(req: ConvertRequest) -> list[str]:
+    """Iterations whose exports hold results of these tasks measured with other settings (or of another model):
+    the job's evaluation would refuse each and mark it failed, so the plan says so first, once, with upload-all's
+    option (issue 60, item 12: the dry run said OK, the job marked every iteration .failed and exited 1)."""
+    from pipeline.evaluation.run import overwrite_problem
+
+    assert req.ckpt_dir is not None
+    if not req.ckpt_dir.is_dir():
+        return []
+    clashes = []
+    for it in layout.complete_iterations(req.ckpt_dir):
+        cfg = req.eval_run(layout.iter_dir(req.ckpt_dir, it) / "hf")
+        problem = overwrite_problem(cfg, UPLOAD_ALL_EVAL_FIX) if cfg is not None else None
+        if problem:
+            clashes.append((it, problem))
+    if not clashes:
+        return []
+    its = ", ".join(layout.iter_dirname(it) for it, _ in clashes[:5]) + (" ..." if len(clashes) > 5 else "")
+    return [f"{len(clashes)} iteration(s) ({its}) already hold other results; the first: {clashes[0][1]}"]
 
 
 def parse(argv: list[str]) -> ConvertRequest:
@@ -344,12 +374,13 @@ def main(argv: list[str] | None = None) -> int:
 
         def evaluate(iter_path: Path) -> dict:
             cfg = req.eval_run(iter_path / "hf")
-            return run_eval(cfg) if cfg is not None else {}
+            return run_eval(cfg, UPLOAD_ALL_EVAL_FIX) if cfg is not None else {}
 
     probe = req.eval_run(ckpt_dir / "hf")  # its settings were checked by the plan, before any export
     key = probe.marker_key() if probe is not None else "eval"
     conv, failed = upload_all(ckpt_dir, convert, poll=req.poll, interval=req.interval,
-                              idle_timeout=req.idle_timeout, evaluate=evaluate, eval_key=key)
+                              idle_timeout=req.idle_timeout, evaluate=evaluate, eval_key=key,
+                              exported=lambda it: ex.published_export(it / "hf") is not None)
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")
     return 1 if failed else 0
 

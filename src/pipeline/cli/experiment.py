@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.cli.parser import Parser, watch_seconds
-from pipeline.common import paths
+from pipeline.common import paths, shell
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import write_output_text
 from pipeline.common.locks import exclusive_lock
@@ -151,23 +151,25 @@ def cmd_render(exp: spec.Experiment, only: list[str] | None, no_configs: bool) -
     plans = planning.plan_experiment(exp, exp.select(only))
     plan_gpu_jobs(plans)
     lock_problems = 0
-    print(f"# experiment {exp.name} ({exp.path}): {len(plans)} run(s); run from {paths.repo_root()}")
+    # Every line printed here is run as a script (the user pipes it to bash): each comment is one line whatever the
+    # values hold, each word quoted on one line (common/shell.py; a swept value's newline once ran as a command).
+    print(shell.comment(f"experiment {exp.name} ({exp.path}): {len(plans)} run(s); run from {paths.repo_root()}"))
     for rp in plans:
-        print(f"\n# run {rp.run.label}: " + (" ".join(spec.render_override(k, v) for k, v in rp.run.values.items())
-                                             or "(base)"))
+        print("\n" + shell.comment(f"run {rp.run.label}: " + (" ".join(spec.render_override(k, v)
+                                                                      for k, v in rp.run.values.items()) or "(base)")))
         for line in planning.render_lines(exp, rp):
             print(line)
         drift = locks.check(exp, rp, relock=False) if all(j.args for j in rp.jobs) else None
         if drift:  # submit refuses it (without --relock): render says so beside the lines
             lock_problems += 1
-            print(f"# {rp.run.label}: submit refuses: {drift}")
+            print(shell.comment(f"{rp.run.label}: submit refuses: {drift}"))
         if no_configs:
             continue
         for job in rp.jobs:
             if job.cfg is not None:
-                print(f"# resolved config of {job.phase} ({job.run_dir}/config.yaml, set values):")
+                print(shell.comment(f"resolved config of {job.phase} ({job.run_dir}/config.yaml, set values):"))
                 text = yaml.safe_dump(drop_unset(job.cfg), sort_keys=False).rstrip()
-                print("\n".join("#   " + x for x in text.splitlines()))
+                print("\n".join(shell.comment("  " + x) for x in text.split("\n")))
     problems = sum(len(rp.problems) for rp in plans) + lock_problems
     if problems:
         print(f"\n# {problems} problem(s): submit would refuse (the 'submit refuses' lines)")

@@ -32,6 +32,7 @@ from pathlib import Path
 from pipeline.cli.badnodes import COMMANDS as CRUD
 from pipeline.cli.badnodes import run_command
 from pipeline.cli.submission import JobCheck, check_job, run_job_name, submission_profile
+from pipeline.common import shell
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.paths import TRAINING_SUBMIT
 from pipeline.config.cluster import profile_sbatch_options  # pure; shared with the dry run
@@ -192,12 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         job_log_dir(sub)  # (refused before anything is said of the submission)
     print(f"Bad nodes: {len(bad)} excluded (last {log.ttl_days:g}d) - file: {path}", file=sys.stderr)
     if sub.dry_run:
-        import shlex
-
         out = log_path(sub.opts, sub.script, "<jobid>", option_value(sub.opts, "--job-name", "-J"))
         print(f"dry run: nothing was queued; the job's log would be {out if out else 'in ' + str(Path.cwd())}",
               file=sys.stderr)
-        print(shlex.join(cmd))  # stdout: the command alone, to read or to run
+        print(shell.join(cmd))  # stdout: the command alone, on one line (common/shell.py), to read or to run
         return 0
     print("           report more: isambard_sbatch --mark-bad <node> [reason]", file=sys.stderr)
     if shutil.which("sbatch") is None:

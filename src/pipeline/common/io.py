@@ -147,6 +147,27 @@ def _vanished(tmp: Path, path: Path) -> ConcurrentWriteError:
                                 "run one writer per output (nothing was published)")
 
 
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why a job could not create or write the folder ``path``, found before it is queued (nothing is created): a
+    file where the folder or one above it must be, or a nearest existing folder this user may not write (the file
+    system's root aside: on a machine where none of the path exists, such as a laptop planning a cluster's job,
+    that says nothing about the cluster). An evaluation into a file as --output-dir, an import into <file>/sub,
+    planned OK and failed after the model had loaded (issue 60, item 11)."""
+    p = Path(os.path.abspath(path))
+    for anc in [p, *p.parents]:
+        if anc.is_symlink() and not anc.exists():
+            return f"{anc} is a dangling link"
+        if not anc.exists():
+            continue
+        if not anc.is_dir():
+            return f"{anc} is a file, not a folder" if anc == p else f"{anc} is a file, so {p} cannot be created"
+        if anc != Path(anc.anchor) and not os.access(anc, os.W_OK | os.X_OK):
+            return (f"{anc} is not writable by you" if anc == p
+                    else f"{p} cannot be created: {anc} is not writable by you")
+        return None
+    return None
+
+
 def check_parent(path: Path) -> None:
     """Create ``path``'s parent, but never recreate a vanished temporary directory of an atomic_path."""
     for anc in [path.parent, *path.parent.parents]:

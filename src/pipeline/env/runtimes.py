@@ -117,8 +117,19 @@ def visible(cfg: RuntimeConfig, path: str | os.PathLike) -> bool:
     side; always True for the venv runtime (the host's own files)."""
     if cfg.runtime == "venv":
         return True
+    pairs = binds(cfg)
+
+    def under(p: Path, roots: list[Path]) -> bool:
+        return any(p == r or r in p.parents for r in roots)
+
     p = Path(os.path.abspath(path))
-    return any(p == g or g in p.parents for g in (Path(os.path.abspath(d)) for _, d in binds(cfg)))
+    if not under(p, [Path(os.path.abspath(d)) for _, d in pairs]):
+        return False
+    # and where it leads: a symlink under a bind that points outside every bind is a dangling link in the container
+    # (issue 60, item 8: <bound>/link/ck passed, the same folder named directly was refused). The host's real path
+    # is compared with each bind's real source (a bind whose source is itself a link is mounted where it leads).
+    real = Path(os.path.realpath(p))
+    return real == p or under(real, [Path(os.path.realpath(src)) for src, _ in pairs])
 
 
 def job_runtime(profile, environ: dict[str, str] | None = None) -> RuntimeConfig:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.checkpoint.plan import JobPlan, cluster_and_nodes, hf_gb, local_path
 from pipeline.coherence.plan import hf_size
+from pipeline.common.io import folder_problem
 from pipeline.config.cluster import job_env, resolve_profile
 from pipeline.config.models import spec_for
 from pipeline.config.parallel import Layout
@@ -46,6 +47,9 @@ def plan_evaluate(cfg, *, nodes: int | None = None, cluster: str | None = None, 
     problem = overwrite_problem(cfg)  # earlier results of other settings: refused before the job is queued
     if problem:
         plan.problems.append(problem)
+    out_problem = folder_problem(cfg.out_file.parent)  # before the job: the results are written after the evaluation
+    if out_problem:
+        plan.problems.append(f"the results folder {cfg.out_file.parent}: {out_problem} (--output-dir names a folder)")
     checked = [("model", cfg.model)] if local_path(str(cfg.model)) else []
     checked += [("tasks path", p) for p in cfg.tasks_path]
     plan.problems += invisible_paths(resolve_profile(cluster), checked)

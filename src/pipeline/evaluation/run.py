@@ -211,6 +211,16 @@ def existing(cfg: EvalRun) -> dict | None:
     return rec if isinstance(rec, dict) and isinstance(rec.get("summary"), dict) else None
 
 
+def _model_key(model: str) -> str:
+    """A model as results name it: a local folder by its resolved path (a relative and an absolute spelling are one
+    model), a hub id as written."""
+    p = Path(model)
+    try:
+        return str(p.resolve()) if p.exists() else model
+    except OSError:
+        return model
+
+
 def _same(a: Any, b: Any) -> bool:
     numbers = (int, float)
     if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
@@ -218,14 +228,22 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def overwrite_problem(cfg: EvalRun) -> str | None:
-    """One line when ``cfg.out_file`` holds results of this task list measured with other settings
-    (:attr:`EvalRun.settings`: limit, few-shot, the task folders) and ``--force`` is not given: a run never replaces
-    them silently. Results written before the task folders were recorded are compared on limit and few-shot."""
+FORCE_FIX = "--force to replace them, or --output-dir for another folder"
+
+
+def overwrite_problem(cfg: EvalRun, fix: str = FORCE_FIX) -> str | None:
+    """One line when ``cfg.out_file`` holds results of this task list for another model, or measured with other
+    settings (:attr:`EvalRun.settings`: limit, few-shot, the task folders), and ``--force`` is not given: a run never
+    replaces them silently. Results written before the task folders were recorded are compared on limit and few-shot."""
     old = existing(cfg)
     if old is None or cfg.force:
         return None
     summary = old["summary"]
+    model = summary.get("model")
+    if isinstance(model, str) and _model_key(model) != _model_key(cfg.model):
+        # another model's results: the settings matching says nothing (issue 60, item 4: they were replaced)
+        return (f"{cfg.out_file} holds results of {'+'.join(cfg.task_names)} for another model ({model}); this run "
+                f"evaluates {cfg.model}: {fix}")
     recorded = summary.get("settings") if isinstance(summary.get("settings"), dict) else \
         {k: summary.get(k) for k in ("limit", "num_fewshot")}
     differ = {k: (recorded[k], v) for k, v in cfg.settings.items() if k in recorded and not _same(recorded[k], v)}
@@ -233,16 +251,15 @@ def overwrite_problem(cfg: EvalRun) -> str | None:
         return None
     had = ", ".join(f"{k} {v!r}" for k, v in recorded.items())
     new = ", ".join(f"{k} {v!r}" for k, (_, v) in differ.items())
-    return (f"{cfg.out_file} holds results of {'+'.join(cfg.task_names)} with {had}; this run has {new}: --force "
-            "to replace them, or --output-dir for another folder")
+    return f"{cfg.out_file} holds results of {'+'.join(cfg.task_names)} with {had}; this run has {new}: {fix}"
 
 
-def run(cfg: EvalRun) -> dict[str, Any]:
+def run(cfg: EvalRun, fix: str = FORCE_FIX) -> dict[str, Any]:
     """Evaluate, write ``<export>/eval/<tasks>.json`` atomically (and W&B), log one line per task; the summary."""
     cfg.check()
     if not Path(cfg.model, "config.json").is_file():
         raise UserError(f"{cfg.model} is not a Hugging Face export (no config.json): evaluate an iteration's hf/")
-    problem = overwrite_problem(cfg)  # before the model loads
+    problem = overwrite_problem(cfg, fix)  # before the model loads
     if problem:
         raise UserError(problem)
     t0 = time.time()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.checkpoint import layout
-from pipeline.common import paths
+from pipeline.common import paths, shell
 from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
 from pipeline.common.paths import CHECKPOINT_SUBMIT, COHERENCE_SUBMIT, TRAINING_SUBMIT
@@ -353,20 +353,20 @@ def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
     var: dict[str, str] = {}
     for i, job in enumerate(rp.jobs, 1):
         if job.problems:
-            out.append(f"# {job.phase}: submit refuses: {'; '.join(job.problems)}")
+            out.append(shell.comment(f"{job.phase}: submit refuses: {'; '.join(job.problems)}"))
         if not job.args:
             continue
         dep = f"${{{var[job.after]}%%;*}}" if job.after in var else None
         argv = job.submit_argv(dep_job="DEP" if dep else None)
         words = ["isambard_sbatch", "--parsable", *argv]
-        line = " ".join(shlex.quote(w) for w in words)
+        line = shell.join(words)  # one physical line whatever the values hold (common/shell.py)
         if dep:
             line = line.replace(shlex.quote(f"--dependency={job.dep_type}:DEP"), f'"--dependency={job.dep_type}:{dep}"')
         if job.pre_create is not None:
-            out.append(f"mkdir -p {shlex.quote(str(job.pre_create))}")
+            out.append(f"mkdir -p {shell.quote(str(job.pre_create))}")
         name = f"JOB_{i}"
         var[job.phase] = name
-        out.append(f"{name}=$({line})  # {job.phase}")
+        out.append(f"{name}=$({line})  {shell.comment(job.phase)}")
     return out
 
 

@@ -441,6 +441,7 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
                 overrides=_overrides(b.get("overrides"), f"{path}: base.overrides"))
     phases, explicit = _phases(raw.get("phases"), path)
     axes = _axes(raw, path)
+    _refuse_phase_clashes(phases, axes, path)
     n_runs = math.prod(len(ax.points) for ax in axes)
     if n_runs > MAX_RUNS:
         raise UserError(f"{path}: the axes expand to {n_runs} runs, more than {MAX_RUNS}; split the experiment "
@@ -466,6 +467,26 @@ def _with_phases(name: str, run: Run, phases: tuple[Phase, ...], context: dict) 
         resolved = resolve_values(values, ctx, what=f"phase {ph.name!r} override")
         out[ph.name] = {k: resolved[k] for k in ph.overrides}
     return dataclasses.replace(run, phase_overrides=out)
+
+
+def _refuse_phase_clashes(phases: tuple[Phase, ...], axes: list[_Axis], path: Path) -> None:
+    """A phase may not set what an axis sweeps (issue 60, items 5-6): its value replaced the swept one in every run,
+    which went on being labelled, listed and exported to CSV with the value it did not run. So a phase override of
+    a swept key is refused, and so is ``tokens:`` (it sets train.train_iters) on a phase that does not continue
+    another training, when train.train_iters is swept (a continuing phase counts on from its start: the axis then
+    sizes the phase it continues)."""
+    swept = {k.lstrip("+~"): ax.where for ax in axes for k in ax.keys}
+    for i, ph in enumerate(phases):
+        for k in ph.overrides:
+            if k.lstrip("+~") in swept:
+                raise UserError(f"{path}: phases[{i}] ({ph.name}) overrides {k}, which {swept[k.lstrip('+~')]} "
+                                "sweeps: every run would run the phase's value while named for its own; drop it from "
+                                "the phase (or from the axis)")
+        continues = ph.start is not None and any(p.name == ph.start and p.kind == "train" for p in phases)
+        if ph.tokens is not None and not continues and "train.train_iters" in swept:
+            raise UserError(f"{path}: phases[{i}] ({ph.name}) has tokens: {ph.tokens}, which sets train.train_iters, "
+                            f"and {swept['train.train_iters']} sweeps train.train_iters: every run would run the "
+                            "tokens' iterations while named for its own; keep one of the two")
 
 
 def _base_context(base: Base, root: Path | None) -> dict:
@@ -550,6 +571,7 @@ class _Axis:
     """One axis: its points, each a (label part, {key: value}) pair."""
     keys: tuple[str, ...]
     points: tuple[tuple[str | None, dict[str, Any]], ...]
+    where: str = ""  # how the file names it (grid.<key>, grid.<name>, zip)
 
 
 def _axes(raw: dict, path: Path) -> list[_Axis]:
@@ -566,17 +588,17 @@ def _axes(raw: dict, path: Path) -> list[_Axis]:
                     raise UserError(f"{where}: label {label!r} must match [A-Za-z0-9][A-Za-z0-9.+-]*")
                 pts.append((str(label), _overrides(ov, f"{where}.{label}")))
             keys = tuple(dict.fromkeys(k for _, ov in pts for k in ov))
-            axes.append(_Axis(keys=keys, points=tuple(pts)))
+            axes.append(_Axis(keys=keys, points=tuple(pts), where=f"grid.{key}"))
         elif key == NODES_AXIS:  # the node count: a run's own --nodes, planned and submitted with it
             if not isinstance(vals, list) or not vals or any(
                     not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in vals):
                 raise UserError(f"{where}: the node axis is a non-empty list of positive integers (got {vals!r})")
-            axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals)))
+            axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals), where=f"grid.{key}"))
         else:
             _overrides({key: vals}, f"{path}: grid")
             if not isinstance(vals, list) or not vals:
                 raise UserError(f"{where}: an override axis is a non-empty list of values")
-            axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals)))
+            axes.append(_Axis(keys=(key,), points=tuple((None, {key: v}) for v in vals), where=f"grid.{key}"))
     z = _overrides(raw.get("zip"), f"{path}: zip")
     if z:
         lens = {k: len(v) if isinstance(v, list) else -1 for k, v in z.items()}
@@ -584,7 +606,7 @@ def _axes(raw: dict, path: Path) -> list[_Axis]:
             got = ", ".join(f"{k}: {n}" for k, n in lens.items())
             raise UserError(f"{path}: zip needs lists of one length (got {got})")
         n = next(iter(lens.values()))
-        axes.append(_Axis(keys=tuple(z), points=tuple((None, {k: z[k][i] for k in z}) for i in range(n))))
+        axes.append(_Axis(keys=tuple(z), points=tuple((None, {k: z[k][i] for k in z}) for i in range(n)), where="zip"))
     seen: dict[str, int] = {}
     for i, ax in enumerate(axes):
         for k in ax.keys:

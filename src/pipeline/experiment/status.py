@@ -265,15 +265,14 @@ def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
                 recs, s = progress(job.run_dir), summary(job.run_dir)
                 if recs:
                     row.step = recs[-1]["step"]
-                    losses = [r["loss"] for r in recs if isinstance(r.get("loss"), (int, float))]
-                    row.loss = losses[-1] if losses else None
+                    row.loss = last_loss(recs)
                     row.tokens_per_s = _tokens_per_s(recs, s)
                 if job.run_dir is not None and (job.run_dir / layout.TRAINING_DONE).exists() and \
                         row.state in ("UNKNOWN", "not submitted") and row.job_id:
                     row.state = "COMPLETED"  # Slurm has forgotten the job; the run records say it finished
                 if job.run_dir is not None:
                     row.goodput = goodput.split(goodput.read_events(job.run_dir))
-                if job.save is not None and job.save.is_dir():
+                if job.save is not None and job.save.is_dir() and saves_into(job.run_dir, job.save):
                     row.checkpoint = layout.latest_complete(job.save)
                     row.exports = verified_exports(job.save)
             elif job.kind == "export":
@@ -336,14 +335,39 @@ def run_rows(root: Path) -> list[tuple[str, str, int | None, float | None, str, 
             rows.append((d.name, "unreadable", None, None, "", None, owner))
             continue
         recs = progress(d)
-        losses = [r["loss"] for r in recs if isinstance(r.get("loss"), (int, float))]
+        loss = last_loss(recs)
         job = jobs[d]
         st = states.get(job)
         save = _run_save(d)
-        ckpt = layout.latest_complete(save) if save is not None and save.is_dir() else None
+        ckpt = layout.latest_complete(save) if save is not None and save.is_dir() and saves_into(d, save) else None
         rows.append((d.name, run_state(d, st.state if st else None), recs[-1]["step"] if recs else None,
-                     round(losses[-1], 4) if losses else None, f"{job} ({st.state})" if st else job, ckpt, owner))
+                     round(loss, 4) if loss is not None else None, f"{job} ({st.state})" if st else job, ckpt, owner))
     return rows
+
+
+def last_loss(recs: list[dict]) -> float | None:
+    """The loss of the last step that logged one, non-finite ones included (recorded as text: "nan"): a run whose
+    loss went NaN showed its last finite loss (issue 60, item 10)."""
+    for r in reversed(recs):
+        v = r.get("loss")
+        if v is not None:
+            return float(v)
+    return None
+
+
+def saves_into(run_dir: Path | None, save: Path) -> bool:
+    """Whether ``save``'s checkpoints are this run's: its owner record names the run (or it has none yet). A run
+    refused at its save claim (the folder is another run's) showed the other run's checkpoint (issue 60, item 10)."""
+    try:
+        owner = read_json(save / layout.OWNER_FILE)
+    except (OSError, ValueError):
+        return True
+    if not isinstance(owner, dict) or not owner.get("run_dir") or run_dir is None:
+        return True
+    try:
+        return Path(str(owner["run_dir"])).resolve() == Path(run_dir).resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def _run_save(run_dir: Path) -> Path | None:

@@ -186,9 +186,14 @@ def option_value(opts: list[str], *names: str) -> str | None:
     return found
 
 
-def submitted_value(opts: list[str], script: str | None, *names: str) -> str | None:
-    """An option's value as the job gets it: the command line's (last one) over the script's #SBATCH header's."""
+def submitted_value(opts: list[str], script: str | None, *names: str, env: str | None = None) -> str | None:
+    """An option's value as the job gets it: the command line's (last one) over the input environment variable
+    sbatch reads for it (``env``, e.g. SBATCH_TIMELIMIT: it overrides the script) over the script's #SBATCH header's."""
+    import os
+
     value = option_value(opts, *names)
+    if value is None and env is not None:
+        value = os.environ.get(env) or None
     return value if value is not None else directive_value(script, *names)
 
 
