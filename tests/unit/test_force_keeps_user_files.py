@@ -183,3 +183,55 @@ def test_upload_all_with_new_eval_settings_is_refused_by_its_plan_with_its_own_o
     assert not list((ckpt / "evaluated_checkpoints").glob("*.failed"))
     assert convert_main([*base, "--eval-limit", "1", "--eval-force"]) == 0
     assert read_json(results)["summary"]["limit"] == 1
+
+
+def test_hostile_markers_traces_and_devices_are_one_line_each(tmp_path, caplog, capsys):
+    """Item 14 and "Also": upload-all --poll on a FAILED_NAN of blank lines (IndexError), an export onto an hf/ that
+    is a link to a user's folder (failed after the whole conversion), a profile trace nested past the interpreter's
+    limit and a capture record whose steps is [2] or 5 (tracebacks); --device cuda:00 and non-ASCII digits passed
+    the device check, and every CUDA device evaluates in bf16."""
+    import argparse
+    import logging
+
+    from pipeline.checkpoint.export import hf_output_problem
+    from pipeline.checkpoint.poll import upload_all
+    from pipeline.cli.evaluation import device_arg
+    from pipeline.evaluation.run import model_dtype
+
+    caplog.set_level(logging.INFO)
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    (tmp_path / "FAILED_NAN").write_text("\n\n   \n")
+    assert upload_all(ckpt, lambda p: {}, poll=True, interval=0.01) == ([], [])
+    assert "the training has failed" in caplog.text
+    user = tmp_path / "user"
+    user.mkdir()
+    (tmp_path / "it").mkdir()
+    (tmp_path / "it" / "hf").symlink_to(user)
+    assert hf_output_problem(tmp_path / "it" / "hf") == (f"export output {tmp_path / 'it' / 'hf'} is a link (to {user}):"
+                                                          " move it away; the export writes a folder there")
+    from pipeline.cli.profile import main as profile_main
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    assert profile_main([str(deep), "--no-plot"]) == 2
+    assert "is not a torch.profiler trace" in capsys.readouterr().err
+    # a run whose capture record names a real trace, with steps of another shape
+    import gzip
+
+    from pipeline.training import goodput, records
+
+    trace = tmp_path / "rank-0.json.gz"
+    with gzip.open(trace, "wt") as f:
+        f.write('{"traceEvents": []}')
+    for steps in ([2], 5):
+        run_dir = tmp_path / f"run{steps}"
+        run_dir.mkdir()
+        (run_dir / goodput.EVENTS).write_text(json.dumps({"event": records.PROFILE_EVENT, "t": 1, "rank": 0,
+                                                          "trace": str(trace), "steps": steps}) + "\n")
+        assert profile_main([str(run_dir), "--no-plot"]) == 0, capsys.readouterr().err
+    for bad in ("cuda:00", "cuda:\u0661", "cuda:01", "gpu"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            device_arg(bad)
+    assert device_arg("cuda:0") == "cuda:0" and device_arg("cuda:12") == "cuda:12"
+    assert model_dtype("cuda:0") == model_dtype("cuda") == "bfloat16" and model_dtype("cpu") == "float32"

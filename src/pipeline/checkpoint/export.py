@@ -146,6 +146,8 @@ def hf_output_problem(out: Path) -> str | None:
     anything else is never replaced, even with --force: one line naming what it holds."""
     if not out.exists() and not out.is_symlink():
         return None
+    if out.is_symlink():  # publishing replaces the link; what it points to is the user's (issue 60, item 14)
+        return f"export output {out} is a link (to {os.readlink(out)}): move it away; the export writes a folder there"
     if not out.is_dir():
         return f"export output {out} exists and is not a folder: move it away"
     names = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir())

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import apply_umask_modes, read_json, write_json, write_text
+from pipeline.common.io import apply_umask_modes, read_json, read_regular, write_json, write_text
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "pipeline_checkpoint.json"
@@ -50,10 +50,11 @@ def read_tracker(save: Path) -> int | None:
     p = Path(save) / TRACKER
     if not p.exists():
         return None
-    try:
-        text = p.read_bytes()[:64].decode("ascii").strip()
+    try:  # a regular file of a few bytes: a FIFO there blocked `runs` and upload-all for ever (issue 60, item 13)
+        text = read_regular(p, 4096)[:64].decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
-        raise UserError(f"{p} is unreadable or not text: it should hold one iteration number") from None
+        raise UserError(f"{p} is unreadable or not text (or not a regular file): it should hold one iteration "
+                        "number") from None
     if text == "release":
         return 0
     if not text.isascii() or not text.isdigit():

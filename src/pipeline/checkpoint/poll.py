@@ -25,7 +25,6 @@ iteration is converted, or after ``idle_timeout`` seconds without a new checkpoi
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from pipeline.checkpoint import layout
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
-from pipeline.common.io import read_json, write_json
+from pipeline.common.io import read_json, read_regular, write_json
 
 log = logging.getLogger(__name__)
 DONE_DIR = "converted_checkpoints"
@@ -53,7 +52,7 @@ def training_failed(ckpt: Path) -> Path | None:
     owner record, or beside the checkpoints), or None: the training will write no further checkpoint."""
     places = [ckpt, ckpt.parent]
     try:
-        owner = json.loads((ckpt / layout.OWNER_FILE).read_text())
+        owner = read_json(ckpt / layout.OWNER_FILE)  # a regular file only: a FIFO there blocked the poller
         if isinstance(owner, dict) and owner.get("run_dir"):
             places.insert(0, Path(str(owner["run_dir"])))
     except (OSError, ValueError):
@@ -137,6 +136,16 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
     return converted, failed
 
 
+def _first_line(path: Path) -> str:
+    """The first non-blank line of a marker (at most 200 characters); "" for an empty, blank or unreadable one (a
+    FAILED_NAN of blank lines crashed upload-all --poll: issue 60, item 14)."""
+    try:
+        text = read_regular(path, 1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return next((ln.strip()[:200] for ln in text.splitlines() if ln.strip()), "")
+
+
 def earlier_failures(ckpt: Path, eval_key: str | None = None,
                      exported: Callable[[Path], bool] | None = None) -> dict[int, str]:
     """Complete iterations that a pass skips because an earlier attempt failed (its ``.failed`` marker: not retried
@@ -191,8 +200,7 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
         failure = training_failed(ckpt)
         if failure is not None:  # no further checkpoint will come: polling on would hold the node to its time limit
             log.error("the training has failed (%s: %s); every complete iteration is converted; stopping", failure,
-                      failure.read_text(errors="replace").strip().splitlines()[0][:200] if failure.stat().st_size
-                      else "")
+                      _first_line(failure))
             break
         if idle_timeout is not None and time.time() - last_new > idle_timeout:
             log.info("no new checkpoint for %.0f s; stopping", idle_timeout)

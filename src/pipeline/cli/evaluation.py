@@ -50,7 +50,8 @@ def device_arg(value: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N``: another word ran the evaluation on the CPU and exited 0 (issue 50)."""
     import re
 
-    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", value):
+    # ASCII digits without a leading zero: \d took non-ASCII digits ("cuda:١") and cuda:00 (issue 60, "Also")
+    if not re.fullmatch(r"cpu|cuda(:(0|[1-9][0-9]{0,2}))?", value):
         raise argparse.ArgumentTypeError(f"{value!r} is not a device: use cpu, cuda or cuda:N")
     return value
 

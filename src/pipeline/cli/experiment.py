@@ -133,7 +133,12 @@ def plan_gpu_jobs(plans: list[planning.RunPlan]) -> None:
 
 # ---- runs: every run directory under a root ----------------------------------------------------------------------
 def cmd_runs(root: Path) -> int:
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except OSError as exc:  # a folder above it this user may not enter
+        raise UserError(f"runs root {root} cannot be read ({exc.strerror or exc}): name a folder you may "
+                        "read") from None
+    if not is_dir:
         raise UserError(f"runs root {root} is not a folder (set PIPELINE_RUNS_DIR, or name one)")
     rows = board.run_rows(root)
     print(f"runs under {root}: {len(rows)}")

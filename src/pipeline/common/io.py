@@ -24,6 +24,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -275,9 +276,47 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as f:
-        return json.load(f)
+JSON_MAX_BYTES = 64 * 2**20  # a record of ours is KBs; an HF tokenizer.json tens of MB
+
+
+class NotRegularFile(OSError):
+    """A record's path is a FIFO, a device, a socket or a folder: never read (a FIFO blocks the reader for ever,
+    /dev/zero never ends)."""
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most ``max_bytes``; else an OSError (NotRegularFile, or
+    EFBIG) that every reader of records already handles as unreadable. The open does not block on a FIFO
+    (O_NONBLOCK), and nothing past ``max_bytes`` is read (issue 60, items 13-14: `runs` hung on a FIFO config.yaml,
+    a training launch on a FIFO owner record, and a manifest linked to /dev/zero was read into memory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:  # grew while read
+            raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
+        return data
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str | os.PathLike, max_bytes: int = JSON_MAX_BYTES) -> Any:
+    """JSON from a regular file of at most ``max_bytes`` (:func:`read_regular`); OSError or ValueError otherwise."""
+    try:
+        return json.loads(read_regular(path, max_bytes))
+    except RecursionError:  # nested past the interpreter's limit: as malformed as any other bad JSON
+        raise ValueError(f"{path}: JSON nested too deeply") from None
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
@@ -296,7 +335,6 @@ def write_output_text(path: str | os.PathLike, text: str) -> Path:
     """A user-named output file: written atomically like every output, except the streams of DIRECT_OUTPUTS, which
     are written to directly. A directory, a FIFO, a device or a socket is refused in one line (an atomic replace
     would have turned a FIFO or /dev/full into a regular file)."""
-    import stat
 
     from pipeline.common.errors import UserError
 

@@ -315,15 +315,24 @@ def run_rows(root: Path) -> list[tuple[str, str, int | None, float | None, str, 
         return m if isinstance(m, dict) else {}
 
     dirs = []
-    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
+    try:
+        entries = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    except OSError as exc:
+        raise UserError(f"runs root {root} cannot be read ({_why(exc)}): name a folder you may read") from None
+    for d in entries:
         try:
             if any((d / m).exists() for m in RUN_MARKERS):
                 dirs.append(d)
         except PermissionError:
             dirs.append(d)
-    launches = {d: (manifest(d).get("launches") or [{}]) for d in dirs}
-    jobs = {d: str((ls[-1] if isinstance(ls[-1], dict) else {}).get("slurm_job_id") or "")
-            for d, ls in launches.items()}
+    def last_job(d: Path) -> str:
+        """The Slurm job of the run's last launch; "" for a manifest of another shape ({"launches": 5} crashed)."""
+        ls = manifest(d).get("launches")
+        last = ls[-1] if isinstance(ls, list) and ls else {}
+        job = last.get("slurm_job_id") if isinstance(last, dict) else None
+        return str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else ""
+
+    jobs = {d: last_job(d) for d in dirs}
     states = slurm_states([j for j in jobs.values() if j])
     rows: list[tuple[str, str, int | None, float | None, str, int | None, str]] = []
     for d in dirs:
@@ -334,15 +343,27 @@ def run_rows(root: Path) -> list[tuple[str, str, int | None, float | None, str, 
         if not os.access(d, os.R_OK | os.X_OK):
             rows.append((d.name, "unreadable", None, None, "", None, owner))
             continue
-        recs = progress(d)
-        loss = last_loss(recs)
         job = jobs[d]
         st = states.get(job)
-        save = _run_save(d)
-        ckpt = layout.latest_complete(save) if save is not None and save.is_dir() and saves_into(d, save) else None
-        rows.append((d.name, run_state(d, st.state if st else None), recs[-1]["step"] if recs else None,
+        try:  # a record another user may not read, or that is not what it should be: the row says so
+            recs = progress(d)
+            loss = last_loss(recs)
+            state = run_state(d, st.state if st else None)
+        except (OSError, UserError) as exc:
+            rows.append((d.name, f"unreadable ({_why(exc)})", None, None, job, None, owner))
+            continue
+        try:
+            save = _run_save(d)
+            ckpt = layout.latest_complete(save) if save is not None and save.is_dir() and saves_into(d, save) else None
+        except (OSError, UserError):
+            ckpt = None  # its save folder (another user's, or a tracker that is not one): no checkpoint to show
+        rows.append((d.name, state, recs[-1]["step"] if recs else None,
                      round(loss, 4) if loss is not None else None, f"{job} ({st.state})" if st else job, ckpt, owner))
     return rows
+
+
+def _why(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0])[:80]
 
 
 def last_loss(recs: list[dict]) -> float | None:
@@ -374,12 +395,15 @@ def _run_save(run_dir: Path) -> Path | None:
     """The run's checkpoint.save from its config of record (config.yaml); None where it has none."""
     import yaml
 
+    from pipeline.common.io import read_regular
+
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        cfg = yaml.safe_load(read_regular(run_dir / "config.yaml", 16 * 2**20))
+    except (OSError, yaml.YAMLError, RecursionError):
         return None
-    save = (cfg or {}).get("checkpoint", {}).get("save") if isinstance(cfg, dict) else None
-    return Path(str(save)) if save else None
+    ck = cfg.get("checkpoint") if isinstance(cfg, dict) else None  # null or a scalar there crashed `runs`
+    save = ck.get("save") if isinstance(ck, dict) else None
+    return Path(save) if isinstance(save, str) and save else None
 
 
 def removed_runs(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:

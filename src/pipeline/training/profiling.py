@@ -250,7 +250,7 @@ def load_trace(path: Path) -> Trace:
     try:
         with opener(path, "rt", encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested past the limit too
         why = str(exc).splitlines()[0][:120] if str(exc) else ""
         raise UserError(f"{path} is not a torch.profiler trace (Chrome-trace JSON, gzip when .gz): "
                         f"{type(exc).__name__}: {why}") from None

@@ -42,7 +42,7 @@ import yaml
 from pipeline.checkpoint import layout
 from pipeline.common import paths
 from pipeline.common.errors import UserError
-from pipeline.common.io import append_line, read_json, write_json, write_text
+from pipeline.common.io import append_line, read_json, read_regular, write_json, write_text
 from pipeline.common.locks import release, try_flock, write_holder
 from pipeline.common.mappings import flatten
 from pipeline.common.procs import pid_alive
@@ -226,6 +226,10 @@ def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig
     owner_file = save / OWNER_FILE
     use = ("give this run its own checkpoint.save (or another run name); to start from that run's weights set "
            "checkpoint.load or checkpoint.pretrained_checkpoint to it")
+    if (owner_file.exists() or owner_file.is_symlink()) and not owner_file.is_file():
+        # a FIFO there blocked the launch for ever after its preflight (issue 60, item 13)
+        raise UserError(f"checkpoint.save {save} has an owner record {owner_file} that is not a regular file: remove "
+                        f"it (this suite writes it), or {use}")
     if owner_file.is_file():
         try:
             owner = read_json(owner_file)
@@ -484,6 +488,9 @@ def progress_ok(rec: Any) -> bool:
     return loss is None or _number(loss) or loss in ("nan", "inf", "-inf")
 
 
+PROGRESS_MAX_BYTES = 2**30  # ~5M logged steps of ~200 bytes
+
+
 def read_progress(run_dir: Path | None) -> list[dict]:
     """progress.ndjson, one record per step (a later line for a step supersedes an earlier one: a redone step), lines
     that are not JSON or fail :func:`progress_ok` skipped. The one reader of the file (the run's summary, the
@@ -492,7 +499,8 @@ def read_progress(run_dir: Path | None) -> list[dict]:
     if path is None or not path.is_file():
         return []
     by_step: dict[int, dict] = {}
-    for line in path.read_text(errors="replace").splitlines():
+    # a regular file, read up to PROGRESS_MAX_BYTES (a FIFO swapped in after the check never blocks the reader)
+    for line in read_regular(path, PROGRESS_MAX_BYTES).decode("utf-8", "replace").splitlines():
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):  # a line cut by a kill mid-write; an int past 4300 digits; too deep
