@@ -261,3 +261,33 @@ def test_tokens_may_not_size_a_phase_whose_iterations_an_axis_sweeps(tmp_path):
     exp = load(tmp_path, "grid:\n  train.train_iters: [4, 8]\nphases:\n  - {name: pretrain}\n"
                          "  - {name: cooldown, from: pretrain, tokens: 2048}\n", name="wsd.yaml")
     assert [r.label for r in exp.runs] == ["iters4", "iters8"]
+
+
+def test_a_phase_may_not_set_a_section_above_or_a_key_inside_a_swept_one(tmp_path):
+    """Hostile pass of issue 60, S2: `overrides: {optimizer: {lr: 0.5}}` with optimizer.lr swept passed, and every
+    run trained with lr 0.5 while named lr0.001 / lr0.002."""
+    with pytest.raises(UserError, match=r"overrides optimizer \(which sets optimizer.lr\), which grid.optimizer.lr "):
+        load(tmp_path, "grid:\n  optimizer.lr: [1.0e-3, 2.0e-3]\n"
+                       "phases:\n  - {name: train, overrides: {optimizer: {lr: 0.5}}}\n")
+    with pytest.raises(UserError, match=r"overrides model.x.y \(inside model.x\), which grid.model.x sweeps"):
+        load(tmp_path, "grid:\n  model.x: [{y: 1}, {y: 2}]\nphases:\n  - {name: train, overrides: {model.x.y: 3}}\n")
+
+
+@pytest.mark.parametrize("where", ["base", "grid", "phase"])
+def test_a_malformed_interpolation_is_one_line(tmp_path, where):
+    """Hostile pass of issue 60, T1: `${exp.name` (or a lone `${`) in base overrides, grid values or phase overrides
+    was an OmegaConf GrammarParseError traceback."""
+    body = {"base": "computed:\n  logger.wandb_project: '${exp.name'\n",
+            "grid": "grid:\n  logger.wandb_project: ['${', ok]\n",
+            "phase": "phases:\n  - {name: train, overrides: {logger.wandb_project: '${exp.name'}}\n"}[where]
+    with pytest.raises(UserError, match=r"logger.wandb_project does not parse: "):
+        load(tmp_path, body)
+
+
+def test_values_no_command_line_can_carry_are_refused_at_load(tmp_path):
+    """Hostile pass of issue 60, S1/T2/T3: a NUL in a value (bash cut the word there: the job got another value;
+    submit crashed after its preflight said PASS) and a 200 KB value ("Argument list too long" after the preflight)."""
+    with pytest.raises(UserError, match="a value holds a NUL byte"):
+        load(tmp_path, 'grid:\n  logger.wandb_project: ["a\\0b", c]\n')
+    with pytest.raises(UserError, match="a value of 200000 characters is longer than a command line passes"):
+        load(tmp_path, f"computed:\n  logger.wandb_project: {'x' * 200000}\n")

@@ -152,17 +152,36 @@ def hf_output_problem(out: Path) -> str | None:
         return f"export output {out} exists and is not a folder: move it away"
     names = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir())
     results = {"eval/", "coherence/"}
+    # the results folders hold what the evaluation and the coherence test write, nothing else (a user's notes in
+    # hf/eval/ went with a forced export: hostile pass of issue 60, D1)
+    names += [f"{r}{n}" for r in results if r in names for n in _foreign_results(out / r.rstrip("/"), r)]
     if any(n in RECORDS for n in names):
         # an export of ours: what its record lists, the records and the results written into it, nothing else
         # (a user's notes beside a real export were deleted by --force, never named: issue 60, item 2)
         names = [n for n in names if n not in RECORDS and n not in results and n.rstrip("/") not in _listed(out)]
-    elif set(names) <= results:
-        return None
+    else:  # only results written into it (an export whose files are gone: ours, redone), nothing of a user's
+        names = [n for n in names if n not in results]
     if not names:
         return None
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (f"export output {out} holds files that are not an export of this suite ({shown}): refusing to replace "
             "it, even with --force; move them away")
+
+
+_RESULT_FILES = {"eval/": ("*.json",), "coherence/": ("coherence_*.json", "coherence_*.md")}
+
+
+def _foreign_results(folder: Path, kind: str) -> list[str]:
+    """What a results folder of an export holds that the suite does not write there (its own files and atomic
+    temporaries aside)."""
+    import fnmatch
+
+    out = []
+    for p in sorted(folder.iterdir()):
+        ours = p.is_file() and not p.is_symlink() and any(fnmatch.fnmatch(p.name, g) for g in _RESULT_FILES[kind])
+        if not ours and not (p.name.startswith(".") and p.name.endswith(".tmp")):
+            out.append(p.name + ("/" if p.is_dir() and not p.is_symlink() else ""))
+    return out
 
 
 def _listed(out: Path) -> set[str]:
@@ -178,8 +197,9 @@ def _listed(out: Path) -> set[str]:
         # Hugging Face files an export writes beside them are the export's too
         import fnmatch
 
-        hf = ("config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.*",
-              "merges.txt", "chat_template.*", "*.safetensors", "*.safetensors.index.json", "*.py")
+        hf = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+              "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+              "chat_template.jinja", "model*.safetensors", "model.safetensors.index.json")
         return set(legacy) | {p.name for p in out.iterdir() if any(fnmatch.fnmatch(p.name, g) for g in hf)}
     return {str(name).split("/", 1)[0] for name in files} if isinstance(files, dict) else set()
 

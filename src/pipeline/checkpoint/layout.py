@@ -86,7 +86,17 @@ def written_names(staged: Path) -> list[str]:
 
 
 # what comes into a published iteration after it was written: its export (hf/) and the export's temporaries
-_ADDED_LATER = re.compile(r"^(hf|\.hf\..*\.tmp)$")
+_ADDED_LATER = re.compile(r"^(hf|\.hf\..*\.tmp|hf_verification_FAILED\.json)$")
+# what Megatron (Bridge's save and import) writes into a torch_dist iteration, as seen in the megatron_cpu tier's
+# checkpoints; anything else in one is a user's (import --force over it deleted their notes: hostile pass, D3)
+MEGATRON_ENTRIES = ("*.distcp", ".metadata", "common.pt", "metadata.json", "run_config.yaml", "train_state.pt",
+                    "modelopt_state", "modelopt_run_config.yaml", "content_metadata.json", "tokenizer")
+
+
+def _megatron_entry(name: str) -> bool:
+    import fnmatch
+
+    return bool(_ADDED_LATER.match(name)) or any(fnmatch.fnmatch(name, g) for g in MEGATRON_ENTRIES)
 
 
 def unlisted_entries(d: Path) -> list[str]:
@@ -222,7 +232,11 @@ def foreign_entries(folder: Path) -> list[str]:
             inside = sorted(e.iterdir())
             if not inside:
                 continue
-            if engine_of(e) is not None:
+            engine = engine_of(e)
+            if engine == "megatron" and not (e / MARKER).exists():
+                out += [f"{e.name}/{f.name}" for f in inside if not _megatron_entry(f.name)]
+                continue
+            if engine is not None:
                 out += [f"{e.name}/{n}" for n in unlisted_entries(e)]
                 continue
             out += [f"{e.name}/{f.name}" for f in inside]

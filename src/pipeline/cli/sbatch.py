@@ -115,6 +115,11 @@ def plan_submission(argv: list[str]) -> Submission:
     opts, user_ex, script, script_args = split_sbatch_args(argv, own_flags=OWN_FLAGS)
     no_preflight = "--no-preflight" in opts
     dry_run = "--dry-run" in opts
+    if not dry_run and "--dry-run" in script_args:
+        # after the script it is the job's argument: sbatch would queue a job that only plans (hostile pass, W4)
+        raise UserError("--dry-run after the batch script would be passed to the job, and the job queued: put it "
+                        "before the script (isambard_sbatch --dry-run [sbatch options] SCRIPT ...); nothing was "
+                        "submitted")
     opts = [o for o in opts if o not in OWN_FLAGS]
     if script is None and option_value(opts, "--wrap") is None:
         raise UserError("no batch script given (usage: isambard_sbatch [sbatch options] SCRIPT [args])")

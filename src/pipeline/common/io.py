@@ -334,23 +334,31 @@ DIRECT_OUTPUTS = ("/dev/null", "/dev/stdout", "/dev/stderr")
 def write_output_text(path: str | os.PathLike, text: str) -> Path:
     """A user-named output file: written atomically like every output, except the streams of DIRECT_OUTPUTS, which
     are written to directly. A directory, a FIFO, a device or a socket is refused in one line (an atomic replace
-    would have turned a FIFO or /dev/full into a regular file)."""
+    would have turned a FIFO or /dev/full into a regular file), and so is a place that cannot be written."""
+    return write_output_bytes(path, text.encode())
 
+
+def write_output_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """:func:`write_output_text` for bytes (the profile's memory PNG replaced a FIFO, and /dev/full: hostile pass of
+    issue 60, D5)."""
     from pipeline.common.errors import UserError
 
     p = Path(path)
     if str(p) in DIRECT_OUTPUTS:
-        with open(p, "w") as f:
-            f.write(text)
+        with open(p, "wb") as f:
+            f.write(data)
         return p
     try:
         st = os.stat(p)
-    except FileNotFoundError:
-        return write_text(p, text)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None  # (a file where a folder must be: the write says "cannot create directory")
     except OSError as exc:
         raise UserError(f"cannot write {p}: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise UserError(f"{p} is a directory: name a file to write (e.g. {p / 'results.csv'})")
-    if not stat.S_ISREG(st.st_mode):
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise UserError(f"{p} is not a regular file (a FIFO, device or socket): name a regular file, or /dev/stdout")
-    return write_text(p, text)
+    try:
+        return write_bytes(p, data)
+    except OSError as exc:  # a read-only folder, /proc: one line, not a traceback (hostile pass, T8)
+        raise UserError(f"cannot write {p}: {exc.strerror or exc}") from None

@@ -31,11 +31,13 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.common.io import ConcurrentWriteError, check_parent, shared_mode
+from pipeline.common.errors import UserError
+from pipeline.common.io import ConcurrentWriteError, check_parent, read_regular, shared_mode
 from pipeline.common.procs import pid_alive
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,33 @@ def open_shared(path: str | os.PathLike, flags: int) -> int:
     try:
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return os.open(path, flags)
+        return _open_regular(path, flags)
     try:
         os.fchmod(fd, shared_mode())
     except OSError:
         pass  # a filesystem without modes (some FUSE mounts): the open itself is what matters
+    return fd
+
+
+def _open_regular(path: str | os.PathLike, flags: int) -> int:
+    """``os.open`` of an existing file that must be a regular one: opened without blocking (a FIFO in a lock's
+    place blocked --mark-bad, the export and the training launch for ever: hostile pass of issue 60), refused in one
+    line otherwise."""
+    why = (f"{path} is not a regular file (a FIFO, device or folder where this suite keeps a lock or log): remove "
+           "it, and it is made again")
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO opened for writing with no reader; a folder
+            raise UserError(why) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(why)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -73,7 +97,7 @@ def try_flock(path: str | os.PathLike, *, wait: bool = False) -> tuple[int | Non
     except PermissionError:
         if not os.path.isfile(path):
             raise
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_regular(path, os.O_RDONLY)
     try:
         if wait:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -136,6 +160,19 @@ def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
         release(fd)
 
 
+def _text(path: Path) -> str:
+    """A lock file's text: a regular file of at most 64 KiB (a FIFO there blocked the export for ever: hostile pass of
+    issue 60); an OSError otherwise."""
+    return read_regular(path, 1 << 16).decode("utf-8", "replace")
+
+
+def _info(path: Path) -> dict:
+    """A lock file's JSON object; {} for other JSON (a holder of ``[1]`` raised AttributeError); ValueError when it
+    is not JSON."""
+    info = json.loads(_text(path) or "{}")
+    return info if isinstance(info, dict) else {}
+
+
 class ExpiringLock:
     """A lock file created with O_EXCL holding ``{"pid", "host", "time"}``: ``acquire()`` -> True when this process
     now holds it; ``holder()`` says who does. A holder on this host that is gone is taken over at once, one on
@@ -162,7 +199,7 @@ class ExpiringLock:
                 except FileNotFoundError:
                     continue
                 try:
-                    moved = aside.read_text()
+                    moved = _text(aside)
                 except OSError:
                     moved = ""
                 if moved != stale:
@@ -183,15 +220,15 @@ class ExpiringLock:
     def _stale_content(self) -> str | None:
         """The lock file's text when its owner is gone (or it is older than the TTL), else None."""
         try:
-            text = self.path.read_text()
-        except (OSError, UnicodeDecodeError):
+            text = _text(self.path)
+        except OSError:
             return "" if self._stale() else None
         return text if self._stale() else None
 
     def _stale(self) -> bool:
         try:
-            info = json.loads(self.path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            info = _info(self.path)
+        except (OSError, ValueError):
             try:
                 return time.time() - self.path.stat().st_mtime > self.ttl
             except FileNotFoundError:
@@ -207,16 +244,16 @@ class ExpiringLock:
     def release(self) -> None:
         """Remove the lock only while it is still ours (another host may have taken it over after the TTL)."""
         try:
-            info = json.loads(self.path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            info = _info(self.path)
+        except (OSError, ValueError):
             return
         if info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
             self.path.unlink(missing_ok=True)
 
     def holder(self) -> str:
         try:
-            info = json.loads(self.path.read_text() or "{}")
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            info = _info(self.path)
+        except (OSError, ValueError):
             return "an unknown process"
         return f"pid {info.get('pid')} on {info.get('host')}"
 

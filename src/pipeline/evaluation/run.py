@@ -236,6 +236,10 @@ def overwrite_problem(cfg: EvalRun, fix: str = FORCE_FIX) -> str | None:
     settings (:attr:`EvalRun.settings`: limit, few-shot, the task folders), and ``--force`` is not given: a run never
     replaces them silently. Results written before the task folders were recorded are compared on limit and few-shot."""
     old = existing(cfg)
+    if old is None and (cfg.out_file.exists() or cfg.out_file.is_symlink()):
+        # a file that is not results of ours (a user's, a FIFO) was replaced silently: never, --force or not
+        return (f"{cfg.out_file} exists and is not results of this suite: move it away, or --output-dir for "
+                "another folder")
     if old is None or cfg.force:
         return None
     summary = old["summary"]

@@ -226,7 +226,11 @@ def resolve_values(values: dict[str, Any], context: dict[str, Any], what: str = 
     from omegaconf.errors import OmegaConfBaseException
 
     _register_resolvers()
-    conf = OmegaConf.create(mappings.deep_merge(context, nest(values)))
+    try:
+        conf = OmegaConf.create(mappings.deep_merge(context, nest(values)))
+    except OmegaConfBaseException as exc:  # a malformed ${...}: one line, not a traceback (hostile pass, T1)
+        key = getattr(exc, "full_key", None) or "?"
+        raise UserError(f"{what} {key} does not parse: {str(exc).splitlines()[0]}") from None
     out = dict(values)
     for k in todo:
         try:
@@ -389,7 +393,29 @@ def _overrides(x: Any, where: str) -> dict[str, Any]:
         if k.lstrip("+~") in RESERVED:
             raise UserError(f"{where}: {k} is set by the experiment (each run is named <experiment>.<label>)")
     yamlio.refuse_missing(d, where)
+    _refuse_unpassable(d, where)
     return dict(d)
+
+
+MAX_VALUE_CHARS = 32 * 1024  # one override on a command line; the kernel caps one argument at 128 KiB
+
+
+def _refuse_unpassable(value: Any, where: str) -> None:
+    """A value no command line can carry: a NUL (bash cuts the word there: the job got another value, and submit
+    failed with a traceback after its preflight said PASS), or text past MAX_VALUE_CHARS ("Argument list too long"
+    after the preflight). Hostile pass of issue 60, S1, T2, T3."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _refuse_unpassable(v, where)
+    elif isinstance(value, list):
+        for v in value:
+            _refuse_unpassable(v, where)
+    elif isinstance(value, str):
+        if "\0" in value:
+            raise UserError(f"{where}: a value holds a NUL byte, which no command line can pass to the job")
+        if len(value) > MAX_VALUE_CHARS:
+            raise UserError(f"{where}: a value of {len(value)} characters is longer than a command line passes "
+                            f"({MAX_VALUE_CHARS}): put it in the training config instead")
 
 
 # A sweep larger than this on a shared cluster is a mistake; expanding it would also take minutes.
@@ -476,12 +502,20 @@ def _refuse_phase_clashes(phases: tuple[Phase, ...], axes: list[_Axis], path: Pa
     another training, when train.train_iters is swept (a continuing phase counts on from its start: the axis then
     sizes the phase it continues)."""
     swept = {k.lstrip("+~"): ax.where for ax in axes for k in ax.keys}
+
+    def clash(key: str) -> str | None:  # the key itself, a section above it or a key inside it (hostile pass, S2)
+        key = key.lstrip("+~")
+        return next((s for s in swept if s == key or s.startswith(key + ".") or key.startswith(s + ".")), None)
+
     for i, ph in enumerate(phases):
         for k in ph.overrides:
-            if k.lstrip("+~") in swept:
-                raise UserError(f"{path}: phases[{i}] ({ph.name}) overrides {k}, which {swept[k.lstrip('+~')]} "
-                                "sweeps: every run would run the phase's value while named for its own; drop it from "
-                                "the phase (or from the axis)")
+            hit = clash(k)
+            if hit is not None:
+                what = k if hit == k.lstrip("+~") else f"{k} (which sets {hit})" if hit.startswith(k.lstrip("+~")) \
+                    else f"{k} (inside {hit})"
+                raise UserError(f"{path}: phases[{i}] ({ph.name}) overrides {what}, which {swept[hit]} sweeps: every "
+                                "run would run the phase's value while named for its own; drop it from the phase (or "
+                                "from the axis)")
         continues = ph.start is not None and any(p.name == ph.start and p.kind == "train" for p in phases)
         if ph.tokens is not None and not continues and "train.train_iters" in swept:
             raise UserError(f"{path}: phases[{i}] ({ph.name}) has tokens: {ph.tokens}, which sets train.train_iters, "

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import write_bytes
+from pipeline.common.io import write_output_bytes
 from pipeline.config.schema import ProfilingConfig, TrainingConfig
 
 TRACE_DIR = "torch_profile"
@@ -458,4 +458,5 @@ def plot_memory(trace: Trace, out: Path) -> Path | None:
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")
     plt.close(fig)
-    return write_bytes(out, png.getvalue())  # atomic; a file where a folder must be is one line, no stray temporary
+    # atomic; a FIFO, a device or a folder there, or a place that cannot be written, is one line
+    return write_output_bytes(out, png.getvalue())

@@ -1,0 +1,161 @@
+"""Findings of the hostile pass of issue 60 (docs/decisions.md, decision 103), each a test that failed (or hung)
+before its fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from pipeline.common.errors import UserError
+from tests.helpers import ROOT
+
+
+def test_a_fifo_where_a_lock_lives_never_blocks(tmp_path):
+    """H2-H4: a FIFO at a bad-node log's .lock, an iteration's export lock or a save's owner lock blocked
+    --mark-bad, export/upload-all and the training launch for ever. Each is now refused in one line (the iteration
+    lock is reported as held), within the test's bound."""
+    from pipeline.checkpoint.lock import Lock, iteration_lock_path
+    from pipeline.config.schema import TrainingConfig
+    from pipeline.training import records
+
+    log = tmp_path / "bad.log"
+    os.mkfifo(f"{log}.lock")
+    res = subprocess.run([str(ROOT / "isambard_sbatch"), "--mark-bad", "nid000001", "x"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "BAD_NODES_LOG": str(log)})
+    assert res.returncode == 2 and f"{log}.lock" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    lock = iteration_lock_path(tmp_path / "ck", 10)
+    lock.parent.mkdir(parents=True)
+    os.mkfifo(lock)
+    held = Lock(lock, ttl=3600)
+    assert held.acquire() is False and held.holder() == "an unknown process"
+    save = tmp_path / "save"
+    save.mkdir()
+    os.mkfifo(save / records.OWNER_LOCK)
+    with pytest.raises(UserError, match="is not a regular file"):
+        records.claim_save(save, tmp_path / "run", TrainingConfig())
+
+
+def test_an_iteration_lock_of_another_json_shape_is_an_unknown_holder(tmp_path):
+    """T10: an iteration lock holding [1] made export raise AttributeError."""
+    from pipeline.checkpoint.lock import Lock
+
+    path = tmp_path / "iter.lock"
+    path.write_text("[1]")
+    lock = Lock(path, ttl=3600)
+    assert lock.holder() == "pid None on None" and lock.acquire() in (True, False)
+
+
+def test_dry_run_after_the_script_is_refused_not_queued(tmp_path):
+    """W4: `isambard_sbatch SCRIPT ... --dry-run` passed --dry-run to the job and really called sbatch."""
+    trip = tmp_path / "bin"
+    trip.mkdir()
+    (trip / "sbatch").write_text(f'#!/bin/sh\ncase "$1" in --help|--usage) exit 0;; esac\ntouch {tmp_path}/queued\n')
+    (trip / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{trip}:{os.environ['PATH']}", "BAD_NODES_LOG": str(tmp_path / "bad.log"),
+           "PIPELINE_CLUSTER": "local_cpu"}
+    res = subprocess.run([str(ROOT / "isambard_sbatch"), "pipeline_training_submit.sbatch",
+                          "configs/local/tiny_moe_sft.yaml", "tiny-qwen3-moe", "sft", "--disable-ft", "--dry-run"],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert res.returncode == 2 and "put it before the script" in res.stderr, res.stderr
+    assert not (tmp_path / "queued").exists()
+
+
+def test_a_forced_export_keeps_a_users_files_in_its_results_folders(tmp_path, tokenizer):
+    """D1, D2: export --force deleted a user's file inside hf/eval/ (and hf/coherence/), and over a legacy record
+    (weights only) any file named like tokenizer_notes.md or my_helper.py."""
+    import json
+
+    from pipeline.checkpoint.export import ExportRequest, export_iteration, hf_output_problem
+    from tests.unit.test_export_fidelity import _save_iteration
+
+    it = _save_iteration(tmp_path / "checkpoints", tokenizer, tied=False)
+    req = ExportRequest(hf_model="test/llama", reasoning=False, force=True)
+    assert export_iteration(it, req)["verdict"] == "PASS"
+    hf = it / "hf"
+    (hf / "eval").mkdir()
+    (hf / "eval" / "pipeline_smoke.json").write_text("{}")  # the evaluation's own results: the export's to replace
+    (hf / "coherence").mkdir()
+    (hf / "coherence" / "coherence_hf.md").write_text("report")
+    assert hf_output_problem(hf) is None
+    (hf / "eval" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"\(eval/notes.txt\): refusing to replace it, even with --force"):
+        export_iteration(it, req)
+    assert (hf / "eval" / "notes.txt").read_text() == "mine"
+    (hf / "eval" / "notes.txt").unlink()
+    meta = json.loads((hf / "pipeline_export.json").read_text())  # a record of before every file was listed
+    meta["weights"] = {k: v for k, v in meta.pop("files").items() if k.endswith(".safetensors")}
+    (hf / "pipeline_export.json").write_text(json.dumps(meta))
+    assert hf_output_problem(hf) is None  # its config and tokenizer files are the export's
+    for name in ("tokenizer_notes.md", "my_helper.py"):
+        (hf / name).write_text("mine")
+        assert f"({name})" in hf_output_problem(hf)
+        (hf / name).unlink()
+
+
+def test_import_force_keeps_a_users_file_inside_a_megatron_iteration(tmp_path):
+    """D3: an iter_0000000 in Megatron's format (metadata.json, common.pt, shards; no marker of ours) holding a
+    user's notes.txt: import --force planned OK and deleted it. Megatron's own files (as the megatron_cpu tier's
+    checkpoints hold them) are still replaced."""
+    from pipeline.checkpoint import layout
+    from tests.unit.test_issue50_data_loss import _convert
+
+    out = tmp_path / "meg"
+    it = layout.iter_dir(out, 0)
+    it.mkdir(parents=True)
+    for name in ("metadata.json", "common.pt", "__0_0.distcp", ".metadata", "run_config.yaml", "train_state.pt"):
+        (it / name).write_bytes(b"{}")
+    (it / "tokenizer").mkdir()
+    layout.write_tracker(out, 0)
+    assert layout.output_folder_problem(out, force=True) is None
+    (it / "notes.txt").write_text("mine")
+    res = _convert(["import", "smollm2-135m", "--output", str(out), "--force", "--dry-run"])
+    assert res.returncode == 2 and "(iter_0000000/notes.txt)" in res.stderr, res.stderr
+    assert (it / "notes.txt").read_text() == "mine"
+
+
+def test_an_evaluation_never_replaces_a_file_that_is_not_its_results(tmp_path, monkeypatch, capsys):
+    """D6: a user's file (or a FIFO) at <output-dir>/<tasks>.json was replaced silently; the dry run said OK."""
+    from pipeline.cli.evaluation import main as eval_main
+    from pipeline.common.io import write_json
+
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    write_json(hf / "config.json", {"model_type": "llama"})
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "pipeline_smoke.json").write_text('{"mine": 1}')
+    os.mkfifo(out / "other.json")
+    for tasks, name in (("pipeline_smoke", "pipeline_smoke.json"), ("other", "other.json")):
+        for force in ([], ["--force"]):
+            assert eval_main([str(hf), "--tasks", tasks, "--output-dir", str(out), "--no-wandb", "--dry-run",
+                              *force]) == 2
+            err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+            assert any(f"{out / name} exists and is not results of this suite" in e for e in err), err
+    assert (out / "pipeline_smoke.json").read_text() == '{"mine": 1}'
+
+
+def test_the_memory_plot_never_replaces_a_fifo_or_device_and_an_unwritable_place_is_one_line(tmp_path, capsys):
+    """D5, T8: `profile --plot` onto a FIFO (or, as root, /dev/full) replaced it with a PNG; --plot and --json into
+    a read-only folder or /proc were tracebacks."""
+    import json
+    import stat
+
+    from pipeline.cli.profile import main as profile_main
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"name": "[memory]", "ph": "i", "ts": t, "args": {"Total Allocated": 1000 * t, "Device Type": 0}}
+        for t in (1, 2, 3)]}))
+    fifo = tmp_path / "plot.png"
+    os.mkfifo(fifo)
+    assert profile_main([str(trace), "--plot", str(fifo)]) == 2
+    assert "is not a regular file" in capsys.readouterr().err and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    for bad in (["--plot", "/proc/pipeline-test.png"], ["--no-plot", "--json", "/proc/pipeline-test.json"]):
+        assert profile_main([str(trace), *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: cannot "), err
+    assert profile_main([str(trace), "--plot", str(tmp_path / "ok.png")]) == 0
+    assert (tmp_path / "ok.png").read_bytes()[:4] == b"\x89PNG"
