@@ -159,3 +159,35 @@ def test_the_memory_plot_never_replaces_a_fifo_or_device_and_an_unwritable_place
         assert len(err) == 1 and err[0].startswith("error: cannot "), err
     assert profile_main([str(trace), "--plot", str(tmp_path / "ok.png")]) == 0
     assert (tmp_path / "ok.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_suites_own_folders_in_an_import_output_hold_only_its_markers(tmp_path):
+    """D4: a Megatron import --force removes its output folder whole, and the check before it skipped everything in
+    the suite's own folders (converted_checkpoints/, non_persistent/, ...) and any dot-name ending in .tmp: a user's
+    files there were deleted. Now they are named (the import refused); the suite's markers, locks and temporaries
+    are still its own."""
+    from pipeline.checkpoint import layout
+    from tests.unit.test_issue50_data_loss import _convert
+
+    out = tmp_path / "meg"
+    it = layout.iter_dir(out, 0)
+    it.mkdir(parents=True)
+    for name in ("metadata.json", "common.pt", "__0_0.distcp"):
+        (it / name).write_bytes(b"{}")
+    layout.write_tracker(out, 0)
+    for folder, names in (("converted_checkpoints", ["iter_0000000.done", "iter_0000010.failed"]),
+                          ("evaluated_checkpoints", ["iter_0000000.pipeline_smoke.0a1b2c3d4e.done"]),
+                          ("in_progress_checkpoints", ["iter_0000000.lock", "iter_0000000.lock.123.stale"]),
+                          ("non_persistent", ["iter_0000005"])):
+        (out / folder).mkdir()
+        for n in names:
+            (out / folder / n).write_text("x") if "." in n else (out / folder / n).mkdir()
+    (out / ".latest_checkpointed_iteration.txt.host1~42~abcd.tmp").write_text("0")
+    assert layout.foreign_entries(out) == [] and layout.output_folder_problem(out, force=True) is None
+    (out / "converted_checkpoints" / "my_notes.txt").write_text("mine")
+    (out / "non_persistent" / "important.bin").write_text("data")
+    (out / ".backup.tmp").write_text("mine")
+    assert layout.foreign_entries(out) == [".backup.tmp", "converted_checkpoints/my_notes.txt",
+                                           "non_persistent/important.bin"]
+    res = _convert(["import", "nano", "--output", str(out), "--force", "--dry-run"])
+    assert res.returncode == 2 and "holds files that are not a checkpoint (.backup.tmp, " in res.stderr, res.stderr

@@ -220,13 +220,31 @@ OWN_ENTRIES = frozenset({TRACKER, "latest_train_state.pt", "progress.txt", TRAIN
                          "converted_checkpoints", "evaluated_checkpoints", "in_progress_checkpoints", "non_persistent"})
 
 
+OWN_FOLDERS = {"converted_checkpoints": r"iter_\d{7}\.(done|failed)",
+               "evaluated_checkpoints": r"iter_\d{7}\..+\.(done|failed)",
+               "in_progress_checkpoints": r"iter_\d{7}\.lock(\.\d+\.stale)?",
+               "non_persistent": r"iter_\d{7}|latest_checkpointed_iteration\.txt"}
+# an atomic write's temporary (common/io.py's names) and an import's staging folder
+_OUR_TEMPORARY = re.compile(r"\..+\.[A-Za-z0-9_-]{1,64}~[0-9]{1,10}~[a-z0-9]{1,16}\.tmp|\..+\.importing")
+
+
+def _foreign_in_own(d: Path) -> list[str]:
+    pattern = re.compile(OWN_FOLDERS[d.name])
+    return [p.name for p in sorted(d.iterdir()) if not (pattern.fullmatch(p.name) or _OUR_TEMPORARY.fullmatch(p.name))]
+
+
 def foreign_entries(folder: Path) -> list[str]:
     """What in ``folder`` is not part of a checkpoint this suite wrote (names relative to it, sorted): anything but
     :data:`OWN_ENTRIES`, an atomic write's temporary (``.NAME....tmp``) and iter_NNNNNNN folders that are empty or
     hold a checkpoint (its marker, or Megatron's torch_dist files)."""
     out = []
     for e in sorted(Path(folder).iterdir()):
-        if e.name in OWN_ENTRIES or (e.name.startswith(".") and e.name.endswith((".tmp", ".importing"))):
+        if e.name in OWN_FOLDERS and e.is_dir() and not e.is_symlink():
+            # the suite's own folders hold its markers, locks and Megatron's non-persistent saves, nothing else (a
+            # Megatron import --force removes the output whole: hostile pass of issue 60, D4)
+            out += [f"{e.name}/{n}" for n in _foreign_in_own(e)]
+            continue
+        if e.name in OWN_ENTRIES or _OUR_TEMPORARY.fullmatch(e.name):
             continue
         if _ITER_RE.match(e.name) and e.is_dir() and not e.is_symlink():
             inside = sorted(e.iterdir())
