@@ -291,3 +291,19 @@ def test_values_no_command_line_can_carry_are_refused_at_load(tmp_path):
         load(tmp_path, 'grid:\n  logger.wandb_project: ["a\\0b", c]\n')
     with pytest.raises(UserError, match="a value of 200000 characters is longer than a command line passes"):
         load(tmp_path, f"computed:\n  logger.wandb_project: {'x' * 200000}\n")
+
+
+def test_a_later_phase_whose_time_limit_is_inside_the_save_signal_is_a_plan_problem(tmp_path):
+    """Hostile pass of issue 60, W1: render and submit's preflight did not check a later phase's --time against the
+    pre-limit save signal; submit queued the first phase, then isambard_sbatch refused the next (a partial chain).
+    T4: tokens of 10**400 overflowed."""
+    from pipeline.experiment.plan import plan_run
+
+    exp = load(tmp_path, "phases:\n  - {name: pretrain, overrides: {checkpoint.save: /tmp/x-ck}}\n"
+                         "  - {name: cooldown, from: pretrain, sbatch: [--time=4]}\n")
+    jobs = plan_run(exp, exp.runs[0]).jobs
+    assert [j.phase for j in jobs] == ["pretrain", "cooldown"]
+    assert not any("pre-limit save signal" in p for p in jobs[0].problems)
+    assert any(p.startswith("--time=4 (240 s) is at or under the pre-limit save signal") for p in jobs[1].problems)
+    with pytest.raises(UserError, match="tokens is a positive integer token budget"):
+        load(tmp_path, "phases:\n  - {name: train, tokens: " + "1" + "0" * 400 + "}\n")

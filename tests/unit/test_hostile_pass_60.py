@@ -191,3 +191,19 @@ def test_the_suites_own_folders_in_an_import_output_hold_only_its_markers(tmp_pa
                                            "non_persistent/important.bin"]
     res = _convert(["import", "nano", "--output", str(out), "--force", "--dry-run"])
     assert res.returncode == 2 and "holds files that are not a checkpoint (.backup.tmp, " in res.stderr, res.stderr
+
+
+def test_sbatchs_array_variable_and_a_missing_script_are_refused(tmp_path, monkeypatch):
+    """W2: SBATCH_ARRAY_INX=0-3 (sbatch's variable for --array) got past the --array refusal. W3: the dry run said
+    OK (rc 0) for a batch script that does not exist."""
+    from pipeline.cli.submission import refuse_placement_options
+    from pipeline.common.paths import TRAINING_SUBMIT
+
+    monkeypatch.setenv("SBATCH_ARRAY_INX", "0-3")
+    with pytest.raises(UserError, match=r"^--array=0-3 is not supported"):
+        refuse_placement_options(str(ROOT / TRAINING_SUBMIT), [])
+    res = subprocess.run([str(ROOT / "isambard_sbatch"), "--dry-run", str(tmp_path / "no-such.sbatch")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "BAD_NODES_LOG": str(tmp_path / "bad.log")})
+    assert res.returncode == 2 and f"batch script {tmp_path / 'no-such.sbatch'} is not a file here" in res.stderr, \
+        res.stderr

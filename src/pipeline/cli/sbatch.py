@@ -123,6 +123,9 @@ def plan_submission(argv: list[str]) -> Submission:
     opts = [o for o in opts if o not in OWN_FLAGS]
     if script is None and option_value(opts, "--wrap") is None:
         raise UserError("no batch script given (usage: isambard_sbatch [sbatch options] SCRIPT [args])")
+    if dry_run and script is not None and not Path(script).is_file():
+        # sbatch itself refuses it when submitting; the dry run said OK (hostile pass of issue 60, W3)
+        raise UserError(f"batch script {script} is not a file here ({Path.cwd()}); nothing was submitted")
     # sbatch lets a command-line --exclude replace the script's own #SBATCH --exclude: merge the header's in, or a
     # bad-node exclusion would silently drop the nodes the script itself excludes.
     try:

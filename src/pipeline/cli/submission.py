@@ -110,6 +110,9 @@ def check_signal_lead(script: str, opts: list[str]) -> None:
                             f"ask for more than {lead // 60} minutes, or a shorter lead (--signal=B:USR1@S)")
 
 
+ENV_OF = {"--array": "SBATCH_ARRAY_INX"}  # sbatch's input environment variable of an option (man sbatch)
+
+
 def refuse_placement_options(script: str, opts: list[str]) -> None:
     """sbatch options a pipeline job script cannot honour: ``--chdir`` (the scripts' ``#SBATCH --output=logs/...`` is
     relative to it, so the job fails before it writes a log when the directory has no logs/slurm) and ``--array``
@@ -119,7 +122,8 @@ def refuse_placement_options(script: str, opts: list[str]) -> None:
                         "relative to the submit directory; submit from the directory to work in instead"),
                        (("--array", "-a"), "every array task would run this same job (one run directory, one output "
                         "path); submit one job per run (an experiment file sweeps values)")):
-        value = submitted_value(opts, script, *names)
+        # sbatch's input variables count as the options (SBATCH_ARRAY_INX got past the refusal: hostile pass, W2)
+        value = submitted_value(opts, script, *names, env=ENV_OF.get(names[0]))
         if value is not None:
             raise UserError(f"{names[0]}={value} is not supported for {name}: {why}")
 

@@ -577,7 +577,7 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
             raise UserError(f"{where}: init must be one of {', '.join(INITS)} (got {init!r})")
         tokens = p.get("tokens")
         if tokens is not None and (kind != "train" or not isinstance(tokens, int) or isinstance(tokens, bool)
-                                   or tokens < 1):
+                                   or not 1 <= tokens < CALC_INT_LIMIT):  # 10**400 overflowed (hostile pass, T4)
             raise UserError(f"{where}: tokens is a positive integer token budget of a training phase")
         ua = p.get("upload_all")
         if ua is not None and kind != "train":
