@@ -80,7 +80,8 @@ def result_markers(ckpt: Path, it: int) -> list[Path]:
 
 def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600,
                     evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval",
-                    exported: Callable[[Path], bool] | None = None) -> tuple[list[int], list[int]]:
+                    exported: Callable[[Path], bool] | None = None,
+                    evaluated: Callable[[Path], bool] | None = None) -> tuple[list[int], list[int]]:
     """One pass: convert every complete, unconverted, unlocked iteration (and evaluate every converted one not
     evaluated yet, with ``evaluate``). Returns (converted, failed); a failed evaluation counts as failed.
     ``exported(iter_path)``: whether the iteration's export is there; a ``.done`` marker whose export is gone is
@@ -98,6 +99,10 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
             need_convert = True
         need_eval = evaluate is not None and not any(eval_marker(ckpt, it, eval_key, s).exists()
                                                      for s in ("done", "failed"))
+        if (evaluate is not None and not need_eval and evaluated is not None and
+                eval_marker(ckpt, it, eval_key, "done").exists() and not evaluated(layout.iter_dir(ckpt, it))):
+            log.warning("%s is marked evaluated, but its results are gone: evaluating it again", name)
+            need_eval = True  # (the marker alone reported success with no results on disk: hostile pass, S5)
         if not (need_convert or need_eval):
             continue
         lock = Lock(iteration_lock_path(ckpt, it), lock_ttl)
@@ -172,7 +177,8 @@ def earlier_failures(ckpt: Path, eval_key: str | None = None,
 def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, interval: float = 60.0,
                idle_timeout: float | None = None, lock_ttl: float = 3600,
                evaluate: Callable[[Path], dict] | None = None, eval_key: str = "eval",
-               exported: Callable[[Path], bool] | None = None) -> tuple[list[int], list[int]]:
+               exported: Callable[[Path], bool] | None = None,
+               evaluated: Callable[[Path], bool] | None = None) -> tuple[list[int], list[int]]:
     """Convert (and evaluate) until done; (converted, failed). ``failed`` also holds every complete iteration left
     without its export or evaluation by an earlier failure (:func:`earlier_failures`, each logged with why)."""
     all_conv, all_failed = [], []
@@ -182,7 +188,7 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
     status_every = progress_interval()
     while True:
         finished_before = training_finished(ckpt)
-        conv, failed = convert_pending(ckpt, convert, lock_ttl, evaluate, eval_key, exported)
+        conv, failed = convert_pending(ckpt, convert, lock_ttl, evaluate, eval_key, exported, evaluated)
         all_conv += conv
         all_failed += failed
         if conv or failed:

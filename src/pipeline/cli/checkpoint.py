@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     key = probe.marker_key() if probe is not None else "eval"
     conv, failed = upload_all(ckpt_dir, convert, poll=req.poll, interval=req.interval,
                               idle_timeout=req.idle_timeout, evaluate=evaluate, eval_key=key,
-                              exported=lambda it: ex.published_export(it / "hf") is not None)
+                              exported=lambda it: ex.published_export(it / "hf") is not None,
+                              evaluated=lambda it: probe is None or req.eval_run(it / "hf").out_file.is_file())
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")
     return 1 if failed else 0
 

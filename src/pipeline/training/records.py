@@ -501,6 +501,8 @@ def read_progress(run_dir: Path | None) -> list[dict]:
     by_step: dict[int, dict] = {}
     # a regular file, read up to PROGRESS_MAX_BYTES (a FIFO swapped in after the check never blocks the reader)
     for line in read_regular(path, PROGRESS_MAX_BYTES).decode("utf-8", "replace").splitlines():
+        if not line.startswith("{"):  # a record is an object: blank lines and junk skipped without a parse (a file
+            continue                  # of blank lines took 20 s per 4 MiB: hostile pass of issue 60, H1)
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):  # a line cut by a kill mid-write; an int past 4300 digits; too deep
