@@ -241,3 +241,21 @@ def test_a_progress_file_of_blank_lines_keeps_its_records(tmp_path):
 
     (tmp_path / "progress.ndjson").write_text("\n" * (4 << 20) + 'junk\n[1]\n{"step": 1, "loss": 2.0}\n  \n')
     assert [r["step"] for r in read_progress(tmp_path)] == [1]
+
+
+def test_list_and_runs_print_control_characters_escaped(tmp_path, capsys):
+    """O1 (in part): `list` printed a swept value's ESC/CR raw, `runs` a run folder's name; each line is now one
+    line on a terminal, control characters escaped as render escapes them."""
+    from pipeline.cli.experiment import main
+    from tests.integration.test_runs_view import make_run
+
+    exp = tmp_path / "e.yaml"
+    exp.write_text("name: o1\nbase: {config: configs/local/tiny_moe_sft.yaml, model: tiny-qwen3-moe, mode: sft}\n"
+                   'grid:\n  logger.wandb_project: ["a\\x1b[2Kb", "c\\rd"]\n')
+    assert main(["list", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\\E[2K" in out and "\\r" in out, repr(out)
+    make_run(tmp_path / "runs", "evil\x1b]0;title\x07run", 1)
+    assert main(["runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "evil\\E]0;title\\arun" in out, repr(out)

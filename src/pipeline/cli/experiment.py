@@ -104,7 +104,7 @@ def cmd_list(exp: spec.Experiment, show_all: bool) -> int:
         fields = run.overrides if show_all else run.values
         shown = " ".join(spec.render_override(k, v) for k, v in fields.items()) or "(base)"
         names = ", ".join(exp.run_name(run, p) for p in exp.phases if p.kind == "train")
-        print(f"{run.label:<30} {shown}   [{names}]")
+        print(shell.one_line(f"{run.label:<30} {shown}   [{names}]"))  # a value's ESC or CR printed raw (O1)
     return 0
 
 
@@ -144,7 +144,8 @@ def cmd_runs(root: Path) -> int:
     print(f"runs under {root}: {len(rows)}")
     if rows:
         header = ("run", "state", "step", "loss", "job", "checkpoint", "owner")
-        table = [header, *[tuple("-" if v in (None, "") else str(v) for v in r) for r in rows]]
+        # each cell one line, control characters escaped (a run folder's name printed raw: hostile pass, O1)
+        table = [header, *[tuple("-" if v in (None, "") else shell.one_line(str(v)) for v in r) for r in rows]]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         for r in table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
