@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         write_output_text(Path(a.json), text)
     where = ""
     steps = cap.get("steps") if cap is not None else None
-    if isinstance(steps, list) and len(steps) == 2 and all(isinstance(x, int) for x in steps):
+    if cap is not None and isinstance(steps, list) and len(steps) == 2 and all(isinstance(x, int) for x in steps):
         # (a record of another shape, [2] or 5, crashed the summary: issue 60, item 14)
         where = f" (rank {cap.get('rank')}, steps {steps[0]}-{steps[1]})"
     print(profiling.format_summary(summary, where))

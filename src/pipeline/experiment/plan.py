@@ -175,7 +175,7 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
     job = Job(phase=phase.name, kind="train", script=TRAINING_SUBMIT, args=[], run_name=name,
               sbatch=_merge_opts([f"--nodes={run.node_count(exp.base)}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)
-    from pipeline.cli.submission import check_signal_lead
+    from pipeline.slurm.sbatch_options import check_signal_lead
 
     try:  # every phase's time limit against the pre-limit save signal, before any is queued (hostile pass, W1:
         # a later phase's --time=5 was refused by isambard_sbatch after the first phase had been queued)

@@ -344,3 +344,24 @@ def directive_value(script: str | None, *names: str) -> str | None:
         return option_value(header_options(script)[0], *names)
     except UserError:
         return None
+
+
+def check_signal_lead(script: str, opts: list[str]) -> None:
+    """A training's time limit must outlast the pre-limit save signal (the batch script's ``--signal=B:USR1@S``):
+    at or under its lead the signal fires at once, the engine saves at step 1 and the job requeues itself, over and
+    over, each attempt reporting a PASS."""
+    # as sbatch reads them: the command line, then its input environment (SBATCH_TIMELIMIT, SBATCH_SIGNAL), then
+    # the script's header; --time-min lets Slurm lower the limit to it, so the shortest limit the job may get counts
+    # (issue 60, item 9: both bypassed the check), and a limit of 0 is Slurm's "no limit", not 0 s.
+    signal = submitted_value(opts, script, "--signal", env="SBATCH_SIGNAL")
+    lead = signal_lead_seconds(signal) if signal else None
+    if lead is None:
+        return
+    for names, env, why in ((("--time", "-t"), "SBATCH_TIMELIMIT", ""),
+                            (("--time-min",), None, ", the limit Slurm may lower the job's to")):
+        limit = submitted_value(opts, script, *names, env=env)
+        seconds = time_limit_seconds(limit) if limit else None
+        if seconds is not None and 0 < seconds <= lead:
+            raise UserError(f"{names[0]}={limit} ({seconds} s{why}) is at or under the pre-limit save signal's lead "
+                            f"(--signal={signal}: {lead} s before the limit): the job would save and requeue at once; "
+                            f"ask for more than {lead // 60} minutes, or a shorter lead (--signal=B:USR1@S)")
