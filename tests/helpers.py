@@ -85,12 +85,12 @@ def wandb_offline_runs(wandb_dir: Path) -> list[dict]:
     return runs
 
 
-def megatron_checkpoint(root):
+def megatron_checkpoint(root, iteration: int = 10):
     """A Megatron checkpoint root with one complete iteration, by its files' names only (the plans read no tensor):
-    iter_0000010/{metadata.json, common.pt, .metadata} and the tracker naming it."""
-    it = Path(root) / "iter_0000010"
+    iter_NNNNNNN/{metadata.json, common.pt, .metadata} and the tracker naming it."""
+    it = Path(root) / f"iter_{iteration:07d}"
     it.mkdir(parents=True)
     for name in ("metadata.json", "common.pt", ".metadata"):
         (it / name).write_text("{}")
-    (Path(root) / "latest_checkpointed_iteration.txt").write_text("10")
+    (Path(root) / "latest_checkpointed_iteration.txt").write_text(f"{iteration}")
     return Path(root)

@@ -64,13 +64,9 @@ def test_runs_shows_a_nan_loss_as_nan_and_no_checkpoint_of_another_run(tmp_path,
     own (training/records.claim_save)."""
     from pipeline.config.schema import TrainingConfig
     from pipeline.training import records
+    from tests.helpers import megatron_checkpoint
 
-    save = tmp_path / "ck"
-    it = layout.iter_dir(save, 4)
-    it.mkdir(parents=True)
-    for f in ("metadata.json", "common.pt", "__0_0.distcp"):
-        (it / f).write_bytes(b"{}")
-    layout.write_tracker(save, 4)
+    save = megatron_checkpoint(tmp_path / "ck", 4)
     owner = make_run(tmp_path, "owner", 4, status="completed", done=True, save=save)
     records.claim_save(save, owner, TrainingConfig())
     make_run(tmp_path, "refused", 1, status="failed", save=save)  # it named the same save; its claim was refused

@@ -167,14 +167,10 @@ def test_the_suites_own_folders_in_an_import_output_hold_only_its_markers(tmp_pa
     files there were deleted. Now they are named (the import refused); the suite's markers, locks and temporaries
     are still its own."""
     from pipeline.checkpoint import layout
+    from tests.helpers import megatron_checkpoint
     from tests.unit.test_issue50_data_loss import _convert
 
-    out = tmp_path / "meg"
-    it = layout.iter_dir(out, 0)
-    it.mkdir(parents=True)
-    for name in ("metadata.json", "common.pt", "__0_0.distcp"):
-        (it / name).write_bytes(b"{}")
-    layout.write_tracker(out, 0)
+    out = megatron_checkpoint(tmp_path / "meg", 0)
     for folder, names in (("converted_checkpoints", ["iter_0000000.done", "iter_0000010.failed"]),
                           ("evaluated_checkpoints", ["iter_0000000.pipeline_smoke.0a1b2c3d4e.done"]),
                           ("in_progress_checkpoints", ["iter_0000000.lock", "iter_0000000.lock.123.stale"]),
