@@ -529,7 +529,7 @@ def read_run_config(iter_path: Path) -> dict[str, Any] | None:
     if not f.is_file():
         return None
     try:
-        cfg = yaml.safe_load(f.read_text())
+        cfg = yamlio.read_record(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UserError(f"{f} is unreadable ({exc_line(exc)}): it is Bridge's record of the run") from None
     return cfg if isinstance(cfg, dict) else None

@@ -307,3 +307,30 @@ def test_a_later_phase_whose_time_limit_is_inside_the_save_signal_is_a_plan_prob
     assert any(p.startswith("--time=4 (240 s) is at or under the pre-limit save signal") for p in jobs[1].problems)
     with pytest.raises(UserError, match="tokens is a positive integer token budget"):
         load(tmp_path, "phases:\n  - {name: train, tokens: " + "1" + "0" * 400 + "}\n")
+
+
+def test_a_phase_may_not_set_what_computed_sets(tmp_path):
+    """Hostile pass of issue 60, S3: a phase override (or tokens:) over a computed value ran the phase's value while
+    list and csv showed the computed one as the run's own. Refused like a clash with an axis, naming computed."""
+    with pytest.raises(UserError, match=r"phases\[0\] \(train\) overrides optimizer.min_lr, which computed sets: every "
+                                        r"run would run the phase's value"):
+        load(tmp_path, "grid:\n  optimizer.lr: [1.0e-3, 2.0e-3]\ncomputed:\n  optimizer.min_lr: ${calc:'${optimizer.lr}"
+                       " / 10'}\nphases:\n  - {name: train, overrides: {optimizer.min_lr: 0.5}}\n")
+    with pytest.raises(UserError, match=r"has tokens: 2048, which sets train.train_iters, and computed sets "
+                                        r"train.train_iters"):
+        load(tmp_path, "grid:\n  train.global_batch_size: [2, 4]\ncomputed:\n  train.train_iters: "
+                       "${calc:'64 / ${train.global_batch_size}'}\nphases:\n  - {name: train, tokens: 2048}\n")
+
+
+def test_exp_label_in_computed_is_the_label_the_run_has(tmp_path):
+    """Hostile pass of issue 60, S6: `${exp.label}` in computed resolved with the label before two runs whose values
+    print alike were told apart: both runs saved into /ck/wandb_project-a-b, one checkpoint folder for two runs.
+    Each run's computed value now names its own (hashed) label; a label that was never shared is as before."""
+    exp = load(tmp_path, "grid: {logger.wandb_project: ['a b', 'a/b']}\n"
+                         "computed:\n  checkpoint.save: /ck/${exp.label}\n")
+    saves = [r.overrides["checkpoint.save"] for r in exp.runs]
+    assert saves == [f"/ck/{r.label}" for r in exp.runs] and len(set(saves)) == 2, saves
+    assert [r.values["checkpoint.save"] for r in exp.runs] == saves
+    plain = load(tmp_path, "grid: {optimizer.lr: [1.0e-3, 2.0e-3]}\ncomputed:\n  checkpoint.save: /ck/${exp.label}\n",
+                 name="plain.yaml")
+    assert [r.overrides["checkpoint.save"] for r in plain.runs] == ["/ck/lr0.001", "/ck/lr0.002"]

@@ -255,3 +255,114 @@ def test_list_and_runs_print_control_characters_escaped(tmp_path, capsys):
     assert main(["runs", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "evil\\E]0;title\\arun" in out, repr(out)
+
+
+EXP_T5 = ("name: t5\nbase: {config: configs/local/tiny_moe_sft.yaml, model: tiny-qwen3-moe, mode: sft}\n"
+          "grid:\n  optimizer.lr: [1.0e-3, 2.0e-3]\n")
+
+
+@pytest.mark.parametrize("body", ["a: " + "[" * 5000 + "]" * 5000 + "\n",  # deeper than the interpreter recurses
+                                  "a: " + "[" * 80 + "]" * 80 + "\n",       # past the record depth, within it
+                                  "big"])                                   # past the record size
+def test_a_deep_or_huge_config_of_record_is_one_line_in_render_status_and_csv(tmp_path, monkeypatch, capsys, body):
+    """Hostile pass of issue 60, T5: a run folder's config.yaml nested 5000 deep crashed render, status, csv (and
+    the launcher's preflight) with RecursionError; a huge one was read whole (MemoryError). Every reader of the
+    record goes through yamlio.read_record: a regular file, bounded in size and depth; render names the file."""
+    from pipeline.cli.experiment import main
+    from pipeline.common import yamlio
+
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    exp = tmp_path / "e.yaml"
+    exp.write_text(EXP_T5)
+    cfg = tmp_path / "runs" / "t5.lr0.001" / "config.yaml"
+    cfg.parent.mkdir(parents=True)
+    if body == "big":
+        with open(cfg, "wb") as f:  # sparse: nothing is written, the size is what counts
+            f.truncate(yamlio.RECORD_MAX_BYTES + 1)
+    else:
+        cfg.write_text(body)
+    assert main(["render", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert f"submit refuses: {cfg} is unreadable" in out, out[-2000:]
+    assert main(["status", str(exp), "--no-plots"]) == 0
+    assert "lr0.001" in capsys.readouterr().out
+    assert main(["csv", str(exp)]) == 0
+    with pytest.raises((OSError, ValueError, __import__("yaml").YAMLError)):
+        yamlio.read_record(cfg)
+
+
+@pytest.mark.parametrize("lock", ["phases: {train: 5}\n", "phases: {train: {kind: train, config: 5}}\n",
+                                  "phases: " + "[" * 3000 + "]" * 3000 + "\n"])
+def test_a_hand_edited_lock_file_is_one_line(tmp_path, monkeypatch, capsys, lock):
+    """Hostile pass of issue 60, T6: a lock file edited to `phases: {train: 5}` (or nested deep) crashed render with
+    AttributeError (RecursionError); it is now a problem line naming the lock file and the fix."""
+    from pipeline.cli.experiment import main
+
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    exp = tmp_path / "e.yaml"
+    exp.write_text(EXP_T5)
+    path = tmp_path / "locks" / "t5" / "lr0.001.lock.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(lock)
+    assert main(["render", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: lock file {path}") and "re-lock with submit --relock" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_unbounded_readers_are_bounded(tmp_path, monkeypatch):
+    """Hostile pass of issue 60, T7/T9: the bad-node log, a run's events.ndjson and a profiler trace were read whole
+    (a log linked to a huge file, a gzip bomb inflated into memory) or blocked on a FIFO. Each is a regular file read
+    up to a bound, and anything else is one line."""
+    import gzip
+
+    from pipeline.cli.profile import main as profile
+    from pipeline.slurm.badnodes import LOG_MAX_BYTES, BadNodeLog
+    from pipeline.training import goodput, profiling
+
+    log = tmp_path / "bad_nodes.log"
+    with open(log, "wb") as f:
+        f.truncate(LOG_MAX_BYTES + 1)
+    with pytest.raises(UserError, match=r"the bad-node log .* is over 64 MiB, far more than a team's bad nodes"):
+        BadNodeLog(log).entries()
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / goodput.EVENTS)  # a FIFO blocked the reader for ever
+    with pytest.raises(UserError, match=r"^cannot read .*events.ndjson: not a regular file"):
+        goodput.read_events(run)
+    assert profile([str(run)]) == 2  # T9: the profile summary of the run is one line, not a traceback
+
+    monkeypatch.setattr(profiling, "TRACE_MAX_BYTES", 1 << 20)
+    bomb = tmp_path / "rank-0.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (2 << 20) + b"]}", compresslevel=1))
+    assert bomb.stat().st_size < (1 << 20)
+    with pytest.raises(UserError, match=r"is not a torch.profiler trace .*inflates past 1 MiB"):
+        profiling.load_trace(bomb)
+    ok = tmp_path / "rank-1.json.gz"
+    ok.write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    assert profiling.load_trace(ok).events == []
+
+
+def test_printed_summaries_logs_and_errors_show_control_characters_escaped(tmp_path, capsys):
+    """Hostile pass of issue 60, O1 (the rest): status, the profile summary, the logs (upload-all's among them) and
+    `error:` lines printed a file's or a name's ESC sequences and CRs raw; they are shown escaped, newlines kept."""
+    import logging
+
+    from pipeline.common.errors import cli_main
+    from pipeline.common.log import TerminalSafeFormatter
+    from pipeline.common.shell import terminal_lines
+
+    assert terminal_lines("a\x1b[2Kb\rc\nd\te\u202e") == "a\\E[2Kb\\rc\nd\te\\u202e"
+    rec = logging.LogRecord("x", logging.INFO, __file__, 1, "converted %s", ("it\x1b]0;t\x07",), None)
+    assert TerminalSafeFormatter("%(message)s").format(rec) == "converted it\\E]0;t\\a"
+
+    @cli_main
+    def fails(argv):
+        raise UserError(f"{tmp_path}/\x1b[31mred does not exist")
+
+    assert fails([]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\E[31mred does not exist" in err, repr(err)

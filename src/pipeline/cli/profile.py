@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.parser import Parser, positive_int
+from pipeline.common import shell
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import write_output_text
 from pipeline.training import goodput, profiling, records
@@ -93,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     if cap is not None and isinstance(steps, list) and len(steps) == 2 and all(isinstance(x, int) for x in steps):
         # (a record of another shape, [2] or 5, crashed the summary: issue 60, item 14)
         where = f" (rank {cap.get('rank')}, steps {steps[0]}-{steps[1]})"
-    print(profiling.format_summary(summary, where))
+    # an operator name or a path from the trace printed raw (hostile pass, O1): control characters shown escaped
+    print(shell.terminal_lines(profiling.format_summary(summary, where)))
     if plot is not None:
-        print(f"memory plot: {plot}")
+        print(shell.one_line(f"memory plot: {plot}"))
     elif not a.no_plot:
         print("memory plot: none (the trace has no memory events)")
     return 0

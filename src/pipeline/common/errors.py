@@ -50,8 +50,10 @@ def cli_main(fn: F) -> F:
         try:
             rc = fn(*args, **kwargs)
         except UserError as exc:
+            from pipeline.common.shell import terminal_lines  # a path's ESC or CR shown, not obeyed (O1)
+
             for line in str(exc).splitlines() or [""]:
-                print(f"error: {line}", file=sys.stderr)
+                print(f"error: {terminal_lines(line)}", file=sys.stderr)
             return exc.exit_code
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)

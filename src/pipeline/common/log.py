@@ -8,6 +8,16 @@ import socket
 import sys
 
 
+class TerminalSafeFormatter(logging.Formatter):
+    """A log line's control characters escaped (newlines and tabs kept): a folder name or a file's text in a message
+    shows its ESC sequences and CRs rather than obeying them (issue 60, hostile pass O1)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from pipeline.common.shell import terminal_lines
+
+        return terminal_lines(super().format(record))
+
+
 def setup_logging(name: str = "pipeline", quiet: bool = False) -> logging.Logger:
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -15,7 +25,7 @@ def setup_logging(name: str = "pipeline", quiet: bool = False) -> logging.Logger
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
+        handler.setFormatter(TerminalSafeFormatter(fmt, datefmt="%H:%M:%S"))
         root.addHandler(handler)
     root.setLevel(logging.WARNING if quiet else logging.INFO)
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "torch.distributed"):

@@ -55,6 +55,13 @@ def one_line(text: str) -> str:
     return "".join(_escape(ch) if _unsafe(ch) else ch for ch in text)
 
 
+def terminal_lines(text: str) -> str:
+    """``text`` with every control character escaped as :func:`one_line` escapes it, except the newlines (and tabs)
+    that lay it out in lines: a log message or a printed summary that carries a user's or a file's text (an ESC
+    sequence, a CR that rewrites the line) shows it, never obeys it (issue 60, hostile pass O1)."""
+    return "".join(_escape(ch) if _unsafe(ch) and ch not in "\n\t" else ch for ch in text)
+
+
 def comment(text: str) -> str:
     """A shell comment line of ``text`` (escaped by :func:`one_line`)."""
     return "# " + one_line(text)

@@ -12,6 +12,7 @@ built: the suite copies and merges configs, and a shared node repeated 10**9 tim
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -19,6 +20,7 @@ import yaml
 from yaml.constructor import ConstructorError
 
 from pipeline.common.errors import UserError
+from pipeline.common.io import read_regular
 
 # A training config has a few hundred values and an experiment file a few thousand; an expansion past this is a bomb.
 MAX_NODES = 100_000
@@ -121,10 +123,12 @@ def _expanded_size(root) -> int:
     return size(root)
 
 
-def load(text: str) -> Any:
+def load(text: str, loader_class: type = Loader) -> Any:
     """One YAML document read with YAML 1.2 core-schema values; raises ``yaml.YAMLError`` (a duplicate key, an alias
-    bomb, a recursive anchor and nesting too deep included) with the problem on the first line of its message."""
-    loader = Loader(text)
+    bomb, a recursive anchor and nesting too deep included) with the problem on the first line of its message.
+    ``loader_class=yaml.SafeLoader`` reads a record the suite (or Bridge) wrote with ``yaml.safe_dump`` as it was
+    written (YAML 1.1), with the same bounds."""
+    loader = loader_class(text)
     try:
         try:
             node = loader.get_single_node()
@@ -145,6 +149,32 @@ def load(text: str) -> Any:
             raise yaml.YAMLError("the document nests too deeply") from None
     finally:
         loader.dispose()
+
+
+RECORD_MAX_BYTES = 16 * 2**20  # a run's config.yaml is a few KiB; a lock file or Bridge's run_config.yaml no more
+RECORD_MAX_DEPTH = 64  # a run's config nests 4 deep; its readers (config_diff, flatten) recurse
+
+
+def read_record(path: str | os.PathLike, max_bytes: int = RECORD_MAX_BYTES, *, as_written: bool = True) -> Any:
+    """A YAML record from disk (a run's config.yaml, an experiment's lock file, Bridge's run_config.yaml): a regular
+    file of at most ``max_bytes`` (never a FIFO, a device or /dev/zero), its nesting and aliases bounded as
+    :func:`load` bounds them. ``as_written``: read with PyYAML's own (YAML 1.1) resolvers, as ``yaml.safe_dump``
+    wrote it; else with the suite's core schema. Raises OSError (unreadable, not a regular file, too big),
+    ``yaml.YAMLError`` (not YAML, nested too deeply, an alias bomb) or UnicodeDecodeError (a ValueError): a huge or
+    deeply nested config.yaml in a run folder crashed render, status, csv and the launcher with RecursionError or
+    MemoryError (issue 60, hostile pass T5-T6)."""
+    text = read_regular(path, max_bytes).decode("utf-8")
+    data = load(text, yaml.SafeLoader if as_written else Loader)
+    stack = [(data, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        node, depth = stack.pop()
+        if depth > RECORD_MAX_DEPTH:
+            raise yaml.YAMLError(f"{path}: nested more than {RECORD_MAX_DEPTH} deep; not a record the suite wrote")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return data
 
 
 MISSING = "???"  # OmegaConf's mark for a required value

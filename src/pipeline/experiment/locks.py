@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.common import yamlio
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_text
 from pipeline.experiment.plan import RunPlan, lock_dir
@@ -45,12 +46,17 @@ def read_lock(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        body = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        body = yamlio.read_record(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise UserError(f"lock file {path} is unreadable ({exc.__class__.__name__}): fix it, or re-lock with "
                         "submit --relock") from None
     if not isinstance(body, dict) or not isinstance(body.get("phases"), dict):
         raise UserError(f"lock file {path} is not a lock (no phases): re-lock with submit --relock")
+    for name, entry in body["phases"].items():  # hand-edited `phases: {train: 5}` crashed render (hostile pass, T6)
+        if not isinstance(entry, dict) or not isinstance(entry.get("config", {}), dict) \
+                or not isinstance(entry.get("args", []), list):
+            raise UserError(f"lock file {path}: phase {str(name)[:60]!r} is not a phase record (a mapping with kind "
+                            "and config or args): fix it, or re-lock with submit --relock")
     return body
 
 

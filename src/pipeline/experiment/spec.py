@@ -467,12 +467,12 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
                 overrides=_overrides(b.get("overrides"), f"{path}: base.overrides"))
     phases, explicit = _phases(raw.get("phases"), path)
     axes = _axes(raw, path)
-    _refuse_phase_clashes(phases, axes, path)
+    computed = _overrides(raw.get("computed"), f"{path}: computed")
+    _refuse_phase_clashes(phases, axes, computed, path)
     n_runs = math.prod(len(ax.points) for ax in axes)
     if n_runs > MAX_RUNS:
         raise UserError(f"{path}: the axes expand to {n_runs} runs, more than {MAX_RUNS}; split the experiment "
                         "(one file per slice of the grid)")
-    computed = _overrides(raw.get("computed"), f"{path}: computed")
     context = _base_context(base, root)
     runs = [_with_phases(name, run, phases, context) for run in _expand(name, base, axes, computed, context)]
     return Experiment(name=name, path=path.resolve(), base=base, phases=phases, runs=tuple(runs),
@@ -495,13 +495,15 @@ def _with_phases(name: str, run: Run, phases: tuple[Phase, ...], context: dict) 
     return dataclasses.replace(run, phase_overrides=out)
 
 
-def _refuse_phase_clashes(phases: tuple[Phase, ...], axes: list[_Axis], path: Path) -> None:
+def _refuse_phase_clashes(phases: tuple[Phase, ...], axes: list[_Axis], computed: dict[str, Any], path: Path) -> None:
     """A phase may not set what an axis sweeps (issue 60, items 5-6): its value replaced the swept one in every run,
     which went on being labelled, listed and exported to CSV with the value it did not run. So a phase override of
     a swept key is refused, and so is ``tokens:`` (it sets train.train_iters) on a phase that does not continue
     another training, when train.train_iters is swept (a continuing phase counts on from its start: the axis then
     sizes the phase it continues)."""
-    swept = {k.lstrip("+~"): ax.where for ax in axes for k in ax.keys}
+    swept = {k.lstrip("+~"): f"{ax.where} sweeps" for ax in axes for k in ax.keys}
+    # a computed value is listed and exported to CSV as the run's own: a phase setting it ran another (S3)
+    swept.update({k.lstrip("+~"): "computed sets" for k in computed if k.lstrip("+~") not in swept})
 
     def clash(key: str) -> str | None:  # the key itself, a section above it or a key inside it (hostile pass, S2)
         key = key.lstrip("+~")
@@ -513,13 +515,13 @@ def _refuse_phase_clashes(phases: tuple[Phase, ...], axes: list[_Axis], path: Pa
             if hit is not None:
                 what = k if hit == k.lstrip("+~") else f"{k} (which sets {hit})" if hit.startswith(k.lstrip("+~")) \
                     else f"{k} (inside {hit})"
-                raise UserError(f"{path}: phases[{i}] ({ph.name}) overrides {what}, which {swept[hit]} sweeps: every "
+                raise UserError(f"{path}: phases[{i}] ({ph.name}) overrides {what}, which {swept[hit]}: every "
                                 "run would run the phase's value while named for its own; drop it from the phase (or "
                                 "from the axis)")
         continues = ph.start is not None and any(p.name == ph.start and p.kind == "train" for p in phases)
         if ph.tokens is not None and not continues and "train.train_iters" in swept:
             raise UserError(f"{path}: phases[{i}] ({ph.name}) has tokens: {ph.tokens}, which sets train.train_iters, "
-                            f"and {swept['train.train_iters']} sweeps train.train_iters: every run would run the "
+                            f"and {swept['train.train_iters']} train.train_iters: every run would run the "
                             "tokens' iterations while named for its own; keep one of the two")
 
 
@@ -661,6 +663,10 @@ def _expand(name: str, base: Base, axes: list[_Axis], computed: dict[str, Any], 
         return "_".join((k.lstrip("+").replace(".", "-") if short_key(k) in clash else short_key(k)) + fmt_value(v)
                         for k, v in ov.items())
 
+    def resolve(values: dict[str, Any], label: str) -> dict[str, Any]:
+        return resolve_values({**base.overrides, **values, **computed},
+                              {**context, "exp": {"name": name, "label": label}})
+
     runs: list[tuple[str, dict, dict, int | None]] = []
     for combo in itertools.product(*(ax.points for ax in axes)) if axes else [()]:
         values: dict[str, Any] = {}
@@ -668,20 +674,21 @@ def _expand(name: str, base: Base, axes: list[_Axis], computed: dict[str, Any], 
             values.update(ov)
         label = "_".join(part(ax, pt) for ax, pt in zip(axes, combo)) or "base"
         nodes = values.pop(NODES_AXIS, None)  # not a config key: the run's node count (base.nodes otherwise)
-        overrides = {**base.overrides, **values, **computed}
-        overrides = resolve_values(overrides, {**context, "exp": {"name": name, "label": label}})
-        diff = {k: overrides[k] for k in values}
-        diff.update({k: overrides[k] for k in computed if k not in diff})
-        if nodes is not None:
-            diff[NODES_AXIS] = nodes
-        runs.append((label, diff, overrides, nodes))
+        runs.append((label, values, resolve(values, label), nodes))
     labels = [r[0] for r in runs]
     out = []
-    for label, diff, ov, nodes in runs:
+    for label, values, ov, nodes in runs:
+        first = label
         if labels.count(label) > 1:  # values that print alike: a stable hash of the run's overrides keeps names apart
             label = f"{label}-{hashlib.sha1(json.dumps(ov, sort_keys=True, default=str).encode()).hexdigest()[:6]}"
         if len(f"{name}.{label}") > 180:
             label = f"{label[:150]}-{hashlib.sha1(label.encode()).hexdigest()[:8]}"
+        if label != first:  # ${exp.label} in computed resolved with the label the run has, not the one it shared with
+            ov = resolve(values, label)  # another run (two runs saved into one folder: hostile pass of 60, S6)
+        diff = {k: ov[k] for k in values}
+        diff.update({k: ov[k] for k in computed if k not in diff})
+        if nodes is not None:
+            diff[NODES_AXIS] = nodes
         out.append(Run(label=label, values=diff, overrides=ov, nodes=nodes))
     if len({r.label for r in out}) != len(out):
         raise UserError(f"experiment {name}: two runs have identical overrides; remove the duplicate axis value")

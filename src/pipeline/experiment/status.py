@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.checkpoint import layout
+from pipeline.common import shell
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
 from pipeline.experiment.plan import Job, RunPlan, state_dir
@@ -271,7 +272,10 @@ def collect(exp: Experiment, plans: list[RunPlan]) -> list[RunStatus]:
                         row.state in ("UNKNOWN", "not submitted") and row.job_id:
                     row.state = "COMPLETED"  # Slurm has forgotten the job; the run records say it finished
                 if job.run_dir is not None:
-                    row.goodput = goodput.split(goodput.read_events(job.run_dir))
+                    try:
+                        row.goodput = goodput.split(goodput.read_events(job.run_dir))
+                    except UserError:  # not a file one can read: the board shows no goodput for it
+                        row.goodput = None
                 if job.save is not None and job.save.is_dir() and saves_into(job.run_dir, job.save):
                     row.checkpoint = layout.latest_complete(job.save)
                     row.exports = verified_exports(job.save)
@@ -395,11 +399,11 @@ def _run_save(run_dir: Path) -> Path | None:
     """The run's checkpoint.save from its config of record (config.yaml); None where it has none."""
     import yaml
 
-    from pipeline.common.io import read_regular
+    from pipeline.common import yamlio
 
     try:
-        cfg = yaml.safe_load(read_regular(run_dir / "config.yaml", 16 * 2**20))
-    except (OSError, yaml.YAMLError, RecursionError):
+        cfg = yamlio.read_record(run_dir / "config.yaml")
+    except (OSError, ValueError, yaml.YAMLError):
         return None
     ck = cfg.get("checkpoint") if isinstance(cfg, dict) else None  # null or a scalar there crashed `runs`
     save = ck.get("save") if isinstance(ck, dict) else None
@@ -482,6 +486,7 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
             rows.append([s.label, r.phase, r.job_id or "-", state, step, _f(r.loss, ".4f"), _f(r.tokens_per_s, ".0f"),
                          _f(r.checkpoint), ",".join(map(str, r.exports)) or "-", coh_s,
                          f"{100 * good:.0f}%" if isinstance(good, (int, float)) else "-"])
+    rows = [[shell.one_line(str(x)) for x in row] for row in rows]  # a value's ESC or CR printed raw (O1)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     lines = [f"experiment {exp.name} ({exp.path})"]
     lines += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *rows]]
@@ -508,7 +513,7 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
     if blocked:
         lines.append(f"{len(blocked)} job(s) wait for a phase that failed and will never start: scancel "
                      + " ".join(blocked))
-    return "\n".join(lines)
+    return "\n".join(shell.one_line(line) for line in lines)
 
 
 def all_finished(statuses: list[RunStatus]) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import getpass
 import math
 import os
@@ -39,11 +40,12 @@ from pathlib import Path
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError
-from pipeline.common.io import make_shared_dirs, write_bytes
+from pipeline.common.io import make_shared_dirs, read_regular, write_bytes
 from pipeline.common.locks import open_shared, release, try_flock
 from pipeline.slurm.hostlist import expand, is_hostlist, is_node_name
 
 FMT = "%Y-%m-%dT%H:%M:%SZ"
+LOG_MAX_BYTES = 64 * 2**20  # a team's log holds hundreds of lines of about 100 bytes
 MAX_MARK = 512  # nodes one --mark-bad may add (a typo like nid[0-99999] must not exclude a whole machine)
 FUTURE_SLACK_S = 300  # clock skew between login nodes tolerated before an entry counts as future-dated
 # Control characters (C0, DEL, C1) and the Unicode line/paragraph separators str.splitlines() splits on.
@@ -178,11 +180,15 @@ class BadNodeLog:
 
     def _read(self) -> bytes:
         self._require_regular()
-        try:
-            return self.target.read_bytes()
+        try:  # bounded: a log linked to a huge file was read whole into memory (issue 60, hostile pass T7)
+            return read_regular(self.target, LOG_MAX_BYTES)
         except FileNotFoundError:
             return b""
         except OSError as exc:
+            if exc.errno == errno.EFBIG:
+                raise UserError(f"the bad-node log {self.path} is over {LOG_MAX_BYTES >> 20} MiB, far more than a "
+                                "team's bad nodes: move it aside (a new log starts empty) and mark the nodes that "
+                                "are still bad again") from None
             raise UserError(f"cannot read the bad-node log {self.path}: {exc.strerror or exc}") from None
 
     def _lines(self, data: bytes | None = None) -> list[tuple[bytes, Entry | None]]:

@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.io import append_line
+from pipeline.common.errors import UserError
+from pipeline.common.io import append_line, read_regular
 
 EVENTS = "events.ndjson"
+EVENTS_MAX_BYTES = 2**30  # ~5M events of ~200 bytes
 PARTS = ("queue_seconds", "startup_seconds", "step_seconds", "checkpoint_seconds", "redone_seconds",
          "restart_seconds", "other_seconds")
 
@@ -116,11 +118,20 @@ class Clock:
 
 # ---- the split ----------------------------------------------------------------------------------------------
 def read_events(run_dir: Path) -> list[dict]:
+    """The run's timeline, lines that are not an event skipped. A file that is not a regular one, past
+    EVENTS_MAX_BYTES or unreadable is a UserError (one line): it was read whole into memory, and blocked on a FIFO
+    (issue 60, hostile pass T7, T9)."""
     path = Path(run_dir) / EVENTS
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
+    try:
+        data = read_regular(path, EVENTS_MAX_BYTES)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.startswith("{"):
+            continue
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):  # a line cut by a kill mid-write; an int past 4300 digits; too deep

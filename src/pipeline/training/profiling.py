@@ -23,6 +23,7 @@ Bridge engine points ``logger.tensorboard_dir`` at ``<run_dir>/tb`` when it is u
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import json
@@ -35,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
-from pipeline.common.io import write_output_bytes
+from pipeline.common.io import read_regular, write_output_bytes
 from pipeline.config.schema import ProfilingConfig, TrainingConfig
 
 TRACE_DIR = "torch_profile"
+TRACE_MAX_BYTES = 2**30  # a trace of a few steps of a large model is tens to hundreds of MiB
 # Bridge 0.6.2's defaults for the fields our schema leaves unset (megatron/bridge/training/config.py).
 BRIDGE_DEFAULTS: dict[str, Any] = {"profile_step_start": 10, "profile_step_end": 12, "profile_ranks": [0]}
 SPLIT = ("forward", "backward", "optimizer")
@@ -246,10 +248,14 @@ def load_trace(path: Path) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"trace {path} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
+    try:  # bounded, compressed and not: a gzip bomb was inflated whole into memory (issue 60, hostile pass T7)
+        raw = read_regular(path, TRACE_MAX_BYTES)
+        if path.suffix == ".gz":
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(TRACE_MAX_BYTES + 1)
+            if len(raw) > TRACE_MAX_BYTES:
+                raise OSError(errno.EFBIG, f"inflates past {TRACE_MAX_BYTES >> 20} MiB")
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, EOFError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested past the limit too
         why = str(exc).splitlines()[0][:120] if str(exc) else ""
         raise UserError(f"{path} is not a torch.profiler trace (Chrome-trace JSON, gzip when .gz): "

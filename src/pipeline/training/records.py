@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from pipeline.checkpoint import layout
-from pipeline.common import paths
+from pipeline.common import paths, yamlio
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, read_regular, write_json, write_text
 from pipeline.common.locks import release, try_flock, write_holder
@@ -151,8 +151,8 @@ def check_run_identity(run_dir: Path, cfg: TrainingConfig, allow_change: bool = 
     if not path.is_file():
         return {}
     try:
-        old = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        old = yamlio.read_record(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise UserError(f"{path} is unreadable ({exc.__class__.__name__}): the run directory's recorded config is "
                         "corrupt; use a new run name (logger.wandb_exp_name=NEW) or remove the directory") from None
     diff = config_diff(old if isinstance(old, dict) else {}, cfg.to_dict())
@@ -249,9 +249,9 @@ def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig
         return
     recorded = None
     try:
-        old = yaml.safe_load((run_dir / "config.yaml").read_text())
+        old = yamlio.read_record(run_dir / "config.yaml")
         recorded = ((old or {}).get("checkpoint") or {}).get("save")
-    except (OSError, yaml.YAMLError, AttributeError):
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
         pass
     if recorded and Path(str(recorded)).resolve() == save:
         return  # this run's own checkpoints, written before owner records existed
@@ -381,7 +381,7 @@ def wait_for_records(run_dir: Path, timeout: float = 300) -> None:
 
 def load_run(run_dir: Path) -> tuple[TrainingConfig, dict]:
     """The run's resolved config (typed: the ranks read attributes) and its launch record."""
-    cfg = TrainingConfig.from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+    cfg = TrainingConfig.from_dict(yamlio.read_record(run_dir / "config.yaml") or {})
     return cfg, read_json(run_dir / "launch.json")
 
 
@@ -455,7 +455,10 @@ class ProgressLog:
         if span > 0 and steps > 0:
             summary["seconds_per_step"] = round(span / steps, 3)
             summary["tokens_per_second"] = round(steps * self.tokens_per_step / span, 1)
-        events = goodput.read_events(self.run_dir)
+        try:
+            events = goodput.read_events(self.run_dir)
+        except UserError:  # its own timeline, replaced by something unreadable: the summary without it
+            events = []
         split = goodput.split(events)
         if split is not None:
             summary["goodput"] = split
