@@ -171,3 +171,22 @@ def test_a_link_under_a_bind_that_leads_outside_every_bind_is_not_visible(tmp_pa
                                                      ["checkpoint.load", str(outside / "ck")]], lines
     aliased = load_cluster(site_profile(tmp_path, str(tmp_path / "alias")))
     assert invisible_paths(aliased, [("checkpoint.save", str(tmp_path / "alias" / "in" / "ck"))], env) == []
+
+
+def test_a_bind_at_another_name_does_not_make_a_link_into_its_source_visible(tmp_path):
+    """Hostile pass of issue 60, W8: with a bind SRC:DST (SRC != DST), a path in another bind that links into
+    SRC was judged visible (its real path lies under SRC), but the container mounts SRC at DST only: the link's
+    target does not exist there. A path under DST names SRC's files on the host and is visible; a link in it that
+    leads to another of SRC's folders by an absolute target is not."""
+    src, other = tmp_path / "lustre" / "proj", tmp_path / "home"
+    (src / "data").mkdir(parents=True)
+    other.mkdir()
+    (other / "ln").symlink_to(src / "data")
+    (src / "abs").symlink_to(src / "data")
+    profile = load_cluster(site_profile(tmp_path, f"{src}:/mnt/proj\n  - {other}"))  # and home at its own name
+    env = {"PIPELINE_ROOT": str(ROOT)}
+    lines = invisible_paths(profile, [("dataset.dataset_root", str(other / "ln")),
+                                      ("checkpoint.load", "/mnt/proj/data/ck"),
+                                      ("checkpoint.save", "/mnt/proj/abs/ck")], env)
+    assert [ln.split(" ", 2)[:2] for ln in lines] == [["dataset.dataset_root", str(other / "ln")],
+                                                     ["checkpoint.save", "/mnt/proj/abs/ck"]], lines

@@ -186,3 +186,17 @@ grid: {nodes: NODES, optimizer.lr: [1.0e-3]}
         p.write_text(text.replace("NODES", bad))
         with pytest.raises(spec.UserError, match="the node axis is a non-empty list of positive integers"):
             spec.load(p, root=ROOT)
+
+
+def test_the_dependency_is_set_by_position_not_by_a_text_search(dirs):
+    """Hostile pass of issue 60, S4: render put the chain's dependency in by replacing the text
+    `--dependency=afterok:DEP` wherever it stood, so a user's sbatch option holding that text
+    (`--comment=--dependency=afterok:DEP`) was rewritten into a shell expansion. Only the dependency option is."""
+    p = dirs / "c.yaml"
+    p.write_text(CHAIN.replace('sbatch: ["--time=9"]', 'sbatch: ["--time=9", "--comment=--dependency=afterok:DEP"]')
+                 .replace("ITER", "last").replace("INIT", ""))
+    exp = spec.load(p, root=ROOT)
+    lines = [x for x in render_lines(exp, plan_run(exp, exp.runs[0])) if x.endswith("# cooldown")]
+    assert len(lines) == 1 and lines[0].startswith('JOB_3=$(isambard_sbatch --parsable "--dependency=afterok:'
+                                                   '${JOB_1%%;*}" --kill-on-invalid-dep=yes '), lines
+    assert " --comment=--dependency=afterok:DEP " in lines[0] and lines[0].count("${JOB_") == 1, lines[0]

@@ -3,6 +3,7 @@ before its fix."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -366,3 +367,71 @@ def test_printed_summaries_logs_and_errors_show_control_characters_escaped(tmp_p
     assert fails([]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\\E[31mred does not exist" in err, repr(err)
+
+
+def test_the_export_and_upload_all_plans_apply_the_hf_rule_and_name_skipped_iterations(tmp_path, tokenizer, capsys):
+    """Hostile pass of issue 60, W5: the dry run of export --force (and of upload-all) said OK for an hf/ holding a
+    user's file or linked to a user's folder; the job refused only when it got there. W6: an iteration upload-all
+    skips for an old .failed marker was not in its plan. Both are in the plan now."""
+    from pipeline.checkpoint.export import ExportRequest, export_iteration
+    from pipeline.cli.checkpoint import main
+    from tests.unit.test_export_fidelity import _save_iteration
+
+    ckpt = tmp_path / "checkpoints"
+    it = _save_iteration(ckpt, tokenizer, tied=False)
+    assert export_iteration(it, ExportRequest(hf_model="test/llama", reasoning=False))["verdict"] == "PASS"
+    (it / "hf" / "MY_NOTES.md").write_text("mine")
+    export = ["export", str(ckpt), "--hf-model", "test/llama", "--no-reasoning", "--dry-run"]
+    assert main(export) == 0  # exported and verified: the job skips it, nothing is replaced
+    capsys.readouterr()
+    assert main([*export, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: export output {it / 'hf'} holds files that are not an export of this suite (MY_NOTES.md)" in err
+    (it / "hf" / "MY_NOTES.md").unlink()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (it / "hf").rename(tmp_path / "old_hf")
+    (it / "hf").symlink_to(mine)
+    upload = ["upload-all", str(ckpt), "--hf-model", "test/llama", "--no-reasoning", "--dry-run"]
+    assert main(upload) == 2
+    assert f"error: export output {it / 'hf'} is a link (to {mine})" in capsys.readouterr().err
+    (it / "hf").unlink()
+    marker = ckpt / "converted_checkpoints" / f"{it.name}.failed"
+    marker.parent.mkdir(exist_ok=True)
+    marker.write_text(json.dumps({"error": "disk full"}))
+    assert main(upload) == 0
+    out = capsys.readouterr().out
+    assert f"{it.name} is skipped: its conversion failed before (disk full): not retried; remove {marker}" in out, out
+
+
+def test_a_kernel_filesystem_is_no_place_for_outputs(tmp_path, capsys, monkeypatch):
+    """Hostile pass of issue 60, W7: as root, `--output-dir /proc` (or /sys/x) planned OK by the permission bits,
+    and the evaluation failed after it had run. /proc, /sys and /dev (/dev/shm aside) are refused by the plan."""
+    from pipeline.cli.evaluation import main as eval_main
+    from pipeline.common.io import folder_problem, write_json
+
+    assert folder_problem("/proc/results") == "/proc/results is in /proc, a kernel filesystem, not a place for outputs"
+    assert folder_problem("/sys") == "/sys is in /sys, a kernel filesystem, not a place for outputs"
+    assert folder_problem("/dev/shm/results") is None and folder_problem(tmp_path / "new") is None
+    hf = tmp_path / "iter_0000010" / "hf"
+    hf.mkdir(parents=True)
+    write_json(hf / "config.json", {"model_type": "llama"})
+    monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
+    assert eval_main([str(hf), "--output-dir", "/proc", "--no-wandb", "--dry-run"]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert errors == ["error: the results folder /proc: /proc is in /proc, a kernel filesystem, not a place for "
+                      "outputs (--output-dir names a folder)"], errors
+
+
+def test_a_dry_run_writes_no_exclude_file(tmp_path, monkeypatch, capsys):
+    """Hostile pass of issue 60, O2: `isambard_sbatch --dry-run` with an exclude list past one argument wrote
+    logs/slurm/exclude.<pid>.hostlist (a dry run creates nothing); it names the file a submission would pass."""
+    from pipeline.cli.sbatch import MAX_EXCLUDE_ARG, render_exclude
+
+    monkeypatch.chdir(tmp_path)
+    nodes = [f"n{i}x{i % 7}" for i in range(MAX_EXCLUDE_ARG // 4)]  # names no hostlist range compresses
+    value = render_exclude(nodes, write=False)
+    assert value == str(tmp_path / "logs" / "slurm" / f"exclude.{os.getpid()}.hostlist")
+    assert not (tmp_path / "logs").exists()
+    assert "a submission passes them as file" in capsys.readouterr().err
+    assert render_exclude(nodes) == value and len((tmp_path / value).read_text()) > MAX_EXCLUDE_ARG

@@ -43,7 +43,7 @@ from pipeline import bridge
 from pipeline.checkpoint import export as ex
 from pipeline.checkpoint import layout
 from pipeline.checkpoint import plan as jobs
-from pipeline.checkpoint.poll import upload_all
+from pipeline.checkpoint.poll import earlier_failures, upload_all
 from pipeline.cli.parser import Parser, bounded_float, path_arg
 from pipeline.coherence.run import CoherenceRun
 from pipeline.coherence.run import run as run_coherence
@@ -220,6 +220,10 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     plan = jobs.plan_export(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep, iteration=req.iteration,
                             nodes=nodes, job=req.action, argv=rest, inputs_later=inputs_later,
                             strict=not req.not_strict, push_to_hub=req.push_to_hub)
+    plan.problems += hf_output_problems(req)
+    if req.action == "upload-all" and req.ckpt_dir.is_dir():
+        for it, why in earlier_failures(req.ckpt_dir, exported=_exported).items():  # skipped (hostile pass, W6)
+            plan.notes.append(f"{layout.iter_dirname(it)} is skipped: {why}")
     cfg = req.eval_run(req.ckpt_dir / "iter_0000000" / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
         from pipeline.evaluation.tasks import check_tasks
@@ -228,6 +232,40 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
         plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile())
         plan.problems += earlier_results(req)
     return plan
+
+
+def _exported(iter_path: Path) -> bool:
+    return ex.published_export(iter_path / "hf") is not None
+
+
+def hf_output_problems(req: ConvertRequest) -> list[str]:
+    """The export's own hf/ rule (``export.hf_output_problem``), applied in the plan to every iteration the job
+    would export: the dry run said OK for an hf/ holding a user's file (with --force) or linked to a user's folder,
+    and the job refused only when it got there (hostile pass of issue 60, W5). An iteration already exported and
+    verified is skipped by the job (without --force), and one whose earlier attempt failed is not retried."""
+    ckpt = req.ckpt_dir
+    assert ckpt is not None
+    if not ckpt.is_dir():
+        return []
+    try:
+        if req.action == "export":
+            iters = [layout.resolve_iteration(ckpt, req.iteration)]
+        else:
+            skipped = earlier_failures(ckpt, exported=_exported)
+            iters = [layout.iter_dir(ckpt, it) for it in layout.complete_iterations(ckpt) if it not in skipped]
+    except (UserError, OSError):  # no such iteration, or an unreadable folder: the plan says so elsewhere
+        return []
+    out = []
+    for it in iters:
+        if _exported(it) and not req.force:
+            continue
+        try:
+            problem = ex.hf_output_problem(it / "hf")
+        except OSError as exc:
+            problem = f"export output {it / 'hf'} cannot be read ({exc.strerror or exc})"
+        if problem:
+            out.append(problem)
+    return out
 
 
 # upload-all's own way out of an evaluation that would replace other results (it has no --force/--output-dir)
@@ -380,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     key = probe.marker_key() if probe is not None else "eval"
     conv, failed = upload_all(ckpt_dir, convert, poll=req.poll, interval=req.interval,
                               idle_timeout=req.idle_timeout, evaluate=evaluate, eval_key=key,
-                              exported=lambda it: ex.published_export(it / "hf") is not None,
+                              exported=_exported,
                               evaluated=lambda it: probe is None or req.eval_run(it / "hf").out_file.is_file())
     print(f"upload-all: converted {len(conv)} iteration(s) {conv}; failed {failed or 'none'}")
     return 1 if failed else 0

@@ -79,17 +79,20 @@ def cluster_nodes() -> set[str] | None:
     return set(out.stdout.split())
 
 
-def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm")) -> str:
+def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm"), write: bool = True) -> str:
     """The --exclude value: a compressed hostlist (nid[001-004,010]); if even that is too long for one
-    argument, a file holding it (sbatch treats a value containing "/" as a file of node names)."""
+    argument, a file holding it (sbatch treats a value containing "/" as a file of node names). ``write=False`` (a
+    dry run, which creates nothing: hostile pass of issue 60, O2) names the file without writing it."""
     expr = compress(nodes)
     if len(expr) <= MAX_EXCLUDE_ARG:
         return expr
     from pipeline.common.io import write_text
 
-    path = write_text(spill_dir.resolve() / f"exclude.{os.getpid()}.hostlist", expr + "\n")
-    print(f"warning: {len(nodes)} excluded nodes do not fit one argument; passing them as file {path}",
-          file=sys.stderr)
+    path = spill_dir.resolve() / f"exclude.{os.getpid()}.hostlist"
+    if write:
+        write_text(path, expr + "\n")
+    print(f"warning: {len(nodes)} excluded nodes do not fit one argument; "
+          f"{'passing' if write else 'a submission passes'} them as file {path}", file=sys.stderr)
     return str(path)
 
 
@@ -151,7 +154,7 @@ def plan_submission(argv: list[str]) -> Submission:
     profile = checked.cluster or submission_profile(script, script_args)
     opts = [*opts, *profile_sbatch_options(profile, opts, script_directives(script))]
     if excluded:
-        opts.append("--exclude=" + render_exclude(excluded))
+        opts.append("--exclude=" + render_exclude(excluded, write=not dry_run))
     if script is not None and Path(script).name == TRAINING_SUBMIT and option_value(opts, "--job-name", "-J") is None:
         opts.insert(0, f"--job-name={run_job_name(checked.run_name, script_args[0])}")
     return Submission(opts=opts, script=script, script_args=list(script_args), bad=bad, bad_log=log.path,

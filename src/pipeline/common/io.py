@@ -148,6 +148,9 @@ def _vanished(tmp: Path, path: Path) -> ConcurrentWriteError:
                                 "run one writer per output (nothing was published)")
 
 
+KERNEL_FILESYSTEMS = ("/proc", "/sys", "/dev")  # /dev/shm aside: a real (memory) filesystem
+
+
 def folder_problem(path: str | os.PathLike) -> str | None:
     """Why a job could not create or write the folder ``path``, found before it is queued (nothing is created): a
     file where the folder or one above it must be, or a nearest existing folder this user may not write (the file
@@ -155,6 +158,11 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     that says nothing about the cluster). An evaluation into a file as --output-dir, an import into <file>/sub,
     planned OK and failed after the model had loaded (issue 60, item 11)."""
     p = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(p))
+    kernel = next((k for k in KERNEL_FILESYSTEMS if real == Path(k) or Path(k) in real.parents), None)
+    if kernel is not None and not (real == Path("/dev/shm") or Path("/dev/shm") in real.parents):
+        # root may "write" there by the permission bits, and nothing can be created (hostile pass of 60, W7)
+        return f"{p} is in {kernel}, a kernel filesystem, not a place for outputs"
     for anc in [p, *p.parents]:
         if anc.is_symlink() and not anc.exists():
             return f"{anc} is a dangling link"

@@ -128,8 +128,20 @@ def visible(cfg: RuntimeConfig, path: str | os.PathLike) -> bool:
     # and where it leads: a symlink under a bind that points outside every bind is a dangling link in the container
     # (issue 60, item 8: <bound>/link/ck passed, the same folder named directly was refused). The host's real path
     # is compared with each bind's real source (a bind whose source is itself a link is mounted where it leads).
-    real = Path(os.path.realpath(p))
-    return real == p or under(real, [Path(os.path.realpath(src)) for src, _ in pairs])
+    # A bind SRC:DST with SRC != DST shows the host's SRC at DST: the path the container names is SRC/rest on the
+    # host, and a link resolved there to SRC/... (an absolute target) is not at that name in the container; only a
+    # bind mounted at its own name (SRC == DST) keeps a host link's target visible (hostile pass of 60, W8).
+    host = p
+    for src, dst in sorted(pairs, key=lambda sd: len(sd[1]), reverse=True):
+        d = Path(os.path.abspath(dst))
+        if under(p, [d]):
+            host = Path(os.path.abspath(src)) / p.relative_to(d)
+            break
+    real = Path(os.path.realpath(host))
+    if real == host:
+        return True  # no link on the way
+    return under(real, [Path(os.path.realpath(src)) for src, dst in pairs
+                        if os.path.abspath(src) == os.path.abspath(dst)])
 
 
 def job_runtime(profile, environ: dict[str, str] | None = None) -> RuntimeConfig:

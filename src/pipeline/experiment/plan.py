@@ -20,7 +20,6 @@ as ``upload-all --poll`` with ``--dependency=after:<job>`` (it starts when train
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -365,10 +364,12 @@ def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
             continue
         dep = f"${{{var[job.after]}%%;*}}" if job.after in var else None
         argv = job.submit_argv(dep_job="DEP" if dep else None)
-        words = ["isambard_sbatch", "--parsable", *argv]
-        line = shell.join(words)  # one physical line whatever the values hold (common/shell.py)
-        if dep:
-            line = line.replace(shlex.quote(f"--dependency={job.dep_type}:DEP"), f'"--dependency={job.dep_type}:{dep}"')
+        # one physical line whatever the values hold (common/shell.py)
+        words = [shell.quote(w) for w in ["isambard_sbatch", "--parsable", *argv]]
+        if dep:  # the dependency is the first option (Job.submit_argv); replaced by position, not by a text search
+            assert argv[0] == f"--dependency={job.dep_type}:DEP", argv[0]  # that rewrote a user's option too (S4)
+            words[2] = f'"--dependency={job.dep_type}:{dep}"'
+        line = " ".join(words)
         if job.pre_create is not None:
             out.append(f"mkdir -p {shell.quote(str(job.pre_create))}")
         name = f"JOB_{i}"
