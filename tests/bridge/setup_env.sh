@@ -23,6 +23,7 @@ say() { echo "[bridge-harness setup] $*"; }
 
 command -v "$PYTHON" >/dev/null || { say "ERROR: $PYTHON not found"; exit 3; }
 KEY="$({ cat "$HERE/setup_env.sh" "$HERE/../machine_cache.sh" "$HERE/requirements.txt" "$HERE/megatron.txt" \
+  "$HERE/ssm.txt" \
   "$ROOT/3rdparty/megatron-core-datasets.mk" "$ROOT/src/pipeline/env/overlay.py"; \
   "$PYTHON" --version; } | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/python" ]]; then
@@ -52,6 +53,13 @@ build_harness() {
         --target "$MEG" -r "$HERE/megatron.txt" 2>&1 | grep -v "is ignored: it is neither" || true
     # megatron-core's dataset-helpers Makefile, as every install of it gets (Bridge's compile_helpers runs make)
     "$VENV/bin/python" "$ROOT/src/pipeline/env/overlay.py" complete "$MEG"
+    # The hybrid family's kernel packages (ssm.txt): their Python from the sdists, the CUDA builds skipped
+    say "pip install --no-build-isolation --target $MEG (CUDA builds skipped): $(grep -v '^#' "$HERE/ssm.txt" | xargs)"
+    "${PIP[@]}" "wheel==0.45.1"
+    MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE \
+        CAUSAL_CONV1D_FORCE_BUILD=TRUE "${PIP[@]}" --no-deps --no-build-isolation --target "$MEG" \
+        -r "$HERE/ssm.txt" 2>&1 | grep -v "is ignored: it is neither" || true
+    { test -d "$MEG/mamba_ssm" && test -d "$MEG/causal_conv1d"; } || { say "ERROR: mamba-ssm / causal-conv1d not installed in $MEG"; exit 1; }
     SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     echo "$MEG" > "$SITE/megatron-harness.pth"
     { test -d "$MEG/megatron/bridge" && test -d "$MEG/megatron/core"; } || { say "ERROR: megatron not installed in $MEG"; exit 1; }

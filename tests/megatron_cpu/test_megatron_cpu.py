@@ -10,8 +10,9 @@ The model: a tiny Llama (4 layers, hidden 64, GQA 4/2 heads, untied output layer
 ChatML template; tests/megatron_cpu/worker.py), because Bridge 0.6.2's LlamaBridge maps megatron-core's local (non-
 Transformer-Engine) layer names to Hugging Face's. No Bridge 0.6.2 MoE bridge does (Qwen3-MoE maps only TE's fused
 ``linear_qkv.layer_norm_weight``; OLMoE and GLM only TE's grouped ``experts.linear_fc1.weight*``), so an expert-
-parallel layout of a converted checkpoint cannot run on CPU: ep 2 stops at Bridge's conversion (decisions #53), and
-Nemotron-H's Mamba layers need CUDA kernels (mamba-ssm, causal-conv1d).
+parallel layout of a converted checkpoint cannot run on CPU: ep 2 stops at Bridge's conversion (decisions #53).
+Nemotron-H's Mamba layers need mamba-ssm and causal-conv1d: the tier installs both (CUDA builds skipped) and maps
+their kernels onto the libraries' references (standin/mamba_standin.py, test_mamba_kernels.py; decision 104).
 
 What runs, for real: HF -> Megatron import (``pipeline.bridge.import_from_hf``: AutoBridge.import_ckpt, a torch_dist
 checkpoint; and at tp 2 under torchrun through ``pipeline.cli.checkpoint import``, equal tensor for tensor); greedy generation through ``pipeline.cli.coherence --backend megatron`` (the plan's own torchrun launch
@@ -195,7 +196,7 @@ def test_every_stand_in_is_named_in_its_header_and_the_suite_imports_none(tiny):
     r = tier_run([str(VENV / "bin" / "python"), "-c", probe], env=tier_env({"MEGATRON_CPU_TRAINING": "1"}))
     assert r.returncode == 0, r.stderr[-2000:]
     patched = ast.literal_eval(r.stdout.strip().splitlines()[-1])  # the (label, kind) pairs the probe printed
-    header = "".join(line for f in ("sitecustomize.py", "training_standin.py")
+    header = "".join(line for f in ("sitecustomize.py", "training_standin.py", "mamba_standin.py")
                      for line in (HERE / "standin" / f).read_text().splitlines(True) if line.startswith("#"))
     assert len(patched) >= 25
     assert {kind for _, kind in patched} == {"cuda", "kernel"}

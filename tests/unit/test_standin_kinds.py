@@ -36,8 +36,8 @@ def patch_calls(path) -> list[ast.Call]:
             and n.func.id == "_patch"]
 
 
-def test_the_stand_in_files_are_the_two_known():
-    assert [f.name for f in FILES] == ["sitecustomize.py", "training_standin.py"]
+def test_the_stand_in_files_are_the_three_known():
+    assert [f.name for f in FILES] == ["mamba_standin.py", "sitecustomize.py", "training_standin.py"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -98,7 +98,8 @@ SHIM_KINDS = {"kernel", "image"}
 # the import name of each package the shim stands in for -> its distribution in the image's package list
 IMAGE_DISTRIBUTIONS = {"multistorageclient": "multi-storage-client", "ryml": "rapidyaml", "PIL": "pillow",
                        "diffusers": "diffusers", "modelopt": "nvidia-modelopt", "triton": "triton",
-                       "transformer_engine": "transformer-engine"}
+                       "transformer_engine": "transformer-engine", "selective_scan_cuda": "mamba-ssm",
+                       "causal_conv1d_cuda": "causal-conv1d"}
 
 
 def _shim_scoped() -> dict:
@@ -114,19 +115,23 @@ def test_every_package_the_shim_stands_in_for_is_classified():
     Triton, Transformer Engine) or [image] (a package the cluster's image holds, imported for paths the tier does not
     run); nothing else, and every one of them is in the image's package list, so none of them can be missing on the
     cluster."""
-    from pipeline.env.closure import IMAGE_LIST, read_freeze
+    from pipeline.env.closure import IMAGE_LIST, NVIDIA_PROVIDED, read_freeze
 
     head = header(SHIM)
     tagged: dict[str, str] = {}
     for kind, text in re.findall(r"^#\s+\[(\w+)\]\s+(.*(?:\n#\s{6,}\S.*)*)", head, flags=re.M):
         assert kind in SHIM_KINDS, f"the shim's header tags [{kind}]"
         names = re.split(r"[:]", text, maxsplit=1)[0]
-        for name in re.findall(r"[A-Za-z_]+", names):
+        for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", names):
             tagged[name] = kind
     scoped = _shim_scoped()
     assert set(scoped) <= set(tagged), f"untagged shim stand-ins: {sorted(set(scoped) - set(tagged))}"
     image = {n.lower() for n in read_freeze(IMAGE_LIST)}
     for name in scoped:
         dist = IMAGE_DISTRIBUTIONS[name]
-        assert dist in image, f"{name} ({dist}) is not in {IMAGE_LIST.name}: on the cluster it would be missing too"
-    assert {n for n, k in tagged.items() if k == "kernel"} == {"triton", "transformer_engine"}
+        # (NVIDIA's own builds in the image, whose presence validate --run-training checks on the cluster, count:
+        # a Nano or Super run on an image without mamba-ssm or causal-conv1d is refused on the login node)
+        assert dist in image or dist in NVIDIA_PROVIDED, \
+            f"{name} ({dist}) is not in {IMAGE_LIST.name}: on the cluster it would be missing too"
+    assert {n for n, k in tagged.items() if k == "kernel"} == {"triton", "transformer_engine", "selective_scan_cuda",
+                                                               "causal_conv1d_cuda"}

@@ -3,10 +3,15 @@
 # anything this directory provides. The megatron_cpu tier chains it (tests/megatron_cpu/standin), so each scoped
 # stand-in below is classified as the tier's stand-ins are (tests/unit/test_standin_kinds.py checks it):
 #
-#   [kernel]  triton: megatron-core's MoE and SSM op modules define Triton GPU kernels at import; the tier runs their
-#             torch paths (a kernel called through the stand-in runs as plain Python, never as Triton)
+#   [kernel]  triton: megatron-core's MoE and SSM op modules, and mamba-ssm's and causal-conv1d's Triton modules,
+#             define Triton GPU kernels at import; the tier runs their torch paths or their libraries' references
+#             (a kernel called through the stand-in runs as plain Python, never as Triton)
 #   [kernel]  transformer_engine: Bridge's LoRA module imports TE's layer classes for its TE-layer branches; the
 #             tier's layers are megatron-core's local (torch) ones
+#   [kernel]  selective_scan_cuda, causal_conv1d_cuda: mamba-ssm's and causal-conv1d's CUDA extensions (the tier
+#             installs both with their CUDA builds skipped), imported unguarded by their packages' interfaces; each
+#             kernel megatron-core calls through them is mapped onto its library's reference
+#             (tests/megatron_cpu/standin/mamba_standin.py), and calling the extension itself raises
 #   [image]   multistorageclient, ryml, PIL, diffusers, modelopt: packages the cluster's image holds
 #             (3rdparty/image-packages.txt: multi-storage-client, rapidyaml, pillow, diffusers, nvidia-modelopt), that
 #             Bridge's and energon's modules import at module level for paths the tier does not run (object storage,
@@ -33,7 +38,12 @@ if not hasattr(typing, "override"):
 _SCOPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_scoped")
 _SCOPED = {
     # Triton kernels defined at import time (MoE paged stash, SSM ops).
-    "triton": ("megatron.core.transformer.moe.ops.", "megatron.core.ssm.ops."),
+    "triton": ("megatron.core.transformer.moe.ops.", "megatron.core.ssm.ops.", "mamba_ssm.ops.triton.",
+               "causal_conv1d.causal_conv1d_varlen"),
+    # mamba-ssm's and causal-conv1d's CUDA extensions (built only with their kernels; the tier installs both with
+    # the kernel builds skipped), imported unguarded by their packages' interfaces.
+    "selective_scan_cuda": ("mamba_ssm.ops.selective_scan_interface",),
+    "causal_conv1d_cuda": ("causal_conv1d.cpp_functions",),
     # Bridge's LoRA module imports TE's pytorch API at module level (used only in TE-layer branches).
     "transformer_engine": ("megatron.bridge.peft.lora_layers",),
     # megatron-energon (Bridge's multimodal loader, imported by Bridge unguarded): its storage and

@@ -35,7 +35,8 @@
 # torch.cuda.is_available() stays False: code that chooses a device by it (the suite's, Bridge's) takes its CPU
 # branch for real. The tier's sitecustomize chains the Bridge harness's import shim first (tests/bridge/shim: GPU
 # kernel packages, Transformer Engine and Triton, and packages the image has, scoped to their unguarded importers;
-# read its header). Bridge's training loop has its own stand-in, training_standin.py, under the same rule.
+# read its header). Bridge's training loop has its own stand-in, training_standin.py, and the hybrid family's
+# Mamba kernels theirs, mamba_standin.py, under the same rule.
 import os
 import runpy
 
@@ -154,6 +155,12 @@ _after_import("megatron.core.transformer.utils", _patch_tutils)
 _after_import("megatron.bridge.models.gpt_provider", _patch_provider)
 _after_import("megatron.bridge.peft.utils", _patch_peft_utils)
 _after_import("megatron.bridge.peft.module_matcher", _patch_module_matcher)
+
+# The hybrid (Mamba) family's kernels: their own stand-ins, each onto its library's reference (mamba_standin.py).
+import mamba_standin  # noqa: E402
+
+for _module, _hook in mamba_standin.HOOKS.items():
+    _after_import(_module, _hook)
 
 _prev_import = builtins.__import__
 

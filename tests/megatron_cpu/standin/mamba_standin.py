@@ -1,0 +1,187 @@
+# KERNEL STAND-INS FOR THE HYBRID (MAMBA) FAMILY (the megatron_cpu test tier only; loaded by sitecustomize.py). The
+# tier installs mamba-ssm and causal-conv1d from their sdists with the CUDA builds skipped (tests/bridge/ssm.txt):
+# their Python runs for real, their kernels (CUDA extensions, Triton) do not exist on a CPU. Under the tier's rule
+# (decision 90; tests/unit/test_standin_kinds.py) each kernel megatron-core's MambaMixer calls is mapped onto its
+# library's own reference implementation, the same math in torch; the adapters only carry the kernel's calling
+# convention over (its argument names and layouts, the decode path's in-place state and batch indices), and anything
+# a reference cannot do is refused, never approximated. Every patched call, its kind, and why:
+#
+#   [kernel]  megatron.core.ssm.mamba_mixer.mamba_split_conv1d_scan_combined (training: the fused conv + scan +
+#             gate) -> mamba-ssm's own mamba_split_conv1d_scan_ref; packed sequences (seq_idx) and initial or
+#             final states, which that reference does not take, are refused (the GPU tier runs them)
+#   [kernel]  mamba_ssm.ops.triton.ssd_combined.causal_conv1d_fn (what mamba_split_conv1d_scan_ref convolves with)
+#             and megatron.core.ssm.mamba_mixer.causal_conv1d_fn (the prefill's conv) -> causal-conv1d's own
+#             causal_conv1d_ref (seq_idx included)
+#   [kernel]  mamba_ssm.ops.selective_scan_interface.selective_scan_fn (the CUDA selective scan that mamba-ssm's
+#             ssd_selective_scan reference calls) -> mamba-ssm's own selective_scan_ref
+#   [kernel]  megatron.core.ssm.mamba_mixer.mamba_chunk_scan_combined (the prefill's chunked SSD scan, with its final
+#             state for decoding) -> mamba-ssm's own minimal SSD reference (modules/ssd_minimal.py:
+#             ssd_minimal_discrete) with dt's bias, softplus and limits, the D skip and the z gate as the kernel
+#             applies them (as ssd_chunk_scan_combined_ref does); varlen (cu_seqlens) and seq_idx are refused
+#   [kernel]  mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn (the gated RMSNorm of the mixer) -> mamba-ssm's own
+#             rms_norm_ref
+#   [kernel]  megatron.core.ssm.mamba_mixer.causal_conv1d_update (decoding: megatron-core's Triton conv-state
+#             update) -> causal-conv1d's own causal_conv1d_update_ref, over the batch rows the indices name
+#   [kernel]  megatron.core.ssm.mamba_mixer.selective_state_update (decoding: megatron-core's Triton SSM-state
+#             update) -> mamba-ssm's own selective_state_update_ref, one token at a time over the indices' rows
+#
+# References that do not exist: none of megatron-core's own Triton ops under megatron/core/ssm/ops/ other than the two
+# decode updates above is called by a tier case (ssd_combined's varlen scan serves dynamic-batching inference and
+# speculative decoding's intermediate states: refused here, covered by the GPU tier, tests/gpu/device_check.sh).
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import repeat
+
+PATCHED: list[tuple[str, str]] = []  # sitecustomize.PATCHED gets these too
+
+
+def _patch(owner, name, value, label, kind):
+    import sitecustomize
+
+    sitecustomize._patch(owner, name, value, label, kind)
+    PATCHED.append((label, kind))
+
+
+class NotOnCPU(NotImplementedError):
+    """What a reference cannot do: refused in one line (the GPU tier runs it)."""
+
+
+# ---- adapters: the kernels' calling conventions onto the references ---------------------------------------------
+def split_conv1d_scan(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states=None,
+                      seq_idx=None, dt_limit=(0.0, float("inf")), return_final_states=False, activation="silu",
+                      rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None,
+                      ngroups=1, norm_before_gate=True):
+    """mamba_split_conv1d_scan_combined on mamba_split_conv1d_scan_ref (same arguments, same result)."""
+    from mamba_ssm.ops.triton.ssd_combined import mamba_split_conv1d_scan_ref
+
+    if seq_idx is not None or initial_states is not None or return_final_states:
+        raise NotOnCPU("mamba_split_conv1d_scan_combined with packed sequences (seq_idx) or states: its reference "
+                       "(mamba_split_conv1d_scan_ref) takes neither")
+    return mamba_split_conv1d_scan_ref(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                       dt_limit=dt_limit, activation=activation, rmsnorm_weight=rmsnorm_weight,
+                                       rmsnorm_eps=rmsnorm_eps, outproj_weight=outproj_weight,
+                                       outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
+                                       norm_before_gate=norm_before_gate)
+
+
+def chunk_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+               cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+               return_varlen_states=False):
+    """mamba_chunk_scan_combined on ssd_minimal_discrete: x (b, l, h, p), dt (b, l, h), A (h,), B and C (b, l, g, n),
+    D (h, p) or (h,), z (b, l, h, p); returns out (b, l, h, p) in x's dtype, and the final state (b, h, p, n) in
+    float32 with ``return_final_states``."""
+    from mamba_ssm.modules.ssd_minimal import ssd_minimal_discrete
+
+    if seq_idx is not None or cu_seqlens is not None or return_varlen_states:
+        raise NotOnCPU("mamba_chunk_scan_combined over packed or variable-length sequences: its minimal reference "
+                       "scans whole rows")
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups = B.shape[2]
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    if dt_softplus:
+        dt = F.softplus(dt)
+    if tuple(dt_limit) != (0.0, float("inf")):
+        dt = dt.clamp(min=dt_limit[0], max=dt_limit[1])
+    pad = (-seqlen) % chunk_size  # zero dt past the end: x*dt = 0 and exp(A*dt) = 1, the state passes unchanged
+    xf = F.pad(x.float(), (0, 0, 0, 0, 0, pad))
+    dtp = F.pad(dt, (0, 0, 0, pad))
+    Bh = F.pad(repeat(B.float(), "b l g n -> b l (g r) n", r=nheads // ngroups), (0, 0, 0, 0, 0, pad))
+    Ch = F.pad(repeat(C.float(), "b l g n -> b l (g r) n", r=nheads // ngroups), (0, 0, 0, 0, 0, pad))
+    init = initial_states.float().unsqueeze(1) if initial_states is not None else None
+    y, final = ssd_minimal_discrete(xf * dtp.unsqueeze(-1), A.float() * dtp, Bh, Ch, chunk_size, initial_states=init)
+    y = y[:, :seqlen]
+    if D is not None:
+        y = y + x.float() * (D.float() if D.dim() == 2 else D.float().unsqueeze(-1))
+    if z is not None:
+        y = y * F.silu(z.float())
+    y = y.to(x.dtype)
+    return (y, final) if return_final_states else y
+
+
+def conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+              final_states_out=None, activation=None):
+    """causal_conv1d_fn on causal_conv1d_ref (keyword names as the kernel's)."""
+    from causal_conv1d.causal_conv1d_interface import causal_conv1d_ref
+
+    return causal_conv1d_ref(x, weight, bias, initial_states=initial_states, return_final_states=return_final_states,
+                             final_states_out=final_states_out, activation=activation, seq_idx=seq_idx)
+
+
+def rmsnorm_fn(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
+    """The gated RMSNorm on rms_norm_ref."""
+    from mamba_ssm.ops.triton.layernorm_gated import rms_norm_ref
+
+    return rms_norm_ref(x, weight, bias, z=z, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate)
+
+
+def conv_state_update(x, conv_state, weight, bias, silu_activation, conv_state_indices=None,
+                      intermediate_conv_states=None):
+    """megatron-core's causal_conv1d_update on causal_conv1d_update_ref: x (b, d) or (b, d, s); conv_state's rows
+    are those ``conv_state_indices`` names (every row in order when None), updated in place."""
+    from causal_conv1d.causal_conv1d_interface import causal_conv1d_update_ref
+
+    if intermediate_conv_states is not None:
+        raise NotOnCPU("causal_conv1d_update's intermediate states (speculative decoding)")
+    activation = silu_activation if isinstance(silu_activation, str) else ("silu" if silu_activation else None)
+    rows = conv_state_indices.long() if conv_state_indices is not None else torch.arange(x.shape[0])
+    state = conv_state[rows]
+    out = causal_conv1d_update_ref(x, state, weight, bias, activation=activation)
+    conv_state[rows] = state
+    return out
+
+
+def ssm_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                     state_batch_indices=None, intermediate_ssm_states=None):
+    """megatron-core's selective_state_update on selective_state_update_ref: x (b, h, p) or (b, s, h, p), one token
+    at a time; state's rows are those ``state_batch_indices`` names, updated in place."""
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update_ref
+
+    if intermediate_ssm_states is not None:
+        raise NotOnCPU("selective_state_update's intermediate states (speculative decoding)")
+    steps = x.dim() == 4 if state.dim() == 4 else x.dim() == 3
+    rows = state_batch_indices.long().reshape(-1) if state_batch_indices is not None else torch.arange(x.shape[0])
+    sub = state[rows]
+    if not steps:
+        out = selective_state_update_ref(sub, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+    else:
+        out = torch.stack([selective_state_update_ref(sub, x[:, t], dt[:, t], A, B[:, t], C[:, t], D=D,
+                                                      z=None if z is None else z[:, t], dt_bias=dt_bias,
+                                                      dt_softplus=dt_softplus) for t in range(x.shape[1])], dim=1)
+    state[rows] = sub
+    return out
+
+
+# ---- the patches, once each module has loaded ---------------------------------------------------------------------
+def patch_mixer(m):
+    _patch(m, "mamba_split_conv1d_scan_combined", split_conv1d_scan,
+           "megatron.core.ssm.mamba_mixer.mamba_split_conv1d_scan_combined", "kernel")
+    _patch(m, "mamba_chunk_scan_combined", chunk_scan, "megatron.core.ssm.mamba_mixer.mamba_chunk_scan_combined",
+           "kernel")
+    _patch(m, "causal_conv1d_fn", conv1d_fn, "megatron.core.ssm.mamba_mixer.causal_conv1d_fn", "kernel")
+    _patch(m, "causal_conv1d_update", conv_state_update, "megatron.core.ssm.mamba_mixer.causal_conv1d_update",
+           "kernel")
+    _patch(m, "selective_state_update", ssm_state_update, "megatron.core.ssm.mamba_mixer.selective_state_update",
+           "kernel")
+
+
+def patch_ssd_combined(m):
+    _patch(m, "causal_conv1d_fn", conv1d_fn, "mamba_ssm.ops.triton.ssd_combined.causal_conv1d_fn", "kernel")
+
+
+def patch_selective_scan(m):
+    _patch(m, "selective_scan_fn", m.selective_scan_ref,
+           "mamba_ssm.ops.selective_scan_interface.selective_scan_fn", "kernel")
+
+
+def patch_layernorm_gated(m):
+    _patch(m, "rmsnorm_fn", rmsnorm_fn, "mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn", "kernel")
+
+
+HOOKS = {"megatron.core.ssm.mamba_mixer": patch_mixer,
+         "mamba_ssm.ops.triton.ssd_combined": patch_ssd_combined,
+         "mamba_ssm.ops.selective_scan_interface": patch_selective_scan,
+         "mamba_ssm.ops.triton.layernorm_gated": patch_layernorm_gated}
