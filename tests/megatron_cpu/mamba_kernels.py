@@ -200,15 +200,42 @@ def split_conv1d_scan_equals_its_parts():
 
 
 @check
+def split_conv1d_scan_of_packed_sequences_is_each_sequence_alone():
+    """With seq_idx (packed sequences, as an SFT batch is) the fused scan gives each sequence what it gives that
+    sequence alone: its convolution and its state restart at the boundary; values and gradients."""
+    from mamba_standin import split_conv1d_scan
+
+    torch.manual_seed(4)
+    h, p, g, n, w = 4, 8, 2, 16, 4
+    dim, conv_dim = h * p, h * p + 2 * g * n
+    zxbcdt = torch.randn(2, 23, 2 * dim + 2 * g * n + h)
+    cw, cb = torch.randn(conv_dim, w) * 0.5, torch.randn(conv_dim)
+    dt_bias, A, D = torch.rand(h) - 1.0, -torch.rand(h) - 0.5, torch.randn(h)
+    bounds = [(0, 9), (9, 20), (20, 23)]
+    seq_idx = torch.tensor([[i for i, (a, e) in enumerate(bounds) for _ in range(a, e)]] * 2, dtype=torch.int32)
+
+    def alone(zxbcdt, *rest):
+        return torch.cat([split_conv1d_scan(zxbcdt[:, a:e], *rest, chunk_size=8, headdim=p, ngroups=g)
+                          for a, e in bounds], dim=1)
+
+    same_values_and_grads(lambda z, *rest: split_conv1d_scan(z, *rest, chunk_size=8, headdim=p, ngroups=g,
+                                                             seq_idx=seq_idx),
+                          alone, (zxbcdt, cw, cb, dt_bias, A, D), "packed fused scan vs each sequence alone")
+    whole = split_conv1d_scan(zxbcdt, cw, cb, dt_bias, A, D, chunk_size=8, headdim=p, ngroups=g)
+    packed = split_conv1d_scan(zxbcdt, cw, cb, dt_bias, A, D, chunk_size=8, headdim=p, ngroups=g, seq_idx=seq_idx)
+    assert not torch.allclose(whole[:, 9:], packed[:, 9:]), "the boundary changed nothing: seq_idx was ignored"
+
+
+@check
 def what_a_reference_cannot_do_is_refused():
-    """Packed sequences through the fused training scan, varlen scans and speculative decoding's intermediate
-    states are refused in one line (the GPU tier runs them), never approximated."""
+    """Initial states through the fused training scan, packed or varlen prefill scans and speculative decoding's
+    intermediate states are refused in one line (the GPU tier runs them), never approximated."""
     from mamba_standin import NotOnCPU, chunk_scan, split_conv1d_scan
 
     x, dt, A, B, C, D, z, bias = ssm_inputs(seqlen=8)
     for call in (lambda: chunk_scan(x, dt, A, B, C, 8, seq_idx=torch.zeros(2, 8, dtype=torch.int32)),
                  lambda: split_conv1d_scan(torch.zeros(1, 4, 8), None, None, None, None, None, 8,
-                                           seq_idx=torch.zeros(1, 4))):
+                                           initial_states=torch.zeros(1))):
         try:
             call()
         except NotOnCPU:

@@ -16,7 +16,7 @@ CHECKS = ("chunk_scan_equals_the_sequential_selective_scan_reference",
           "chunk_scan_states_carry_over_and_match_the_decode_step", "conv1d_equals_megatrons_torch_fallback",
           "conv1d_of_packed_sequences_restarts_at_each_boundary", "conv_state_update_steps_equal_the_prefill_conv",
           "gated_rmsnorm_equals_torchs_rms_norm", "split_conv1d_scan_equals_its_parts",
-          "what_a_reference_cannot_do_is_refused")
+          "split_conv1d_scan_of_packed_sequences_is_each_sequence_alone", "what_a_reference_cannot_do_is_refused")
 
 
 def test_the_mamba_kernel_stand_ins_equal_their_references(harness_venv):

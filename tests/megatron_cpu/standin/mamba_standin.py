@@ -7,8 +7,8 @@
 # a reference cannot do is refused, never approximated. Every patched call, its kind, and why:
 #
 #   [kernel]  megatron.core.ssm.mamba_mixer.mamba_split_conv1d_scan_combined (training: the fused conv + scan +
-#             gate) -> mamba-ssm's own mamba_split_conv1d_scan_ref; packed sequences (seq_idx) and initial or
-#             final states, which that reference does not take, are refused (the GPU tier runs them)
+#             gate) -> mamba-ssm's own mamba_split_conv1d_scan_ref, packed sequences (seq_idx) each on its own
+#             as the kernel computes them; initial or final states, which that reference does not take, are refused
 #   [kernel]  mamba_ssm.ops.triton.ssd_combined.causal_conv1d_fn (what mamba_split_conv1d_scan_ref convolves with)
 #             and megatron.core.ssm.mamba_mixer.causal_conv1d_fn (the prefill's conv) -> causal-conv1d's own
 #             causal_conv1d_ref (seq_idx included)
@@ -53,17 +53,31 @@ def split_conv1d_scan(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_s
                       seq_idx=None, dt_limit=(0.0, float("inf")), return_final_states=False, activation="silu",
                       rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None,
                       ngroups=1, norm_before_gate=True):
-    """mamba_split_conv1d_scan_combined on mamba_split_conv1d_scan_ref (same arguments, same result)."""
+    """mamba_split_conv1d_scan_combined on mamba_split_conv1d_scan_ref (same arguments, same result). Packed
+    sequences (``seq_idx``: each position's sequence, as the kernel takes it) are what the kernel computes for them:
+    each sequence on its own, its convolution and its state starting from zero, so the reference runs on each
+    sequence's positions and the outputs are put back in place."""
     from mamba_ssm.ops.triton.ssd_combined import mamba_split_conv1d_scan_ref
 
-    if seq_idx is not None or initial_states is not None or return_final_states:
-        raise NotOnCPU("mamba_split_conv1d_scan_combined with packed sequences (seq_idx) or states: its reference "
+    if initial_states is not None or return_final_states:
+        raise NotOnCPU("mamba_split_conv1d_scan_combined with initial or final states: its reference "
                        "(mamba_split_conv1d_scan_ref) takes neither")
-    return mamba_split_conv1d_scan_ref(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
-                                       dt_limit=dt_limit, activation=activation, rmsnorm_weight=rmsnorm_weight,
-                                       rmsnorm_eps=rmsnorm_eps, outproj_weight=outproj_weight,
-                                       outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
-                                       norm_before_gate=norm_before_gate)
+
+    def ref(rows):
+        return mamba_split_conv1d_scan_ref(rows, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                           dt_limit=dt_limit, activation=activation, rmsnorm_weight=rmsnorm_weight,
+                                           rmsnorm_eps=rmsnorm_eps, outproj_weight=outproj_weight,
+                                           outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
+                                           norm_before_gate=norm_before_gate)
+
+    if seq_idx is None:
+        return ref(zxbcdt)
+    out = []
+    for b in range(zxbcdt.shape[0]):
+        ids = seq_idx[b]
+        starts = [0] + [t for t in range(1, ids.shape[0]) if ids[t] != ids[t - 1]] + [ids.shape[0]]
+        out.append(torch.cat([ref(zxbcdt[b:b + 1, a:e]) for a, e in zip(starts, starts[1:])], dim=1))
+    return torch.cat(out, dim=0)
 
 
 def chunk_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
