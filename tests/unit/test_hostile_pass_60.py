@@ -262,20 +262,26 @@ EXP_T5 = ("name: t5\nbase: {config: configs/local/tiny_moe_sft.yaml, model: tiny
           "grid:\n  optimizer.lr: [1.0e-3, 2.0e-3]\n")
 
 
+@pytest.fixture
+def t5_exp(tmp_path, monkeypatch):
+    """A two-run experiment file whose runs and data live under tmp_path."""
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("PIPELINE_DATA_ROOT", str(tmp_path / "data"))
+    exp = tmp_path / "e.yaml"
+    exp.write_text(EXP_T5)
+    return exp
+
+
 @pytest.mark.parametrize("body", ["a: " + "[" * 5000 + "]" * 5000 + "\n",  # deeper than the interpreter recurses
                                   "a: " + "[" * 80 + "]" * 80 + "\n",       # past the record depth, within it
                                   "big"])                                   # past the record size
-def test_a_deep_or_huge_config_of_record_is_one_line_in_render_status_and_csv(tmp_path, monkeypatch, capsys, body):
+def test_a_deep_or_huge_config_of_record_is_one_line_in_render_status_and_csv(tmp_path, t5_exp, capsys, body):
     """Hostile pass of issue 60, T5: a run folder's config.yaml nested 5000 deep crashed render, status, csv (and
     the launcher's preflight) with RecursionError; a huge one was read whole (MemoryError). Every reader of the
     record goes through yamlio.read_record: a regular file, bounded in size and depth; render names the file."""
     from pipeline.cli.experiment import main
     from pipeline.common import yamlio
 
-    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("PIPELINE_DATA_ROOT", str(tmp_path / "data"))
-    exp = tmp_path / "e.yaml"
-    exp.write_text(EXP_T5)
     cfg = tmp_path / "runs" / "t5.lr0.001" / "config.yaml"
     cfg.parent.mkdir(parents=True)
     if body == "big":
@@ -283,31 +289,27 @@ def test_a_deep_or_huge_config_of_record_is_one_line_in_render_status_and_csv(tm
             f.truncate(yamlio.RECORD_MAX_BYTES + 1)
     else:
         cfg.write_text(body)
-    assert main(["render", str(exp)]) == 0
+    assert main(["render", str(t5_exp)]) == 0
     out = capsys.readouterr().out
     assert f"submit refuses: {cfg} is unreadable" in out, out[-2000:]
-    assert main(["status", str(exp), "--no-plots"]) == 0
+    assert main(["status", str(t5_exp), "--no-plots"]) == 0
     assert "lr0.001" in capsys.readouterr().out
-    assert main(["csv", str(exp)]) == 0
+    assert main(["csv", str(t5_exp)]) == 0
     with pytest.raises((OSError, ValueError, __import__("yaml").YAMLError)):
         yamlio.read_record(cfg)
 
 
 @pytest.mark.parametrize("lock", ["phases: {train: 5}\n", "phases: {train: {kind: train, config: 5}}\n",
                                   "phases: " + "[" * 3000 + "]" * 3000 + "\n"])
-def test_a_hand_edited_lock_file_is_one_line(tmp_path, monkeypatch, capsys, lock):
+def test_a_hand_edited_lock_file_is_one_line(tmp_path, t5_exp, capsys, lock):
     """Hostile pass of issue 60, T6: a lock file edited to `phases: {train: 5}` (or nested deep) crashed render with
     AttributeError (RecursionError); it is now a problem line naming the lock file and the fix."""
     from pipeline.cli.experiment import main
 
-    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("PIPELINE_DATA_ROOT", str(tmp_path / "data"))
-    exp = tmp_path / "e.yaml"
-    exp.write_text(EXP_T5)
     path = tmp_path / "locks" / "t5" / "lr0.001.lock.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(lock)
-    assert main(["render", str(exp)]) == 2
+    assert main(["render", str(t5_exp)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: lock file {path}") and "re-lock with submit --relock" in err, err
     assert len(err.strip().splitlines()) == 1, err

@@ -220,10 +220,11 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     plan = jobs.plan_export(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep, iteration=req.iteration,
                             nodes=nodes, job=req.action, argv=rest, inputs_later=inputs_later,
                             strict=not req.not_strict, push_to_hub=req.push_to_hub)
-    plan.problems += hf_output_problems(req)
-    if req.action == "upload-all" and req.ckpt_dir.is_dir():
-        for it, why in earlier_failures(req.ckpt_dir, exported=_exported).items():  # skipped (hostile pass, W6)
-            plan.notes.append(f"{layout.iter_dirname(it)} is skipped: {why}")
+    skipped = earlier_failures(req.ckpt_dir, exported=_exported) \
+        if req.action == "upload-all" and req.ckpt_dir.is_dir() else {}
+    plan.problems += hf_output_problems(req, skipped)
+    for it, why in skipped.items():  # named in the plan (hostile pass, W6)
+        plan.notes.append(f"{layout.iter_dirname(it)} is skipped: {why}")
     cfg = req.eval_run(req.ckpt_dir / "iter_0000000" / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
         from pipeline.evaluation.tasks import check_tasks
@@ -238,11 +239,12 @@ def _exported(iter_path: Path) -> bool:
     return ex.published_export(iter_path / "hf") is not None
 
 
-def hf_output_problems(req: ConvertRequest) -> list[str]:
+def hf_output_problems(req: ConvertRequest, skipped: dict[int, str]) -> list[str]:
     """The export's own hf/ rule (``export.hf_output_problem``), applied in the plan to every iteration the job
     would export: the dry run said OK for an hf/ holding a user's file (with --force) or linked to a user's folder,
     and the job refused only when it got there (hostile pass of issue 60, W5). An iteration already exported and
-    verified is skipped by the job (without --force), and one whose earlier attempt failed is not retried."""
+    verified is skipped by the job (without --force), and so is one whose earlier attempt failed (``skipped``:
+    upload-all's :func:`earlier_failures`)."""
     ckpt = req.ckpt_dir
     assert ckpt is not None
     if not ckpt.is_dir():
@@ -251,7 +253,6 @@ def hf_output_problems(req: ConvertRequest) -> list[str]:
         if req.action == "export":
             iters = [layout.resolve_iteration(ckpt, req.iteration)]
         else:
-            skipped = earlier_failures(ckpt, exported=_exported)
             iters = [layout.iter_dir(ckpt, it) for it in layout.complete_iterations(ckpt) if it not in skipped]
     except (UserError, OSError):  # no such iteration, or an unreadable folder: the plan says so elsewhere
         return []
