@@ -68,3 +68,24 @@ def tiny(tmp_path_factory, harness_venv):
     return {"hf": hf, "meg": meg, "greedy": greedy, "prompts": prompts, "work": work}
 
 
+
+
+@pytest.fixture(scope="session")
+def nemotron_h(tmp_path_factory, harness_venv):
+    """A tiny NemotronH (worker.py make-nemotron-h) + its Hugging Face greedy tokens, imported to Megatron through
+    the suite's import CLI (one process: AutoBridge.import_ckpt with Bridge's NemotronH bridge and provider)."""
+    t0 = time.monotonic()
+    work = tmp_path_factory.mktemp("nemotron_h")
+    hf, meg = work / "hf", work / "megatron"
+    r = tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "make-nemotron-h", str(hf)],
+                 env=tier_env({"TIER_MAX_TOKENS": str(MAX_TOKENS)}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "import", str(hf), "--output",
+                  str(meg)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"imported {hf} -> {meg}" in r.stdout
+    print(f"tiny NemotronH made and imported in {time.monotonic() - t0:.0f} s")
+    greedy = json.loads((hf / "hf_greedy.json").read_text())
+    prompts = work / "prompts.json"
+    prompts.write_text(json.dumps([g["prompt"] for g in greedy]))
+    return {"hf": hf, "meg": meg, "greedy": greedy, "prompts": prompts, "work": work}

@@ -4,6 +4,8 @@ PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the 
     python worker.py make-model OUT          a tiny Llama (Bridge's LlamaBridge maps megatron-core's local layer
                                              names) + a byte-level BPE tokenizer with a ChatML template, and the
                                              Hugging Face greedy tokens of PROMPTS (OUT/hf_greedy.json)
+    python worker.py make-nemotron-h OUT     a tiny NemotronH (the Nano pattern's layer kinds: Mamba-2, attention,
+                                             MoE; the same tokenizer) and its Hugging Face greedy tokens
     python worker.py import HF OUT           pipeline.bridge.import_from_hf (AutoBridge.import_ckpt)
     python worker.py chat OUT.jsonl          the chat conversations the SFT job's packs are made from
     python worker.py sft DATA HF MEG RUN [OVERRIDE...]
@@ -15,7 +17,7 @@ PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the 
                                              the tiny Llama at HF (shrink_model): Bridge's finetune()/pretrain()
     python worker.py generate ITER HF N TP PP EP OUT.json
                                              pipeline.bridge.generate (one rank, or every rank under torchrun)
-    python worker.py perturb ITER            one shard of a torch_dist checkpoint changed in place
+    python worker.py perturb ITER [FQN]      one shard of a torch_dist checkpoint changed in place (or the tensor FQN)
     python worker.py make-lora BASE_ITER HF OUT
                                              a Bridge LoRA checkpoint OUT/iter_0000002 on the imported base: the
                                              base loaded with Bridge, Bridge's LoRA transform, nonzero adapter
@@ -39,10 +41,10 @@ CORPUS = ("The quick brown fox jumps over the lazy dog. Paris is the capital of 
           "Two plus two is four. Write a short poem about the morning light on the water. ") * 40
 
 
-def make_model(out: Path) -> None:
-    import torch
+def make_tokenizer(out: Path):
+    """A byte-level BPE tokenizer trained on CORPUS with a ChatML template, saved to ``out``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE())
@@ -55,16 +57,13 @@ def make_model(out: Path) -> None:
                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
     tok.chat_template = CHATML
     tok.save_pretrained(out)
-    torch.manual_seed(1234)
-    # peaky logits (a wide init) so greedy argmaxes are far from ties: the layouts' different summation orders
-    # must not flip a token
-    cfg = LlamaConfig(vocab_size=-(-len(tok) // 64) * 64,  # padded, as real vocabularies are (tp must divide it)
-                      hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.25, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, rms_norm_eps=1e-5)
-    model = LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(out)
+    return tok
+
+
+def write_greedy(model, tok, out: Path) -> None:
+    """Hugging Face greedy generation of PROMPTS (chat-templated) by ``model``: OUT/hf_greedy.json."""
+    import torch
+
     greedy = []
     for p in PROMPTS:
         ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
@@ -81,13 +80,79 @@ def make_model(out: Path) -> None:
     (out / "hf_greedy.json").write_text(json.dumps(greedy, indent=1))
 
 
-def perturb(iter_dir: Path) -> None:
-    """One shard changed in place: a bit of the exponent flipped in 4 KiB of the middle of the largest ``*.distcp``
-    (tensor bytes there: DCP writes tensors raw), so the checkpoint still loads, with wrong weights."""
-    shard = max(iter_dir.glob("*.distcp"), key=lambda f: f.stat().st_size)
+def make_model(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer(out)
+    torch.manual_seed(1234)
+    # peaky logits (a wide init) so greedy argmaxes are far from ties: the layouts' different summation orders
+    # must not flip a token
+    cfg = LlamaConfig(vocab_size=-(-len(tok) // 64) * 64,  # padded, as real vocabularies are (tp must divide it)
+                      hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.25, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, rms_norm_eps=1e-5)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out)
+    write_greedy(model, tok, out)
+
+
+# The Nano pattern's layer kinds, one each and a second Mamba (NemotronH's hybrid_override_pattern "M*ME"): Mamba-2
+# mixer, attention, Mamba-2, MoE (4 routed experts, 2 per token, a shared expert; Nano's sigmoid router with its
+# expert bias). Mamba heads 8 x 16 in 2 groups, state 16. The scan's chunk is Nano's, 128, longer than every
+# sequence the tier compares with Hugging Face: transformers 5.12.1 (Bridge 0.6.2's upper pin) computes NemotronH's
+# pure-torch scan, its only path on a CPU, wrongly across chunks (its output depends on chunk_size; 5.24 fixed it).
+NEMOTRON_H_LAYERS = ["mamba", "attention", "mamba", "moe"]
+
+
+def make_nemotron_h(out: Path) -> None:
+    """A tiny NemotronH written as the Hub's NVIDIA checkpoints are (``backbone.embeddings.weight``, what Bridge's
+    NemotronHBridge maps: transformers 5.12's save_pretrained writes ``backbone.embedding.weight``, which its loader
+    renames back and Bridge's import does not find), then read back by transformers for the greedy tokens."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    tok = make_tokenizer(out)
+    torch.manual_seed(1234)
+    cfg = NemotronHConfig(vocab_size=-(-len(tok) // 64) * 64, hidden_size=64, layers_block_type=NEMOTRON_H_LAYERS,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                          mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, expand=2,
+                          chunk_size=128, n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=64,
+                          moe_shared_expert_intermediate_size=64, num_experts_per_tok=2, use_mamba_kernels=False,
+                          initializer_range=0.25, tie_word_embeddings=False, max_position_embeddings=256,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    NemotronHForCausalLM(cfg).save_pretrained(out)
+    weights = out / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["backbone.embeddings.weight"] = tensors.pop("backbone.embedding.weight")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    model = NemotronHForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(model.get_input_embeddings().weight, tensors["backbone.embeddings.weight"])
+    write_greedy(model, tok, out)
+
+
+def perturb(iter_dir: Path, fqn: str | None = None) -> None:
+    """Bytes of a shard broken in place: a bit of the exponent flipped in 4 KiB of the middle of the largest
+    ``*.distcp`` (tensor bytes there: DCP writes tensors raw), or, given ``fqn``, in 1 KiB of the middle of that
+    tensor's item, found in the checkpoint's DCP metadata. The checkpoint still loads, with broken weights (values
+    2^64 times off, some no longer finite)."""
+    if fqn is None:
+        shard = max(iter_dir.glob("*.distcp"), key=lambda f: f.stat().st_size)
+        start, end, span = 0, shard.stat().st_size, 4096
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        storage = FileSystemReader(str(iter_dir)).read_metadata().storage_data
+        items = [info for idx, info in storage.items() if idx.fqn == fqn]
+        if len(items) != 1:
+            raise SystemExit(f"{fqn}: {len(items)} items in {iter_dir}'s metadata")
+        item = items[0]
+        shard, start, end, span = iter_dir / item.relative_path, item.offset, item.offset + item.length, 1024
     data = bytearray(shard.read_bytes())
-    mid = len(data) // 2
-    for i in range(mid, mid + 4096):
+    mid = (start + end) // 2 - span // 2
+    for i in range(mid, mid + span):
         data[i] ^= 0x40
     shard.write_bytes(bytes(data))
 
@@ -344,6 +409,8 @@ def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "make-model":
         make_model(Path(argv[1]))
+    elif cmd == "make-nemotron-h":
+        make_nemotron_h(Path(argv[1]))
     elif cmd == "import":
         from pipeline import bridge
 
@@ -366,7 +433,7 @@ def main(argv: list[str]) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             Path(out).write_text(json.dumps([{"text": t, "n": k, "finished": f} for t, k, f in res]))
     elif cmd == "perturb":
-        perturb(Path(argv[1]))
+        perturb(Path(argv[1]), argv[2] if len(argv) > 2 else None)
     else:
         print(__doc__, file=sys.stderr)
         return 2

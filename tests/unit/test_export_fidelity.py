@@ -165,3 +165,50 @@ def test_nemotronh_stores_lm_head_even_with_the_tie_flag(tmp_path, tokenizer):
     assert file_set_problems(tmp_path) == [
         f"missing tensor lm_head.weight [{len(tokenizer)}, 64] (tie_word_embeddings is true, but "
         "NemotronHForCausalLM does not tie it: it must be stored)"]
+
+
+@pytest.mark.parametrize("rename", [("backbone.", "model."), ("backbone.embeddings.weight", "backbone.embedding.weight")],
+                         ids=["in-memory-names", "embedding"])
+def test_the_file_set_takes_the_names_transformers_loads(tmp_path, tokenizer, rename):
+    """A tensor stored under another name counts as the expected one exactly when transformers' own loader renames
+    it onto the same parameter (the Hub's NemotronH checkpoints and transformers' saves name the embedding
+    differently across versions): the file set agrees with from_pretrained's own loading report, either way."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.config.models import build_tiny_config, get_model
+
+    conf = build_tiny_config(get_model("tiny-nemotronh-moe"), len(tokenizer), tokenizer.eos_token_id,
+                             tokenizer.eos_token_id, tokenizer.bos_token_id)
+    AutoModelForCausalLM.from_config(conf).save_pretrained(tmp_path)
+    old, new = rename
+    _edit_tensors(tmp_path / "model.safetensors",
+                  lambda t: t.update({k.replace(old, new): t.pop(k) for k in [k for k in t if old in k]}))
+    _, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    problems = file_set_problems(tmp_path)
+    if info["missing_keys"] or info["unexpected_keys"]:  # what transformers does not load stays a problem
+        assert problems and all(p.startswith(("missing tensor", "unexpected tensor")) for p in problems), problems
+        assert any(new in p for p in problems)
+    else:
+        assert problems == []
+
+
+def test_non_finite_logits_are_a_failure_of_their_own_not_a_zero_difference():
+    """Logits that are not finite on one side: the comparison counts those positions, reports the difference and
+    the KL as NaN (it read 0.0 and full top-1 agreement once), and the failures name the side."""
+    import math
+
+    import torch
+
+    from pipeline.checkpoint.verify import BF16_TOLERANCES, compare_logits, fidelity_failures
+
+    torch.manual_seed(0)
+    a = torch.randn(1, 4, 16)
+    b = a.clone()
+    assert fidelity_failures(compare_logits([a], [b]), BF16_TOLERANCES) == []
+    b[0, 2, 3] = float("nan")
+    cmp = compare_logits([a], [b])
+    assert cmp["nonfinite_export"] == 1 and cmp["nonfinite_source"] == 0
+    assert math.isnan(cmp["max_abs_logit_diff"]) and cmp["top1_agreement"] == 0.75
+    failures = fidelity_failures(cmp, BF16_TOLERANCES)
+    assert failures[0] == "the export's logits are not finite at 1 of 4 positions"
+    assert any(f.startswith("logits differ from the source checkpoint by nan") for f in failures)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,13 @@ def compare_logits(src: list, exp: list) -> dict[str, Any]:
     """Per prompt and overall: max |logit diff|, mean over positions of KL(source || export) of the next-token
     distributions (float64, so two identical rows give exactly 0), and the fraction of positions whose argmax
     agrees. ``src``/``exp`` are one ``[1, seq, vocab]`` tensor per prompt. Overall KL and agreement pool every
-    position; the overall max is the largest per-prompt max. A shape mismatch is reported, not raised."""
+    position; the overall max is the largest per-prompt max. A shape mismatch is reported, not raised. Positions
+    whose logits are not all finite are counted for each side (``nonfinite_source``, ``nonfinite_export``): there
+    the differences are NaN, never a 0 that reads as agreement."""
     import torch
 
     per = []
-    kl_sum, agree, positions = 0.0, 0, 0
+    kl_sum, agree, positions, bad_src, bad_exp = 0.0, 0, 0, 0, 0
     for a, b in zip(src, exp):
         if tuple(a.shape) != tuple(b.shape):
             return {"shape_mismatch": f"source logits {tuple(a.shape)} vs export logits {tuple(b.shape)}",
@@ -80,22 +83,31 @@ def compare_logits(src: list, exp: list) -> dict[str, Any]:
         a64, b64 = a.double().reshape(-1, a.shape[-1]), b.double().reshape(-1, b.shape[-1])
         lp, lq = torch.log_softmax(a64, -1), torch.log_softmax(b64, -1)
         kl_rows = (lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0)
-        same = int((a64.argmax(-1) == b64.argmax(-1)).sum())
+        fin_a, fin_b = torch.isfinite(a64).all(-1), torch.isfinite(b64).all(-1)
+        both = fin_a & fin_b
+        same = int(((a64.argmax(-1) == b64.argmax(-1)) & both).sum())
         n = a64.shape[0]
-        per.append({"max_abs_logit_diff": float((a64 - b64).abs().max()), "kl": float(kl_rows.mean()),
+        diff = float((a64 - b64).abs().max()) if bool(both.all()) else math.nan
+        per.append({"max_abs_logit_diff": diff, "kl": float(kl_rows.mean()) if bool(both.all()) else math.nan,
                     "top1_agreement": same / n, "positions": n})
-        kl_sum += float(kl_rows.sum())
+        kl_sum += float(kl_rows.sum()) if bool(both.all()) else math.nan
         agree += same
         positions += n
-    return {"max_abs_logit_diff": max(p["max_abs_logit_diff"] for p in per), "kl": kl_sum / positions,
-            "top1_agreement": agree / positions, "positions": positions, "per_prompt": per}
+        bad_src += int((~fin_a).sum())
+        bad_exp += int((~fin_b).sum())
+    diffs = [p["max_abs_logit_diff"] for p in per]
+    return {"max_abs_logit_diff": math.nan if any(math.isnan(d) for d in diffs) else max(diffs),
+            "kl": kl_sum / positions, "top1_agreement": agree / positions, "positions": positions,
+            "nonfinite_source": bad_src, "nonfinite_export": bad_exp, "per_prompt": per}
 
 
 def fidelity_failures(cmp: dict[str, Any], tol: Tolerances) -> list[str]:
     """One line per tolerance a logits comparison (``compare_logits``) breaks."""
     if "shape_mismatch" in cmp:
         return [f"logits of the source checkpoint and the export have different shapes: {cmp['shape_mismatch']}"]
-    out = []
+    out = [f"the {side}'s logits are not finite at {cmp[key]} of {cmp['positions']} positions"
+           for side, key in (("source checkpoint", "nonfinite_source"), ("export", "nonfinite_export"))
+           if cmp.get(key)]
     d, kl, top1 = cmp["max_abs_logit_diff"], cmp["kl"], cmp["top1_agreement"]
     if not math.isfinite(d) or d > tol.atol:
         out.append(f"logits differ from the source checkpoint by {d:.3g} (tolerance {tol.atol:g})")
@@ -146,16 +158,24 @@ def _header_shapes(hf_dir: Path) -> tuple[dict[str, tuple[int, ...]], list[str]]
     return shapes, problems
 
 
-def expected_tensors(config) -> tuple[dict[str, tuple[int, ...]], set[str], str | None, str]:
+def expected_tensors(config) -> tuple[dict[str, tuple[int, ...]], set[str], str | None, str,
+                                     Callable[[str], str | None]]:
     """The tensors a Hugging Face checkpoint of ``config``'s architecture holds on disk: the model class built on
     the meta device (no memory), its state dict renamed back to the checkpoint format the way ``save_pretrained``
     does it (transformers 5 stores e.g. MoE experts fused in memory and one tensor per expert on disk). Returns
-    (name -> shape, names that may be absent, the input-embedding name, the model class name). The output
-    embedding may be absent only where the class really ties it to the input embedding: ``tie_word_embeddings``
+    (name -> shape, names that may be absent, the input-embedding name, the model class name, and ``loaded_as``:
+    a checkpoint name after transformers' own renaming rules, None where from_pretrained would load it nowhere). The
+    output embedding may be absent only where the class really ties it to the input embedding: ``tie_word_embeddings``
     true and the class declaring the tie (NemotronH does not, whatever its config says)."""
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        rename_source_key,
+        revert_weight_conversion,
+    )
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -174,7 +194,17 @@ def expected_tensors(config) -> tuple[dict[str, tuple[int, ...]], set[str], str 
     tied = getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {}
     if out is not None and getattr(config, "tie_word_embeddings", False) and out in tied:
         optional.add(next(iter(on_disk({out: sd[out]}))))
-    return expected, optional, emb_disk, type(model).__name__
+    mapping = get_model_conversion_mapping(model)
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+
+    def loaded_as(key: str) -> str | None:
+        """``key`` after transformers' renamings, where from_pretrained loads it (renamed, and merged by a
+        converter where one applies, into a parameter of the model); None where it loads nowhere."""
+        full, _ = rename_source_key(key, renamings, converters, model.base_model_prefix, sd)
+        return rename_source_key(key, renamings, [], model.base_model_prefix, sd)[0] if full in sd else None
+
+    return expected, optional, emb_disk, type(model).__name__, loaded_as
 
 
 def file_set_problems(hf_dir: Path) -> list[str]:
@@ -192,7 +222,17 @@ def file_set_problems(hf_dir: Path) -> list[str]:
     shapes, problems = _header_shapes(hf_dir)
     if not shapes:
         return problems
-    expected, optional, emb, cls = expected_tensors(config)
+    expected, optional, emb, cls, loaded_as = expected_tensors(config)
+    # a tensor under another name transformers' loader renames onto the same parameter (the Hub's NemotronH
+    # checkpoints store backbone.embeddings.weight, transformers 5 saves backbone.embedding.weight; both load):
+    # the expected name is taken as the file's
+    by_param = {loaded_as(k): k for k in set(expected) - set(shapes)}
+    for k in sorted(set(shapes) - set(expected)):
+        e = by_param.get(loaded_as(k)) if loaded_as(k) is not None else None
+        if e is not None and expected[e] == shapes[k]:
+            expected[k] = expected.pop(e)
+            if emb == e:
+                emb = k
     tie = bool(getattr(config, "tie_word_embeddings", False))
     for k in sorted(set(expected) - set(shapes) - optional):
         why = ""

@@ -25,6 +25,27 @@
 #   [kernel]  megatron.core.ssm.mamba_mixer.selective_state_update (decoding: megatron-core's Triton SSM-state
 #             update) -> mamba-ssm's own selective_state_update_ref, one token at a time over the indices' rows
 #
+# The hybrid model itself (Bridge's NemotronH provider builds megatron-core's HybridModel):
+#   [kernel]  megatron.bridge.models.hybrid.hybrid_provider.transformer_engine_hybrid_stack_spec (Bridge's default
+#             hybrid stack: Transformer Engine layers) -> megatron-core's own local hybrid stack
+#             (get_hybrid_stack_modelopt_spec with local core attention and remap_te_layernorm: the checkpoint keeps
+#             the TE stack's key names, so a cluster's TE model loads what the tier writes), as the GPT family's
+#             local_layer_spec
+#   [kernel]  megatron.core.post_training.modelopt.hybrid.model_specs.Norm and
+#             megatron.core.models.hybrid.hybrid_block.TENorm (TE's RMSNorm; the stack's final norm is TENorm
+#             whatever the spec) -> megatron-core's WrappedTorchNorm (torch's RMSNorm)
+#   [kernel]  HybridModelProvider.finalize: the CUDA-kernel fusions off, as GPTModelProvider's (sitecustomize.py),
+#             and the MoE's: moe_permute_fusion, moe_router_fusion (TE's fused permute and router kernels: unfused
+#             torch is their reference) and moe_grouped_gemm (TE's grouped GEMM: megatron-core's SequentialMLP runs
+#             each expert's linears in torch, the same math; Bridge's NemotronH bridge maps both layouts)
+#   [cuda]    torch.cuda.Stream/stream/current_stream/Event in megatron.core.transformer.moe.token_dispatcher,
+#             shared_experts and moe_layer only -> torch.cpu's (a CPU stream whose record_event returns the
+#             recorded Event, as a CUDA stream's does): the dispatcher's device-to-host copies and the shared
+#             expert's overlap run on side streams
+#   [cuda]    megatron.bridge.training.model_load_save.temporary_distributed_context: Bridge's context (export_ckpt
+#             loads in it) calls model_parallel_cuda_manual_seed(0) only where torch.cuda.is_available(); on the CPU
+#             the same seeding of the (CPU-mapped) tracker, which MambaMixer.__init__ forks
+#
 # References that do not exist: none of megatron-core's own Triton ops under megatron/core/ssm/ops/ other than the two
 # decode updates above is called by a tier case (ssd_combined's varlen scan serves dynamic-batching inference and
 # speculative decoding's intermediate states: refused here, covered by the GPU tier, tests/gpu/device_check.sh).
@@ -195,7 +216,115 @@ def patch_layernorm_gated(m):
     _patch(m, "rmsnorm_fn", rmsnorm_fn, "mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn", "kernel")
 
 
+# ---- the hybrid model itself: Bridge's provider and megatron-core's layer spec --------------------------------------
+HYBRID_FUSIONS = ("apply_rope_fusion", "masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+                  "gradient_accumulation_fusion", "persist_layer_norm", "cross_entropy_loss_fusion",
+                  "moe_permute_fusion", "moe_router_fusion", "moe_grouped_gemm")
+
+
+def local_hybrid_stack_spec():
+    """megatron-core's own local (non-Transformer-Engine) hybrid stack, with the sharded-state-dict keys remapped to
+    the TE stack's (``remap_te_layernorm``): the checkpoint the tier writes has the names a cluster's TE model loads."""
+    from megatron.core.post_training.modelopt.hybrid.model_specs import get_hybrid_stack_modelopt_spec
+
+    return get_hybrid_stack_modelopt_spec(local_core_attention=True, remap_te_layernorm=True)
+
+
+def patch_hybrid_provider(m):
+    _patch(m, "transformer_engine_hybrid_stack_spec", local_hybrid_stack_spec,
+           "megatron.bridge.models.hybrid.hybrid_provider.transformer_engine_hybrid_stack_spec", "kernel")
+    finalize = m.HybridModelProvider.finalize
+
+    def _finalize(self):
+        for f in HYBRID_FUSIONS:
+            if getattr(self, f, False):
+                setattr(self, f, False)
+        return finalize(self)
+
+    _patch(m.HybridModelProvider, "finalize", _finalize, "HybridModelProvider.finalize (CUDA fusions off)", "kernel")
+
+
+def patch_modelopt_specs(m):
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    _patch(m, "Norm", WrappedTorchNorm, "megatron.core.post_training.modelopt.hybrid.model_specs.Norm", "kernel")
+
+
+def patch_hybrid_block(m):
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    _patch(m, "TENorm", WrappedTorchNorm, "megatron.core.models.hybrid.hybrid_block.TENorm", "kernel")
+
+
+class _CpuStream(torch.cpu.Stream):
+    """torch's CPU stream, whose ``record_event`` returns the recorded event as a CUDA stream's does (torch's CPU
+    stub returns None; megatron-core's dispatcher synchronises on it)."""
+
+    def record_event(self, event=None):
+        event = event or torch.cpu.Event()
+        event.record(self)
+        return event
+
+
+class _CpuStreams:
+    """``torch.cuda`` as megatron-core's MoE modules see it: its streams and events are the CPU's (torch.cpu's
+    Stream, stream, current_stream, Event: the same stream semantics on the CPU device, where work is ordered
+    anyway); everything else torch.cuda itself. Scoped to those modules, as _CpuTorch is to the schedules."""
+
+    Stream, Event = _CpuStream, torch.cpu.Event
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def stream(s):
+        return torch.cpu.stream(s)
+
+    @staticmethod
+    def current_stream(device=None):
+        return torch.cpu.current_stream()
+
+
+class _MoeTorch:
+    """``torch`` for one MoE module: its ``torch.cuda`` streams on the CPU (_CpuStreams), everything else torch."""
+
+    cuda = _CpuStreams()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def patch_moe_streams(m):
+    _patch(m, "torch", _MoeTorch(), f"{m.__name__}: torch.cuda.Stream/stream/current_stream/Event", "cuda")
+
+
+def patch_model_load_save(m):
+    import contextlib
+
+    context = m.temporary_distributed_context
+
+    @contextlib.contextmanager
+    def seeded_context(backend: str = "gloo"):
+        with context(backend):
+            if not torch.cuda.is_available():  # what Bridge does where CUDA is (it skips it on a CPU)
+                from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+                model_parallel_cuda_manual_seed(0)
+            yield
+
+    _patch(m, "temporary_distributed_context", seeded_context,
+           "megatron.bridge.training.model_load_save.temporary_distributed_context (model_parallel_cuda_manual_seed)",
+           "cuda")
+
+
 HOOKS = {"megatron.core.ssm.mamba_mixer": patch_mixer,
+         "megatron.bridge.training.model_load_save": patch_model_load_save,
          "mamba_ssm.ops.triton.ssd_combined": patch_ssd_combined,
          "mamba_ssm.ops.selective_scan_interface": patch_selective_scan,
-         "mamba_ssm.ops.triton.layernorm_gated": patch_layernorm_gated}
+         "mamba_ssm.ops.triton.layernorm_gated": patch_layernorm_gated,
+         "megatron.bridge.models.hybrid.hybrid_provider": patch_hybrid_provider,
+         "megatron.core.post_training.modelopt.hybrid.model_specs": patch_modelopt_specs,
+         "megatron.core.models.hybrid.hybrid_block": patch_hybrid_block,
+         "megatron.core.transformer.moe.token_dispatcher": patch_moe_streams,
+         "megatron.core.transformer.moe.shared_experts": patch_moe_streams,
+         "megatron.core.transformer.moe.moe_layer": patch_moe_streams}

@@ -1,0 +1,88 @@
+"""The megatron_cpu tier, the flagship (hybrid Mamba + MoE) family (issue 61, item 3): a tiny NemotronH with the Nano
+pattern's layer kinds (Mamba-2, attention, Mamba-2, MoE with 4 routed experts, 2 per token, and a shared expert),
+built by transformers' own NemotronH, converted by Bridge's own NemotronHBridge and HybridModelProvider, through the
+suite's own CLIs, on CPU processes with the tier's stand-ins (standin/mamba_standin.py: every Mamba kernel onto its
+library's reference, the TE layers onto megatron-core's local ones, the MoE's CUDA streams onto the CPU's).
+
+What runs, for real: HF -> Megatron import (``pipeline.cli.checkpoint import``: AutoBridge.import_ckpt), a
+torch_dist checkpoint under the Transformer Engine stack's key names; Megatron -> HF export (``pipeline.cli.checkpoint
+export``: AutoBridge.export_ckpt, then the suite's verification, the Megatron source's logits against the export's):
+PASS, published, every tensor equal to the original; the same export of a checkpoint whose Mamba weight's bytes are
+broken: FAIL, nothing published.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.megatron_cpu.conftest import HERE, VENV, tier_run
+
+pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
+
+MAMBA_WEIGHT = "decoder.layers.0.mixer.out_proj.weight"
+
+
+def export(ckpt: Path, hf: Path):
+    return tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "export", str(ckpt),
+                     "--iteration", "0", "--hf-model", str(hf), "--no-reasoning"], timeout=600)
+
+
+def test_nemotron_h_imports_under_the_transformer_engine_stacks_names(nemotron_h):
+    """The import is a torch_dist iteration the suite recognises, and its keys are the TE hybrid stack's (the local
+    stack's layer norms remapped onto the TE linears' ``layer_norm_weight``; the experts in the grouped layout):
+    the names a cluster's TE model asks its checkpoint for, whatever layers wrote it."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from pipeline.checkpoint import layout
+
+    it = nemotron_h["meg"] / "iter_0000000"
+    assert layout.engine_of(it) == "megatron" and layout.latest_complete(nemotron_h["meg"]) == 0
+    keys = set(FileSystemReader(str(it)).read_metadata().state_dict_metadata)
+    for key in ("decoder.layers.0.mixer.in_proj.layer_norm_weight", "decoder.layers.0.mixer.A_log",
+                "decoder.layers.0.mixer.conv1d.weight.x", "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight",
+                "decoder.layers.3.mlp.experts.experts.linear_fc1.weight", "decoder.layers.3.mlp.router.expert_bias",
+                "decoder.layers.3.mlp.shared_experts.linear_fc1.weight", "decoder.final_norm.weight"):
+        assert key in keys, (key, sorted(keys))
+    assert not any(k.endswith(("mixer.norm_in.weight", ".input_layernorm.weight")) for k in keys)
+
+
+def test_nemotron_h_export_equals_the_original_and_verifies(nemotron_h):
+    """Export (one process) and its verification: PASS, published in hf/, the file set exactly NemotronH's, and
+    every tensor equal to the original Hugging Face model's (Mamba A_log, D, conv, dt bias, gated norm, in/out
+    projections; attention; router, expert bias, experts, shared expert; embeddings and head)."""
+    import torch
+    from safetensors.torch import load_file
+
+    ckpt = nemotron_h["work"] / "export_src"
+    shutil.copytree(nemotron_h["meg"], ckpt)
+    r = export(ckpt, nemotron_h["hf"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf_out = ckpt / "iter_0000000" / "hf"
+    rec = json.loads((hf_out / "verification.json").read_text())
+    assert rec["verdict"] == "PASS" and rec["file_set_problems"] == [], rec
+    want = load_file(nemotron_h["hf"] / "model.safetensors")
+    got = {}
+    for f in hf_out.glob("*.safetensors"):
+        got.update(load_file(f))
+    assert set(got) == set(want), set(got) ^ set(want)
+    assert any(".mixer.A_log" in k for k in want) and any(".mixer.experts." in k for k in want)
+    assert [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))] == []
+
+
+def test_nemotron_h_export_of_a_broken_mamba_weight_fails_and_publishes_nothing(nemotron_h):
+    """The Mamba mixer's out_proj bytes broken in the torch_dist shard (worker.py perturb): the export's
+    verification FAILs on the source's non-finite logits, hf_verification_FAILED.json records it, no hf/."""
+    bad = nemotron_h["work"] / "export_bad"
+    shutil.copytree(nemotron_h["meg"], bad)
+    r = tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "perturb", str(bad / "iter_0000000"),
+                  MAMBA_WEIGHT])
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = export(bad, nemotron_h["hf"])
+    assert r.returncode != 0 and "FAILED verification" in r.stderr, r.stderr[-2000:]
+    assert not (bad / "iter_0000000" / "hf").exists()
+    rec = json.loads((bad / "iter_0000000" / "hf_verification_FAILED.json").read_text())
+    assert rec["verdict"] == "FAIL" and any("not finite" in f for f in rec["failures"]), rec["failures"]
