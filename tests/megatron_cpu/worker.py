@@ -14,7 +14,7 @@ PYTHONPATH = tests/megatron_cpu/standin (the tier's CUDA stand-in, chaining the 
     python worker.py shrunk-rank HF --run-dir DIR
                                              one rank of the user's training job (pipeline.training.run, the
                                              rank entry point the launcher starts) with only the model shrunk to
-                                             the tiny Llama at HF (shrink_model): Bridge's finetune()/pretrain()
+                                             the tiny model at HF (shrink_model): Bridge's finetune()/pretrain()
     python worker.py generate ITER HF N TP PP EP OUT.json
                                              pipeline.bridge.generate (one rank, or every rank under torchrun)
     python worker.py perturb ITER [FQN]      one shard of a torch_dist checkpoint changed in place (or the tensor FQN)
@@ -206,15 +206,17 @@ def make_lora(base_iter: Path, hf: str, out: Path) -> None:
     torch.save({"input_ids": ids, "logits": logits[..., :vocab].float()}, out / "lora_logits.pt")
 
 
-# What the CPU cannot run of the user's model section, and why it is not copied onto the tiny model: the MoE
-# settings (the tiny Llama has no experts).
+# What of the user's model section is not copied onto a tiny model without experts (the tiny Llama): the MoE
+# settings. A tiny model with experts (the tiny NemotronH, the tier's finetune() case) takes them all.
 NOT_COPIED = ("moe_",)
 
 
 def shrink_model(container, cfg, hf: str) -> dict:
-    """The user's ConfigContainer with only the model shrunk: Bridge's provider of the tiny Llama (LlamaBridge, what
-    the tier's conversion tests run) in place of the recipe's, carrying every model setting the user's config sets
-    (layout, sequence length, recompute) except those NOT_COPIED, and its tokenizer (the data was packed with it).
+    """The user's ConfigContainer with only the model shrunk: Bridge's provider of the tiny model at ``hf`` (the tiny
+    NemotronH through NemotronHBridge, or the tiny Llama through LlamaBridge: what the tier's conversion tests run)
+    in place of the recipe's, carrying every model setting the user's config sets (layout, sequence length,
+    recompute, and the MoE ones where the tiny model has experts, else not: NOT_COPIED), and its tokenizer (the data
+    was packed with it).
     Where megatron-core has no TE or Apex FusedAdam (here), the distributed optimizer and its overlapped parameter
     gather are off by the product's own rule (pipeline.bridge.NO_FUSED_ADAM: its torch-Adam fallback cannot resume;
     the cluster's image has TE). Returns what it did, for the test to read."""
@@ -225,8 +227,9 @@ def shrink_model(container, cfg, hf: str) -> dict:
     ours = bridge.bridge_overrides(cfg).get("model", {})
     provider = AutoBridge.from_hf_pretrained(hf).to_megatron_provider(load_weights=False)
     copied = {}
+    skip = () if getattr(provider, "num_moe_experts", None) else NOT_COPIED
     for key, value in ours.items():
-        if not key.startswith(NOT_COPIED) and hasattr(provider, key):
+        if not key.startswith(skip) and hasattr(provider, key):
             setattr(provider, key, value)
             copied[key] = value
     replaced = type(container.model).__name__
@@ -340,12 +343,14 @@ def chat_jsonl(path: Path, n: int = 2000) -> Path:
 
 def sft_overrides(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True) -> list[str]:
     """What the machine forces on the quickstart (the model is shrunk by shrink_model in each rank): the packs' length,
-    no context or expert parallelism (TE's ring attention; the tiny model has no experts), a few steps, our packs and
-    the tiny model's base checkpoint, a save folder, and gloo on a CPU."""
+    no context or expert parallelism (TE's ring attention; experts across ranks are issue 62's), a few steps and one
+    validation iteration (the recipe's 32 take minutes on a CPU), our packs and the tiny model's base checkpoint, a
+    save folder, and gloo on a CPU."""
     return [f"model.seq_length={SFT_SEQ}", f"dataset.seq_length={SFT_SEQ}",
             f"dataset.offline_packing_specs.packed_sequence_size={SFT_SEQ}",
             f"dataset.offline_packing_specs.tokenizer_model_name={hf.name}", f"dataset.dataset_root={data}",
             "model.context_parallel_size=1", "model.expert_model_parallel_size=1", f"train.train_iters={SFT_ITERS}",
+            "validation.eval_iters=1",
             f"checkpoint.pretrained_checkpoint={meg}", f"checkpoint.save={run_dir / 'checkpoints'}",
             f"logger.wandb_save_dir={run_dir / 'wandb'}", *(["+dist.distributed_backend=gloo"] if gloo else []),
             *extra]
