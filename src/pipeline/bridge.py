@@ -21,7 +21,9 @@ harness (``tests/bridge/``) runs ``build_config`` on Bridge's real recipe and ov
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -684,6 +686,54 @@ def export_to_hf(iter_path: Path, hf_path: Path, *, hf_model: str, strict: bool,
     bridge.save_hf_pretrained(model=models, path=str(hf_path), strict=strict)
 
 
+# Bridge's conversion says only this, as a warning, when a Megatron weight gets no Hugging Face tensor on import:
+# the weight keeps its random initialisation and the import "succeeds" (model_bridge.build_conversion_tasks)
+_CONVERSION_LOGGER = "megatron.bridge.models.conversion.model_bridge"
+_UNLOADED = ("WARNING: Can't find", "WARNING: No mapping found")
+
+
+class _Unloaded(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith(_UNLOADED):
+            self.lines.append(msg.removeprefix("WARNING: "))
+
+
+@contextlib.contextmanager
+def _watch_unloaded_weights():
+    """The Megatron weights Bridge's conversion leaves unloaded (its warnings, collected on this rank whatever the
+    rank's log level), as a list filled while the block runs."""
+    handler, logger = _Unloaded(), logging.getLogger(_CONVERSION_LOGGER)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _refuse_unloaded(hf_id: str, lines: list[str]) -> None:
+    """Every rank raises together when any rank's conversion left a weight unloaded (a rank alone would leave the
+    others waiting at the next barrier)."""
+    import torch
+    import torch.distributed as dist
+
+    count = torch.tensor([len(lines)], dtype=torch.long, device=_device())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    if int(count.item()):
+        shown = "; ".join(lines[:3]) or "on another rank"
+        raise UserError(f"{hf_id}: Megatron Bridge found no Hugging Face tensor for {int(count.item())} Megatron "
+                        f"weight(s), which would keep their random initialisation ({shown}); the import is refused "
+                        "and nothing is written (is the checkpoint in the Hub's naming for its architecture?)")
+
+
 def import_from_hf(hf_id: str, output: Path, *, tp: int = 1, pp: int = 1, ep: int = 1) -> Path:
     """Hugging Face -> a Megatron ``torch_dist`` checkpoint at ``output``, written beside it and moved into place
     whole (a killed import leaves no half checkpoint where the configs look).
@@ -708,20 +758,27 @@ def import_from_hf(hf_id: str, output: Path, *, tp: int = 1, pp: int = 1, ep: in
             shutil.rmtree(staging, ignore_errors=True)  # what a killed import left
             staging.parent.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        if tp * pp * ep == 1 and dist.get_world_size() == 1:
-            AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(staging))
-        else:
-            bridge = AutoBridge.from_hf_pretrained(hf_id)
-            provider = bridge.to_megatron_provider(load_weights=True)
-            for key, value in _mp_overrides(tp, pp, ep).items():
-                setattr(provider, key, value)
-            provider.finalize()
-            # GPU ranks build their shard on their device; CPU ranks (gloo) build it on the host
-            models = provider.provide_distributed_model(wrap_with_ddp=False,
-                                                        use_cpu_initialization=_device().type == "cpu")
-            kwargs = getattr(bridge._model_bridge, "get_hf_tokenizer_kwargs", lambda: None)() or {}
-            bridge.save_megatron_model(models, str(staging), hf_tokenizer_path=hf_id, hf_tokenizer_kwargs=kwargs,
-                                       low_memory_save=True)
+        with _watch_unloaded_weights() as unloaded:
+            if tp * pp * ep == 1 and dist.get_world_size() == 1:
+                AutoBridge.import_ckpt(hf_model_id=hf_id, megatron_path=str(staging))
+            else:
+                bridge = AutoBridge.from_hf_pretrained(hf_id)
+                provider = bridge.to_megatron_provider(load_weights=True)
+                for key, value in _mp_overrides(tp, pp, ep).items():
+                    setattr(provider, key, value)
+                provider.finalize()
+                # GPU ranks build their shard on their device; CPU ranks (gloo) build it on the host
+                models = provider.provide_distributed_model(wrap_with_ddp=False,
+                                                            use_cpu_initialization=_device().type == "cpu")
+                kwargs = getattr(bridge._model_bridge, "get_hf_tokenizer_kwargs", lambda: None)() or {}
+                bridge.save_megatron_model(models, str(staging), hf_tokenizer_path=hf_id,
+                                           hf_tokenizer_kwargs=kwargs, low_memory_save=True)
+        try:
+            _refuse_unloaded(hf_id, unloaded)
+        except UserError:
+            if rank0:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
         dist.barrier()
         if rank0:
             if output.exists():

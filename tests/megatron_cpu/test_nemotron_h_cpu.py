@@ -134,3 +134,31 @@ def test_nemotron_h_tp2_import_equals_the_single_process_one_and_its_tp2_export_
     for f in (it / "hf").glob("*.safetensors"):
         got.update(load_file(f))
     assert set(got) == set(want) and [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))] == []
+
+
+RENAME = """
+import sys
+from safetensors.torch import load_file, save_file
+t = load_file(sys.argv[1]); t[sys.argv[3]] = t.pop(sys.argv[2]); save_file(t, sys.argv[1], metadata={"format": "pt"})
+"""
+
+
+def test_an_import_that_would_leave_a_weight_at_random_init_is_refused(nemotron_h):
+    """The same model saved with transformers 5.12's name for its embedding (``backbone.embedding.weight``, which
+    transformers loads and Bridge 0.6.2's NemotronHBridge does not map): Bridge's import only warns and leaves the
+    embedding at its random initialisation; the suite's import refuses it, one line, exit 2, nothing written."""
+    hf = nemotron_h["work"] / "hf_transformers_names"
+    shutil.copytree(nemotron_h["hf"], hf)
+    r = tier_run([str(VENV / "bin" / "python"), "-c", RENAME, str(hf / "model.safetensors"),
+                  "backbone.embeddings.weight", "backbone.embedding.weight"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = nemotron_h["work"] / "import_refused"
+    r = tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "import", str(hf), "--output",
+                  str(out)], timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: {hf}: Megatron Bridge found no Hugging Face tensor for 1 Megatron weight(s), which "
+                      "would keep their random initialisation (Can't find backbone.embeddings.weight in hf_keys); the "
+                      "import is refused and nothing is written (is the checkpoint in the Hub's naming for its "
+                      "architecture?)"], errors
+    assert not out.exists() and not (out.parent / f".{out.name}.importing").exists()

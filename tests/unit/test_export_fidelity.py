@@ -212,3 +212,23 @@ def test_non_finite_logits_are_a_failure_of_their_own_not_a_zero_difference():
     failures = fidelity_failures(cmp, BF16_TOLERANCES)
     assert failures[0] == "the export's logits are not finite at 1 of 4 positions"
     assert any(f.startswith("logits differ from the source checkpoint by nan") for f in failures)
+
+
+def test_a_weight_bridges_import_leaves_unloaded_refuses_the_import():
+    """Bridge's conversion only warns when a Megatron weight gets no Hugging Face tensor (it keeps its random
+    initialisation); the suite's import collects those warnings, whatever the logger's level, and refuses."""
+    import logging
+
+    from pipeline import bridge
+    from pipeline.common.errors import UserError
+
+    logger = logging.getLogger(bridge._CONVERSION_LOGGER)
+    logger.setLevel(logging.ERROR)  # as a quiet rank may have it
+    with bridge._watch_unloaded_weights() as lines:
+        logger.warning("WARNING: Can't find backbone.embeddings.weight in hf_keys")
+        logger.warning("WARNING: something else")
+    assert lines == ["Can't find backbone.embeddings.weight in hf_keys"] and logger.level == logging.ERROR
+    bridge._refuse_unloaded("m", [])  # nothing unloaded: nothing refused
+    with pytest.raises(UserError, match=r"^m: Megatron Bridge found no Hugging Face tensor for 1 Megatron weight"):
+        bridge._refuse_unloaded("m", lines)
+    logger.setLevel(logging.NOTSET)
