@@ -12,7 +12,9 @@ Transformer-Engine) layer names to Hugging Face's. No Bridge 0.6.2 MoE bridge do
 ``linear_qkv.layer_norm_weight``; OLMoE and GLM only TE's grouped ``experts.linear_fc1.weight*``), so an expert-
 parallel layout of a converted checkpoint cannot run on CPU: ep 2 stops at Bridge's conversion (decisions #53).
 Nemotron-H's Mamba layers need mamba-ssm and causal-conv1d: the tier installs both (CUDA builds skipped) and maps
-their kernels onto the libraries' references (standin/mamba_standin.py, test_mamba_kernels.py; decision 104).
+their kernels onto the libraries' references (standin/mamba_standin.py, test_mamba_kernels.py; decision 104); the
+tiny NemotronH's import, export, generation and finetune() are test_nemotron_h_cpu.py's and
+test_bridge_finetune_cpu.py's (decision 105).
 
 What runs, for real: HF -> Megatron import (``pipeline.bridge.import_from_hf``: AutoBridge.import_ckpt, a torch_dist
 checkpoint; and at tp 2 under torchrun through ``pipeline.cli.checkpoint import``, equal tensor for tensor); greedy generation through ``pipeline.cli.coherence --backend megatron`` (the plan's own torchrun launch
