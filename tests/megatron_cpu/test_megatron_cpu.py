@@ -10,7 +10,8 @@ The model: a tiny Llama (4 layers, hidden 64, GQA 4/2 heads, untied output layer
 ChatML template; tests/megatron_cpu/worker.py), because Bridge 0.6.2's LlamaBridge maps megatron-core's local (non-
 Transformer-Engine) layer names to Hugging Face's. No Bridge 0.6.2 MoE bridge does (Qwen3-MoE maps only TE's fused
 ``linear_qkv.layer_norm_weight``; OLMoE and GLM only TE's grouped ``experts.linear_fc1.weight*``), so an expert-
-parallel layout of a converted checkpoint cannot run on CPU: ep 2 stops at Bridge's conversion (decisions #53).
+parallel layout of a converted GPT-family checkpoint cannot run on CPU: ep 2 stops at Bridge's conversion (decisions
+#53). Bridge's NemotronHBridge maps the local experts too: the tiny NemotronH exports at ep 2 (test_nemotron_h_cpu.py).
 Nemotron-H's Mamba layers need mamba-ssm and causal-conv1d: the tier installs both (CUDA builds skipped) and maps
 their kernels onto the libraries' references (standin/mamba_standin.py, test_mamba_kernels.py; decision 104); the
 tiny NemotronH's import, export, generation and finetune() are test_nemotron_h_cpu.py's and

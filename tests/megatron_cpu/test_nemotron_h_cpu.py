@@ -10,7 +10,9 @@ export``: AutoBridge.export_ckpt, then the suite's verification, the Megatron so
 PASS, published, every tensor equal to the original; the same export of a checkpoint whose Mamba weight's bytes are
 broken: FAIL, nothing published. Greedy generation through ``pipeline.cli.coherence --backend megatron`` at tp 1 and
 tp 2 (the Mamba heads and groups split over two ranks), token for token equal to Hugging Face's greedy generation of
-the same weights (item 4 with the tp 2 import and export below).
+the same weights (item 4 with the tp 2 import and export below). Issue 62's first step: the export at ep 2 (the
+alltoall dispatcher over gloo in the verification's forward), verified and equal to the original; a broken expert
+FAILs.
 """
 
 from __future__ import annotations
@@ -162,3 +164,43 @@ def test_an_import_that_would_leave_a_weight_at_random_init_is_refused(nemotron_
                       "import is refused and nothing is written (is the checkpoint in the Hub's naming for its "
                       "architecture?)"], errors
     assert not out.exists() and not (out.parent / f".{out.name}.importing").exists()
+
+
+EXPERT_WEIGHT = "decoder.layers.3.mlp.experts.experts.linear_fc1.weight"
+
+
+def test_nemotron_h_ep2_export_verifies_equal_to_the_original_and_a_broken_expert_fails(nemotron_h):
+    """Issue 62, export: the export CLI at --ep 2 (it plans, then execs the plan's torchrun line: two ranks, two
+    experts each; the verification's Megatron forward runs the alltoall dispatcher over gloo): PASS, with every
+    tensor equal to the original Hugging Face model's, so equal to the ep 1 export's (test above). The last expert's
+    bytes broken in the shard (on EP rank 1): FAIL, no hf/."""
+    import torch
+    from safetensors.torch import load_file
+
+    def export_ep2(ckpt: Path):
+        return tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "export", str(ckpt),
+                         "--iteration", "0", "--hf-model", str(nemotron_h["hf"]), "--no-reasoning", "--ep", "2"],
+                        timeout=600)
+
+    ckpt = nemotron_h["work"] / "export_ep2"
+    shutil.copytree(nemotron_h["meg"], ckpt)
+    r = export_ep2(ckpt)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "launching: torchrun --standalone --nnodes=1 --nproc-per-node=2" in r.stdout
+    hf_out = ckpt / "iter_0000000" / "hf"
+    assert json.loads((hf_out / "verification.json").read_text())["verdict"] == "PASS"
+    want = load_file(nemotron_h["hf"] / "model.safetensors")
+    got = {}
+    for f in hf_out.glob("*.safetensors"):
+        got.update(load_file(f))
+    assert set(got) == set(want) and [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))] == []
+
+    bad = nemotron_h["work"] / "export_ep2_bad"
+    shutil.copytree(nemotron_h["meg"], bad)
+    r = tier_run([str(VENV / "bin" / "python"), str(HERE / "worker.py"), "perturb", str(bad / "iter_0000000"),
+                  EXPERT_WEIGHT])
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = export_ep2(bad)
+    assert r.returncode != 0 and "FAILED verification" in r.stderr, r.stderr[-2000:]
+    assert not (bad / "iter_0000000" / "hf").exists()
+    assert json.loads((bad / "iter_0000000" / "hf_verification_FAILED.json").read_text())["verdict"] == "FAIL"

@@ -136,7 +136,7 @@ def make_nemotron_h(out: Path) -> None:
 def perturb(iter_dir: Path, fqn: str | None = None) -> None:
     """Bytes of a shard broken in place: a bit of the exponent flipped in 4 KiB of the middle of the largest
     ``*.distcp`` (tensor bytes there: DCP writes tensors raw), or, given ``fqn``, in 1 KiB of the middle of that
-    tensor's item, found in the checkpoint's DCP metadata. The checkpoint still loads, with broken weights (values
+    tensor's item (its last, where it is stored in shards), found in the checkpoint's DCP metadata. The checkpoint still loads, with broken weights (values
     2^64 times off, some no longer finite)."""
     if fqn is None:
         shard = max(iter_dir.glob("*.distcp"), key=lambda f: f.stat().st_size)
@@ -145,10 +145,10 @@ def perturb(iter_dir: Path, fqn: str | None = None) -> None:
         from torch.distributed.checkpoint import FileSystemReader
 
         storage = FileSystemReader(str(iter_dir)).read_metadata().storage_data
-        items = [info for idx, info in storage.items() if idx.fqn == fqn]
-        if len(items) != 1:
-            raise SystemExit(f"{fqn}: {len(items)} items in {iter_dir}'s metadata")
-        item = items[0]
+        items = sorted((tuple(idx.offset), info) for idx, info in storage.items() if idx.fqn == fqn)
+        if not items:
+            raise SystemExit(f"{fqn}: no such tensor in {iter_dir}'s metadata")
+        item = items[-1][1]  # the last shard (of stacked experts: the last expert, on the last EP rank)
         shard, start, end, span = iter_dir / item.relative_path, item.offset, item.offset + item.length, 1024
     data = bytearray(shard.read_bytes())
     mid = (start + end) // 2 - span // 2

@@ -42,6 +42,9 @@
 #             shared_experts and moe_layer only -> torch.cpu's (a CPU stream whose record_event returns the
 #             recorded Event, as a CUDA stream's does): the dispatcher's device-to-host copies and the shared
 #             expert's overlap run on side streams
+#   [cuda]    megatron.core.transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu (the split sizes' device-to-host
+#             copy, which acts on CUDA tensors only) -> the same host copy of the CPU tensors that stand for them, as
+#             numpy where asked: all_to_all (expert parallelism) takes the split sizes as a sequence of ints
 #   [cuda]    megatron.bridge.training.model_load_save.temporary_distributed_context: Bridge's context (export_ckpt
 #             loads in it) calls model_parallel_cuda_manual_seed(0) only where torch.cuda.is_available(); on the CPU
 #             the same seeding of the (CPU-mapped) tracker, which MambaMixer.__init__ forks
@@ -296,6 +299,18 @@ class _MoeTorch:
 
 def patch_moe_streams(m):
     _patch(m, "torch", _MoeTorch(), f"{m.__name__}: torch.cuda.Stream/stream/current_stream/Event", "cuda")
+    if hasattr(m, "maybe_move_tensor_to_cpu"):
+        _patch(m, "maybe_move_tensor_to_cpu", _to_host, f"{m.__name__}.maybe_move_tensor_to_cpu", "cuda")
+
+
+def _to_host(tensor, as_numpy=False, record_stream=False):
+    """megatron-core's maybe_move_tensor_to_cpu (it acts on CUDA tensors only: the split sizes' device-to-host copy)
+    on the CPU tensors that stand for them: the host copy, as numpy where asked, as on a GPU (all_to_all takes the
+    split sizes as a sequence of ints, which a numpy array is and a tensor is not)."""
+    if torch.is_tensor(tensor):
+        tensor = tensor.detach().clone()
+        return tensor.numpy() if as_numpy else tensor
+    return tensor
 
 
 def patch_model_load_save(m):
