@@ -204,3 +204,24 @@ def test_nemotron_h_ep2_export_verifies_equal_to_the_original_and_a_broken_exper
     assert r.returncode != 0 and "FAILED verification" in r.stderr, r.stderr[-2000:]
     assert not (bad / "iter_0000000" / "hf").exists()
     assert json.loads((bad / "iter_0000000" / "hf_verification_FAILED.json").read_text())["verdict"] == "FAIL"
+
+
+def test_nemotron_h_ep2_import_equals_the_single_process_one(nemotron_h):
+    """Issue 62, import: the import CLI at --ep 2 (two ranks, each building its two experts and the replicated rest
+    from the HF safetensors) writes one checkpoint whose every tensor, the stacked experts included, equals the
+    single-process import's (read back whole with torch's DCP reader)."""
+    import torch
+
+    out = nemotron_h["work"] / "import_ep2"
+    r = tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "import", str(nemotron_h["hf"]),
+                  "--output", str(out), "--ep", "2"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "launching: torchrun --standalone --nnodes=1 --nproc-per-node=2" in r.stdout
+    one, two = nemotron_h["work"] / "import_ep1.pt", nemotron_h["work"] / "import_ep2.pt"
+    r = tier_run([str(VENV / "bin" / "python"), "-c", READ_DCP, str(nemotron_h["meg"] / "iter_0000000"), str(one),
+                  str(out / "iter_0000000"), str(two)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = torch.load(one, weights_only=False), torch.load(two, weights_only=False)
+    tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
+    assert set(a) == set(b) and EXPERT_WEIGHT in tensors
+    assert [k for k in tensors if not torch.equal(a[k], b[k])] == []
