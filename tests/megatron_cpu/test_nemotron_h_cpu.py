@@ -36,6 +36,36 @@ def export(ckpt: Path, hf: Path):
                      "--iteration", "0", "--hf-model", str(hf), "--no-reasoning"], timeout=600)
 
 
+def exported_and_original(nemotron_h: dict, hf_out: Path) -> tuple[dict, dict]:
+    """(the export's tensors, the original Hugging Face model's), each name -> tensor."""
+    from safetensors.torch import load_file
+
+    got = {}
+    for f in hf_out.glob("*.safetensors"):
+        got.update(load_file(f))
+    return got, load_file(nemotron_h["hf"] / "model.safetensors")
+
+
+def unequal(want: dict, got: dict) -> list[str]:
+    """The names whose export differs from the original (compared in the original's dtype)."""
+    import torch
+
+    return [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))]
+
+
+def read_back(nemotron_h: dict, it: Path, name: str) -> tuple[dict, dict, list[str]]:
+    """The single-process import and the iteration ``it``, each read back whole with torch's DCP reader: (one, two,
+    the names of one's tensors)."""
+    import torch
+
+    one, two = nemotron_h["work"] / "import_tp1.pt", nemotron_h["work"] / f"{name}.pt"
+    r = tier_run([str(VENV / "bin" / "python"), "-c", READ_DCP, str(nemotron_h["meg"] / "iter_0000000"), str(one),
+                  str(it), str(two)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = torch.load(one, weights_only=False), torch.load(two, weights_only=False)
+    return a, b, [k for k in a if isinstance(a[k], torch.Tensor)]
+
+
 def test_nemotron_h_imports_under_the_transformer_engine_stacks_names(nemotron_h):
     """The import is a torch_dist iteration the suite recognises, and its keys are the TE hybrid stack's (the local
     stack's layer norms remapped onto the TE linears' ``layer_norm_weight``; the experts in the grouped layout):
@@ -59,9 +89,6 @@ def test_nemotron_h_export_equals_the_original_and_verifies(nemotron_h):
     """Export (one process) and its verification: PASS, published in hf/, the file set exactly NemotronH's, and
     every tensor equal to the original Hugging Face model's (Mamba A_log, D, conv, dt bias, gated norm, in/out
     projections; attention; router, expert bias, experts, shared expert; embeddings and head)."""
-    import torch
-    from safetensors.torch import load_file
-
     ckpt = nemotron_h["work"] / "export_src"
     shutil.copytree(nemotron_h["meg"], ckpt)
     r = export(ckpt, nemotron_h["hf"])
@@ -69,13 +96,10 @@ def test_nemotron_h_export_equals_the_original_and_verifies(nemotron_h):
     hf_out = ckpt / "iter_0000000" / "hf"
     rec = json.loads((hf_out / "verification.json").read_text())
     assert rec["verdict"] == "PASS" and rec["file_set_problems"] == [], rec
-    want = load_file(nemotron_h["hf"] / "model.safetensors")
-    got = {}
-    for f in hf_out.glob("*.safetensors"):
-        got.update(load_file(f))
+    got, want = exported_and_original(nemotron_h, hf_out)
     assert set(got) == set(want), set(got) ^ set(want)
     assert any(".mixer.A_log" in k for k in want) and any(".mixer.experts." in k for k in want)
-    assert [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))] == []
+    assert unequal(want, got) == []
 
 
 def test_nemotron_h_export_of_a_broken_mamba_weight_fails_and_publishes_nothing(nemotron_h):
@@ -109,7 +133,6 @@ def test_nemotron_h_tp2_import_equals_the_single_process_one_and_its_tp2_export_
     (read back whole with torch's DCP reader); the export of it at --tp 2 under torchrun (every rank loads its shard,
     Bridge gathers) verifies, PASS, with every tensor equal to the original Hugging Face model's."""
     import torch
-    from safetensors.torch import load_file
 
     out = nemotron_h["work"] / "import_tp2"
     r = tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "import", str(nemotron_h["hf"]),
@@ -117,12 +140,7 @@ def test_nemotron_h_tp2_import_equals_the_single_process_one_and_its_tp2_export_
     assert r.returncode == 0, r.stderr[-3000:]
     it = out / "iter_0000000"
     assert sorted(f.name for f in it.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    one, two = nemotron_h["work"] / "import_tp1.pt", nemotron_h["work"] / "import_tp2.pt"
-    r = tier_run([str(VENV / "bin" / "python"), "-c", READ_DCP, str(nemotron_h["meg"] / "iter_0000000"), str(one),
-                  str(it), str(two)])
-    assert r.returncode == 0, r.stderr[-2000:]
-    a, b = torch.load(one, weights_only=False), torch.load(two, weights_only=False)
-    tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
+    a, b, tensors = read_back(nemotron_h, it, "import_tp2")
     assert set(a) == set(b) and any(".mixer.in_proj.weight" in k for k in tensors)
     assert [k for k in tensors if not torch.equal(a[k], b[k])] == []
 
@@ -131,11 +149,8 @@ def test_nemotron_h_tp2_import_equals_the_single_process_one_and_its_tp2_export_
                   str(nemotron_h["hf"]), "--no-reasoning", "--tp", "2"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((it / "hf" / "verification.json").read_text())["verdict"] == "PASS"
-    want = load_file(nemotron_h["hf"] / "model.safetensors")
-    got = {}
-    for f in (it / "hf").glob("*.safetensors"):
-        got.update(load_file(f))
-    assert set(got) == set(want) and [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))] == []
+    got, want = exported_and_original(nemotron_h, it / "hf")
+    assert set(got) == set(want) and unequal(want, got) == []
 
 
 RENAME = """
@@ -174,8 +189,6 @@ def test_nemotron_h_ep2_export_verifies_equal_to_the_original_and_a_broken_exper
     experts each; the verification's Megatron forward runs the alltoall dispatcher over gloo): PASS, with every
     tensor equal to the original Hugging Face model's, so equal to the ep 1 export's (test above). The last expert's
     bytes broken in the shard (on EP rank 1): FAIL, no hf/."""
-    import torch
-    from safetensors.torch import load_file
 
     def export_ep2(ckpt: Path):
         return tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "export", str(ckpt),
@@ -189,11 +202,8 @@ def test_nemotron_h_ep2_export_verifies_equal_to_the_original_and_a_broken_exper
     assert "launching: torchrun --standalone --nnodes=1 --nproc-per-node=2" in r.stdout
     hf_out = ckpt / "iter_0000000" / "hf"
     assert json.loads((hf_out / "verification.json").read_text())["verdict"] == "PASS"
-    want = load_file(nemotron_h["hf"] / "model.safetensors")
-    got = {}
-    for f in hf_out.glob("*.safetensors"):
-        got.update(load_file(f))
-    assert set(got) == set(want) and [k for k in want if not torch.equal(want[k], got[k].to(want[k].dtype))] == []
+    got, want = exported_and_original(nemotron_h, hf_out)
+    assert set(got) == set(want) and unequal(want, got) == []
 
     bad = nemotron_h["work"] / "export_ep2_bad"
     shutil.copytree(nemotron_h["meg"], bad)
@@ -217,11 +227,6 @@ def test_nemotron_h_ep2_import_equals_the_single_process_one(nemotron_h):
                   "--output", str(out), "--ep", "2"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "launching: torchrun --standalone --nnodes=1 --nproc-per-node=2" in r.stdout
-    one, two = nemotron_h["work"] / "import_ep1.pt", nemotron_h["work"] / "import_ep2.pt"
-    r = tier_run([str(VENV / "bin" / "python"), "-c", READ_DCP, str(nemotron_h["meg"] / "iter_0000000"), str(one),
-                  str(out / "iter_0000000"), str(two)])
-    assert r.returncode == 0, r.stderr[-2000:]
-    a, b = torch.load(one, weights_only=False), torch.load(two, weights_only=False)
-    tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
+    a, b, tensors = read_back(nemotron_h, out / "iter_0000000", "import_ep2")
     assert set(a) == set(b) and EXPERT_WEIGHT in tensors
     assert [k for k in tensors if not torch.equal(a[k], b[k])] == []
