@@ -32,7 +32,8 @@ NAMED_CASES = {
         "the hybrid family's Mamba kernels on their references": "tests/megatron_cpu/test_mamba_kernels.py",
         "NemotronH: import/export equal and verified, a broken Mamba weight FAILs, tp 1 and tp 2 generation equal "
         "to HF greedy, tp 2 import and export, an import leaving a weight random refused, ep 2 export verified and a "
-        "broken expert FAILs, ep 2 import equal": "tests/megatron_cpu/test_nemotron_h_cpu.py",
+        "broken expert FAILs, ep 2 import equal, ep 2 and tp 2 x ep 2 generation with the alltoall dispatcher equal to "
+        "HF greedy": "tests/megatron_cpu/test_nemotron_h_cpu.py",
     },
 }
 

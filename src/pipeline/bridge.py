@@ -953,11 +953,33 @@ def greedy_decode(next_token: Callable[[Any], int], ids, max_tokens: int, stop: 
     return new, False
 
 
+def model_layout(models, tp: int, pp: int, ep: int) -> dict[str, Any]:
+    """What a loaded Megatron model runs on, read from the model itself: the parallel sizes, the world, and for an
+    MoE model its routed experts, how many this rank holds and the token dispatcher its MoE layers built (the
+    class, not the config's wish)."""
+    import torch.distributed as dist
+
+    inner = getattr(models[0], "module", models[0])
+    cfg = getattr(inner, "config", None)
+    out: dict[str, Any] = {"tp": tp, "pp": pp, "ep": ep,
+                           "world": dist.get_world_size() if dist.is_initialized() else 1}
+    experts = int(getattr(cfg, "num_moe_experts", None) or 0)
+    if experts:
+        dispatcher = next((type(m.token_dispatcher).__name__ for m in inner.modules()
+                           if hasattr(m, "token_dispatcher")), None)
+        out.update(experts=experts, experts_per_rank=experts // ep,
+                   moe_token_dispatcher_type=getattr(cfg, "moe_token_dispatcher_type", None),
+                   moe_dispatcher=dispatcher)
+    return out
+
+
 def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int, *, tp: int, pp: int, ep: int,
-             reasoning: bool) -> list[tuple[str, int, bool]]:
+             reasoning: bool, on_layout: Callable[[dict[str, Any]], None] | None = None
+             ) -> list[tuple[str, int, bool]]:
     """Greedy generation straight from a Megatron iteration: one rank per GPU under torchrun when the layout has
     more than one rank (world = pp x lcm(tp, ep), across nodes when it needs them), every rank feeding the same
-    prompt. Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same."""
+    prompt. Returns (text, generated tokens, finished by itself) per prompt; every rank returns the same.
+    ``on_layout`` gets :func:`model_layout` of the loaded model before the first prompt."""
     iter_path = _check_iteration_dir(iter_path)
     peft = peft_iteration(iter_path)
     if peft is not None:  # Bridge saved only the adapters: load_megatron_model would ask for the whole model
@@ -972,6 +994,8 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
         models = bridge.load_megatron_model(str(iter_path), mp_overrides=_mp_overrides(tp, pp, ep), wrap_with_ddp=False)
         for m in models:
             m.eval()
+        if on_layout is not None:
+            on_layout(model_layout(models, tp, pp, ep))
         tok = AutoTokenizer.from_pretrained(hf_model)
         stop = end_ids(hf_model, tok)  # the hf backend's end ids: the generation config's and the tokenizer's
         next_token = _next_token_fn(models, tp, pp)

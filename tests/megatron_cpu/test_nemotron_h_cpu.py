@@ -12,7 +12,8 @@ broken: FAIL, nothing published. Greedy generation through ``pipeline.cli.cohere
 tp 2 (the Mamba heads and groups split over two ranks), token for token equal to Hugging Face's greedy generation of
 the same weights (item 4 with the tp 2 import and export below). Issue 62's first step: the export at ep 2 (the
 alltoall dispatcher over gloo in the verification's forward), verified and equal to the original; a broken expert
-FAILs.
+FAILs; the import at ep 2 equal to the single-process one; greedy generation at ep 2 and at tp 2 x ep 2 with the
+alltoall dispatcher, equal to Hugging Face's.
 """
 
 from __future__ import annotations
@@ -117,14 +118,25 @@ def test_nemotron_h_export_of_a_broken_mamba_weight_fails_and_publishes_nothing(
     assert rec["verdict"] == "FAIL" and any("not finite" in f for f in rec["failures"]), rec["failures"]
 
 
-@pytest.mark.parametrize("layout", [("--tp", "1"), ("--tp", "2")], ids=["tp1", "tp2"])
+@pytest.mark.parametrize("layout", [("--tp", "1"), ("--tp", "2"), ("--ep", "2"), ("--tp", "2", "--ep", "2")],
+                         ids=["tp1", "tp2", "ep2", "tp2-ep2"])
 def test_nemotron_h_greedy_generation_matches_hugging_face(nemotron_h, layout):
-    """The coherence CLI's megatron backend (the plan's torchrun line at tp 2): every response equals Hugging Face
-    greedy generation of the same weights (transformers' NemotronH on its pure-torch path), token for token."""
+    """The coherence CLI's megatron backend (the plan's torchrun line past one rank): every response equals Hugging
+    Face greedy generation of the same weights (transformers' NemotronH on its pure-torch path), token for token.
+    Issue 62, generation: at ep 2 (two ranks, two experts each) and at tp 2 x ep 2 (the plan folds the expert grid
+    onto the two tensor-parallel ranks: world lcm(2, 2) = 2), the MoE layers built megatron-core's alltoall token
+    dispatcher (the report records the class the model holds) and exchange tokens over gloo's all_to_all."""
     out = nemotron_h["work"] / f"gen_{'_'.join(layout)}"
     r = tier_run([str(VENV / "bin" / "python"), *coherence_args(nemotron_h, out, *layout)], timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert responses(out) == [g["text"] for g in nemotron_h["greedy"]]
+    sizes = dict(zip(layout[::2], map(int, layout[1::2]), strict=True))
+    tp, ep = sizes.get("--tp", 1), sizes.get("--ep", 1)
+    got = json.loads((out / "coherence_megatron.json").read_text())["results"][0]["layout"]
+    assert got == {"tp": tp, "pp": 1, "ep": ep, "world": max(tp, ep), "experts": 4, "experts_per_rank": 4 // ep,
+                   "moe_token_dispatcher_type": "alltoall", "moe_dispatcher": "MoEAlltoAllTokenDispatcher"}, got
+    if ep > 1:
+        assert f"--nproc-per-node={max(tp, ep)}" in r.stdout
 
 
 def test_nemotron_h_tp2_import_equals_the_single_process_one_and_its_tp2_export_verifies(nemotron_h):

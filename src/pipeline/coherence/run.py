@@ -6,11 +6,13 @@ Markdown report (and W&B), print the summary. ``pipeline_coherence_test.py`` (:m
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from pipeline.common.errors import UserError
 from pipeline.common.io import write_json, write_text
 
 BACKENDS = ("hf", "endpoint", "megatron")
+
+log = logging.getLogger(__name__)
 
 
 MAX_TOKENS = 1 << 20  # generated tokens per response: past the longest context of the registry's models
@@ -81,7 +85,9 @@ class CoherenceRun:
             raise UserError(f"--iteration {self.iteration} must be >= 0")
 
 
-def generate(cfg: CoherenceRun, model: str, prompts: list[str]):
+def generate(cfg: CoherenceRun, model: str, prompts: list[str],
+             on_layout: Callable[[dict[str, Any]], None] | None = None):
+    """The backend's generations; ``on_layout`` gets the megatron backend's model layout (``bridge.model_layout``)."""
     cfg.check()  # the bounds of max_tokens, timeout and deadline (also checked by the plan, before any job)
     if cfg.backend == "hf":
         return backends.hf_generate(model, prompts, cfg.max_tokens, cfg.reasoning)
@@ -98,7 +104,8 @@ def generate(cfg: CoherenceRun, model: str, prompts: list[str]):
         raise UserError("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     bridge.require_bridge("the megatron backend")
     return bridge.generate(megatron_iteration(model, cfg.iteration), cfg.hf_model, prompts, cfg.max_tokens,
-                           tp=cfg.tp or 1, pp=cfg.pp or 1, ep=cfg.ep or 1, reasoning=cfg.reasoning)
+                           tp=cfg.tp or 1, pp=cfg.pp or 1, ep=cfg.ep or 1, reasoning=cfg.reasoning,
+                           on_layout=on_layout)
 
 
 def megatron_iteration(model: str, iteration: int | None) -> Path:
@@ -114,7 +121,8 @@ def megatron_iteration(model: str, iteration: int | None) -> Path:
 
 def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, Any]:
     t0 = time.time()
-    gens = generate(cfg, model, prompts)
+    layouts: list[dict[str, Any]] = []
+    gens = generate(cfg, model, prompts, on_layout=layouts.append)
     rows = []
     for prompt, (text, n_tok, finished, *known) in zip(prompts, gens, strict=True):
         rows.append({"prompt": prompt, "response": text,
@@ -123,7 +131,11 @@ def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, An
             rows[-1]["context"] = known[1]
     summary = summarize(rows)
     summary["seconds"] = round(time.time() - t0, 2)
-    return {"model": model, "backend": cfg.backend, "rows": rows, "summary": summary}
+    res = {"model": model, "backend": cfg.backend, "rows": rows, "summary": summary}
+    if layouts:  # the megatron backend: what the model ran on (parallel sizes, experts, the MoE token dispatcher)
+        res["layout"] = layouts[0]
+        log.info("%s: megatron model on %s", model, ", ".join(f"{k} {v}" for k, v in layouts[0].items()))
+    return res
 
 
 def _escaped(s: str) -> str:
