@@ -27,7 +27,7 @@ FIXTURES_OF = {"slurm": ("slurm", "senv")}  # a test that uses one of these fixt
 # the test file that is the case
 NAMED_CASES = {
     "megatron_cpu": {
-        "finetune() of the Nano quickstart on the tiny NemotronH, resume equal": "tests/megatron_cpu/test_bridge_finetune_cpu.py",
+        "finetune() of the Nano quickstart on the tiny NemotronH at EP 2 (alltoall), resume equal": "tests/megatron_cpu/test_bridge_finetune_cpu.py",
         "pretrain() save-and-exit and resume": "tests/megatron_cpu/test_bridge_pretrain_cpu.py",
         "the hybrid family's Mamba kernels on their references": "tests/megatron_cpu/test_mamba_kernels.py",
         "NemotronH: import/export equal and verified, a broken Mamba weight FAILs, tp 1 and tp 2 generation equal "

@@ -12,8 +12,12 @@ recipe -> ``run_training`` -> Bridge's ``finetune()``). What the CPU forces, and
                             layers; tests/megatron_cpu/worker.py shrink_model, with every model setting of the user's
                             config copied onto it, the MoE ones included) and its tokenizer, its imported base
                             checkpoint as checkpoint.pretrained_checkpoint (issue 61; a tiny Llama before)
-  seq 256, CP 1, EP 1       32K tokens a pack on a CPU, context parallelism (TE's ring attention) and experts across
-                            ranks (issue 62); the packs are written at 256 by our data pipeline
+  seq 256, CP 1             32K tokens a pack on a CPU, context parallelism (TE's ring attention); the packs are
+                            written at 256 by our data pipeline
+  EP 2, alltoall            the quickstart's EP 4 over the 2 ranks there are (2 of the tiny model's 4 experts on
+                            each; issue 62), its tokens exchanged by megatron-core's alltoall dispatcher over gloo:
+                            the recipe's flex dispatcher is DeepEP's GPU kernels, with no reference to run on a CPU
+                            (model.moe_token_dispatcher_type=alltoall is the user's own alternative)
   train_iters 4             a few steps (the quickstart's 40), and one validation iteration (the recipe's 32)
   checkpoint.save           a folder here (the quickstart saves nothing; the resume needs a save)
   dist gloo                 no NCCL on a CPU
@@ -54,7 +58,7 @@ GBS = 128  # the quickstart's train.global_batch_size, as shipped
 
 
 def plan(work: Path, model: dict, run: str, *extra: str):
-    return sft_plan(work / "data", model["hf"], model["meg"], work / run, *extra)
+    return sft_plan(work / "data", model["hf"], model["meg"], work / run, *extra, experts=True)
 
 
 def launch(p, env: dict) -> subprocess.CompletedProcess:
@@ -114,6 +118,8 @@ def test_the_plan_is_the_quickstarts_with_the_model_shrunk(finetuned):
     assert len(p.preflight.problems) == 1 and p.preflight.problems[0].startswith("estimated memory"), \
         p.preflight.problems
     assert "path checks skipped (--no-path-checks)" not in p.preflight.notes
+    # the tier's venv has no FusedAdam: the plan says what the distributed optimizer's resume needs (decision 106)
+    assert any("not inspected from here" in n for n in p.preflight.notes), p.preflight.notes
     cfg = p.cfg
     assert (cfg.train.global_batch_size, cfg.train.micro_batch_size, cfg.optimizer.lr) == (GBS, 1, 5.0e-6)
     assert (cfg.model.recompute_granularity, cfg.dataset.offline_packing_specs.pad_seq_to_mult) == ("full", PAD)
@@ -122,7 +128,8 @@ def test_the_plan_is_the_quickstarts_with_the_model_shrunk(finetuned):
     shrunk = json.loads((Path(p.run_dir) / "shrunk.json").read_text())
     assert shrunk["replaced"] == "HybridModelProvider" and shrunk["model"] == "HybridModelProvider"  # Nano's family
     assert shrunk["copied"]["recompute_granularity"] == "full" and shrunk["copied"]["seq_length"] == SEQ
-    assert shrunk["copied"]["moe_permute_fusion"] is True and shrunk["copied"]["expert_model_parallel_size"] == 1
+    assert shrunk["copied"]["moe_permute_fusion"] is True and shrunk["copied"]["expert_model_parallel_size"] == 2
+    assert shrunk["copied"]["moe_token_dispatcher_type"] == "alltoall" and p.preflight.layout.ep == 2
 
 
 def test_finetune_runs_saves_and_completes(finetuned):

@@ -341,27 +341,33 @@ def chat_jsonl(path: Path, n: int = 2000) -> Path:
     return path
 
 
-def sft_overrides(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True) -> list[str]:
+def sft_overrides(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True,
+                  experts: bool = False) -> list[str]:
     """What the machine forces on the quickstart (the model is shrunk by shrink_model in each rank): the packs' length,
-    no context or expert parallelism (TE's ring attention; experts across ranks are issue 62's), a few steps and one
-    validation iteration (the recipe's 32 take minutes on a CPU), our packs and the tiny model's base checkpoint, a
-    save folder, and gloo on a CPU."""
+    no context parallelism (TE's ring attention), a few steps and one validation iteration (the recipe's 32 take
+    minutes on a CPU), our packs and the tiny model's base checkpoint, a save folder, and gloo on a CPU. Expert
+    parallelism: 2 (the quickstart's 4 over the 2 ranks there are) with the alltoall token dispatcher (the recipe's
+    flex dispatcher is DeepEP's GPU kernels, with no reference to run on a CPU) for a tiny model with ``experts``,
+    else 1."""
+    moe = ["model.expert_model_parallel_size=2", "model.moe_token_dispatcher_type=alltoall"] if experts else \
+        ["model.expert_model_parallel_size=1"]
     return [f"model.seq_length={SFT_SEQ}", f"dataset.seq_length={SFT_SEQ}",
             f"dataset.offline_packing_specs.packed_sequence_size={SFT_SEQ}",
             f"dataset.offline_packing_specs.tokenizer_model_name={hf.name}", f"dataset.dataset_root={data}",
-            "model.context_parallel_size=1", "model.expert_model_parallel_size=1", f"train.train_iters={SFT_ITERS}",
+            "model.context_parallel_size=1", *moe, f"train.train_iters={SFT_ITERS}",
             "validation.eval_iters=1",
             f"checkpoint.pretrained_checkpoint={meg}", f"checkpoint.save={run_dir / 'checkpoints'}",
             f"logger.wandb_save_dir={run_dir / 'wandb'}", *(["+dist.distributed_backend=gloo"] if gloo else []),
             *extra]
 
 
-def sft_plan(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True):
+def sft_plan(data: Path, hf: Path, meg: Path, run_dir: Path, *extra: str, gloo: bool = True, experts: bool = False):
     """The product's plan of the quickstart (pipeline.cli.train.plan_from_argv) for the selected cluster profile."""
     from pipeline.cli.train import plan_from_argv
 
     return plan_from_argv([QUICKSTART, "--model", "nano", "--mode", "sft", "--disable-ft", "--nodes", "1",
-                           "--run-dir", str(run_dir), *sft_overrides(data, hf, meg, run_dir, *extra, gloo=gloo)])
+                           "--run-dir", str(run_dir),
+                           *sft_overrides(data, hf, meg, run_dir, *extra, gloo=gloo, experts=experts)])
 
 
 def sft_launch(p, hf: Path, env: dict, torchrun: list[str], timeout: float = 1500):
