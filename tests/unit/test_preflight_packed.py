@@ -190,3 +190,37 @@ def test_an_image_record_that_is_no_package_list_is_one_line(capsys, dirs, tmp_p
     assert main(argv(*dirs)) == 2
     [err] = errors(capsys)
     assert err.startswith(f"error: the image's package record {record} is "), err
+
+
+def test_the_distributed_optimizer_on_an_image_without_a_fused_adam_is_one_line(capsys, dirs, tmp_path):
+    """Issue 62: megatron-core's DistributedOptimizer on torch's Adam (no TE, no Apex in the image) trains and saves,
+    then dies on its first resume; the plan says so, in its own line, and not when the config turns it off or the
+    image has Apex."""
+    write_packs(dirs[0])
+    sif = tmp_path / "nemo.sif"
+    image_record(sif, ("mamba-ssm==2.3.2.post1", "causal-conv1d==1.7.0", "deep-ep==1.2.1"))
+    assert main(argv(*dirs)) == 2
+    lacks, optimizer = errors(capsys)
+    assert lacks.startswith(f"error: the image {sif} lacks transformer-engine"), lacks
+    assert optimizer.startswith("error: the distributed optimizer (optimizer.use_distributed_optimizer, on in "
+                                f"Bridge's recipes) with neither Transformer Engine nor Apex in the image {sif}"), optimizer
+    assert "cannot resume (distrib_optimizer.py:839)" in optimizer
+    off = ["optimizer.use_distributed_optimizer=false", "ddp.use_distributed_optimizer=false"]
+    assert main([*argv(*dirs), *off]) == 2 and [e[:30] for e in errors(capsys)] == [lacks[:30]]
+    image_record(sif, ("apex==0.1", "mamba-ssm==2.3.2.post1", "causal-conv1d==1.7.0", "deep-ep==1.2.1"))
+    assert main(argv(*dirs)) == 2 and [e[:30] for e in errors(capsys)] == [lacks[:30]]
+
+
+def test_a_venv_job_with_the_distributed_optimizer_is_told_what_its_resume_needs(dirs, monkeypatch):
+    """A venv job's packages are not visible from the login node: the plan notes what the distributed optimizer's
+    resume needs there, and nothing once the config turns it off."""
+    from pathlib import Path
+
+    from pipeline.cli.train import plan_from_argv
+
+    monkeypatch.setenv("PIPELINE_CLUSTER", str(Path(__file__).parents[1] / "megatron_cpu" / "cluster_cpu_ranks.yaml"))
+    write_packs(dirs[0])
+    note = "resumes only where the job's venv has Transformer Engine or Apex (not inspected from here)"
+    assert any(note in n for n in plan_from_argv(argv(*dirs)).preflight.notes)
+    off = ["optimizer.use_distributed_optimizer=false", "ddp.use_distributed_optimizer=false"]
+    assert not any(note in n for n in plan_from_argv([*argv(*dirs), *off]).preflight.notes)

@@ -232,6 +232,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
         plan.problems += image_package_problems(cfg, spec, mode, peft, cluster)
     else:
         plan.notes.append("path checks skipped (--no-path-checks)")
+    plan.notes += venv_optimizer_note(cfg, spec, cluster)
 
     recompute = m.recompute_granularity
     if not local and recompute == "full" and m.cuda_graph_impl in ("transformer_engine", "local"):
@@ -696,10 +697,39 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
     have = {_canonical(line.split("#", 1)[0].split("==", 1)[0]) for line in text.splitlines()
             if "==" in line.split("#", 1)[0]}
     missing = [p for p in need if _canonical(p) not in have]
+    problems = []
     if missing:
-        return [f"the image {sif} lacks {', '.join(missing)} (its record {record}): {what}; use an image that has "
-                f"them (the NGC NeMo image does), then rerun isambard_sbatch {ENV_SUBMIT} validate"]
-    return []
+        problems.append(f"the image {sif} lacks {', '.join(missing)} (its record {record}): {what}; use an image that "
+                        f"has them (the NGC NeMo image does), then rerun isambard_sbatch {ENV_SUBMIT} validate")
+    if distributed_optimizer(cfg) and not have & {"transformer-engine", "apex"}:
+        problems.append(f"{DIST_OPT} with neither Transformer Engine nor Apex in the image {sif} (its record "
+                        f"{record}): {NO_FUSED_ADAM_RESUME}; use an image with Transformer Engine (the NGC NeMo "
+                        f"image), or set {DIST_OPT_OFF}")
+    return problems
+
+
+# megatron-core's DistributedOptimizer steps with TE's or Apex's FusedAdam; without either it falls back to torch's
+# Adam, whose state_dict asserts one Adam step across a still-empty state (distrib_optimizer.py:839), which Bridge's
+# checkpoint load builds before the first step (pipeline.bridge.NO_FUSED_ADAM, decision 90): the run trains and
+# saves, and every resume dies. Bridge's recipes turn the distributed optimizer on.
+DIST_OPT = "the distributed optimizer (optimizer.use_distributed_optimizer, on in Bridge's recipes)"
+DIST_OPT_OFF = "optimizer.use_distributed_optimizer=false ddp.use_distributed_optimizer=false"
+NO_FUSED_ADAM_RESUME = ("megatron-core then falls back to torch's Adam, whose DistributedOptimizer cannot resume "
+                        "(distrib_optimizer.py:839): the run would train and save, and die on its first resume")
+
+
+def distributed_optimizer(cfg: TrainingConfig) -> bool:
+    """Whether the run uses megatron-core's distributed optimizer: the config's choice, else the recipes' (on)."""
+    return cfg.optimizer.use_distributed_optimizer is not False and cfg.ddp.use_distributed_optimizer is not False
+
+
+def venv_optimizer_note(cfg: TrainingConfig, spec: ModelSpec, cluster: ClusterProfile) -> list[str]:
+    """A venv job's packages are not visible from the login node: where it uses the distributed optimizer, the plan
+    says what its resume needs (a container job's image record is read instead: image_package_problems)."""
+    if spec.is_local or cluster.runtime != "venv" or not distributed_optimizer(cfg):
+        return []
+    return [f"{DIST_OPT} resumes only where the job's venv has Transformer Engine or Apex (not inspected from "
+            f"here): without either, {NO_FUSED_ADAM_RESUME}; set {DIST_OPT_OFF} on such a venv"]
 
 
 def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:
