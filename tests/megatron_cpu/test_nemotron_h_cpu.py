@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.megatron_cpu.conftest import HERE, VENV, tier_run
+from tests.megatron_cpu.conftest import HERE, VENV, tier_env, tier_run
 from tests.megatron_cpu.test_megatron_cpu import READ_DCP, coherence_args, responses
 
 pytestmark = [pytest.mark.megatron_cpu, pytest.mark.slow]
@@ -197,15 +197,17 @@ EXPERT_WEIGHT = "decoder.layers.3.mlp.experts.experts.linear_fc1.weight"
 
 
 def test_nemotron_h_ep2_export_verifies_equal_to_the_original_and_a_broken_expert_fails(nemotron_h):
-    """Issue 62, export: the export CLI at --ep 2 (it plans, then execs the plan's torchrun line: two ranks, two
-    experts each; the verification's Megatron forward runs the alltoall dispatcher over gloo): PASS, with every
-    tensor equal to the original Hugging Face model's, so equal to the ep 1 export's (test above). The last expert's
-    bytes broken in the shard (on EP rank 1): FAIL, no hf/."""
+    """Issue 62, export: ``pipeline_checkpoint_convert.sh export`` at --ep 2, the user's command (it activates the
+    job's venv, here the harness venv, whose completion stamp stands for the setup's ready marker, then the export
+    CLI plans and execs the plan's torchrun line: two ranks, two experts each; the verification's Megatron forward
+    runs the alltoall dispatcher over gloo): PASS, with every tensor equal to the original Hugging Face model's, so
+    equal to the ep 1 export's (test above). The last expert's bytes broken in the shard (on EP rank 1): FAIL, no
+    hf/."""
+    env = tier_env({"PIPELINE_VENV": str(VENV), "PIPELINE_ENV_READY": str(VENV / ".harness-pins")})
 
     def export_ep2(ckpt: Path):
-        return tier_run([str(VENV / "bin" / "python"), "-m", "pipeline.cli.checkpoint", "export", str(ckpt),
-                         "--iteration", "0", "--hf-model", str(nemotron_h["hf"]), "--no-reasoning", "--ep", "2"],
-                        timeout=600)
+        return tier_run(["bash", "pipeline_checkpoint_convert.sh", "export", str(ckpt), "--iteration", "0",
+                         "--hf-model", str(nemotron_h["hf"]), "--no-reasoning", "--ep", "2"], env=env, timeout=600)
 
     ckpt = nemotron_h["work"] / "export_ep2"
     shutil.copytree(nemotron_h["meg"], ckpt)
