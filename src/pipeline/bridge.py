@@ -10,7 +10,7 @@ where Megatron Bridge cannot even be imported (it needs Transformer Engine, whic
   coherence/backends.py                 generate (the ``megatron`` backend)
 
 Every function that reads a checkpoint takes the exact iteration directory (``<save>/iter_NNNNNNN``) resolved
-by ``pipeline.checkpoint.layout``, never the checkpoint root: given a root, Bridge's ``load_megatron_model``
+by ``pipeline.common.layout``, never the checkpoint root: given a root, Bridge's ``load_megatron_model``
 takes the highest-numbered ``iter_*`` folder, which may be a later iteration than the one asked for or one
 still being written.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.common import yamlio
+from pipeline.common import layout, yamlio
 from pipeline.common.eos import end_ids
 from pipeline.common.errors import UserError, exc_line
 from pipeline.config.loader import strip_suite_only
@@ -225,9 +225,9 @@ def import_gpu_package(pkg: GpuPackage) -> str:
 def _check_iteration_dir(iter_path: Path) -> Path:
     """Refuse a checkpoint root: Bridge would pick its highest ``iter_*`` folder, not the one we resolved."""
     iter_path = Path(iter_path)
-    if not iter_path.name.startswith("iter_"):
+    if not layout.is_iteration_dir(iter_path):
         raise ValueError(f"{iter_path} is not an iteration directory (iter_NNNNNNN); resolve it with "
-                         "pipeline.checkpoint.layout.resolve_iteration")
+                         "pipeline.common.layout.resolve_iteration")
     return iter_path
 
 
@@ -400,9 +400,6 @@ class StepRecords:
         self.on_step(int(context.state.train_state.step) + 1, metrics)
 
 
-_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's tracker (pipeline.checkpoint.layout.TRACKER)
-
-
 def _saved_iteration(context) -> int:
     """The iteration an ``on_checkpoint_save`` is for (see :class:`StepRecords`)."""
     step = int(context.state.train_state.step)
@@ -410,10 +407,10 @@ def _saved_iteration(context) -> int:
     if ckpt is None or not getattr(ckpt, "async_save", False) or not getattr(ckpt, "save", None):
         return step
     try:
-        text = (Path(ckpt.save) / _TRACKER).read_text().strip()
-    except OSError:
+        saved = layout.read_tracker(Path(ckpt.save))
+    except UserError:  # unreadable or not a number: the step, as with no tracker
         return step
-    return int(text) if text.isdigit() else step
+    return step if saved is None else saved
 
 
 def make_callback(on_step: StepHook | None = None, on_step_start: IterationHook | None = None,
@@ -567,7 +564,8 @@ def hf_import_source(iter_path: Path) -> str | None:
 def generation_refusal(peft: PeftIteration, hf_model: str | None) -> str:
     """The one line refusing Megatron generation from a PEFT iteration, naming the export to run instead."""
     it = peft.iter_path
-    n = int(it.name.split("_")[-1]) if it.name.startswith("iter_") else "N"
+    known = layout.iteration_of(it)
+    n = "N" if known is None else known
     return (f"{peft.what}; the megatron backend generates from whole checkpoints only: export it "
             f"(python -m pipeline.cli.checkpoint export {it.parent} --iteration {n} --hf-model "
             f"{hf_model or 'HF_MODEL'} --reasoning|--no-reasoning, which merges the adapters into the base) and run "

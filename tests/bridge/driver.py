@@ -513,7 +513,7 @@ def op_step_records(req: dict) -> dict:
     from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
 
     from pipeline import bridge as pb
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
     from pipeline.training import goodput, records
     from pipeline.training.engines.megatron_bridge import RankHooks
 

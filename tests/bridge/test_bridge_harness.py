@@ -313,7 +313,7 @@ def test_checkpoint_paths_bridge_resolution(harness, tmp_path):
     """AutoBridge.load_megatron_model's real path resolution (only the loader it hands the path to,
     megatron.bridge.training.model_load_save.load_megatron_model, is a recorder): the ROOT picks the
     half-written iter_0000600; what our code passes (layout.resolve_iteration) is handed on unchanged."""
-    from pipeline.checkpoint.layout import is_complete_dir, resolve_iteration
+    from pipeline.common.layout import is_complete_dir, resolve_iteration
 
     root = tmp_path / "ckpt"
     _fake_megatron_checkpoint(root)

@@ -4,7 +4,7 @@ export, the cluster container in validate (moved from tests/unit/test_bridge_pat
 import json
 import os
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from tests.helpers import ROOT, run
 from tests.unit.test_bridge_path import megatron_iters
 

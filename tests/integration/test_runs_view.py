@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.checkpoint import layout
 from pipeline.cli.experiment import main
+from pipeline.common import layout
 from pipeline.training.records import ProgressLog
 
 

@@ -55,7 +55,7 @@ def responses(out: Path) -> list[str]:
 def test_import_writes_a_torch_dist_checkpoint(tiny):
     """AutoBridge.import_ckpt through pipeline.bridge.import_from_hf on a CPU process: a torch_dist iteration the
     suite's layout recognises as Megatron's (Bridge's import writes no common.pt: the layout used to miss it)."""
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
 
     it = tiny["meg"] / "iter_0000000"
     assert json.loads((it / "metadata.json").read_text())["sharded_backend"] == "torch_dist"

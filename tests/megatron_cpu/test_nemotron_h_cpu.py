@@ -73,7 +73,7 @@ def test_nemotron_h_imports_under_the_transformer_engine_stacks_names(nemotron_h
     the names a cluster's TE model asks its checkpoint for, whatever layers wrote it."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
 
     it = nemotron_h["meg"] / "iter_0000000"
     assert layout.engine_of(it) == "megatron" and layout.latest_complete(nemotron_h["meg"]) == 0

@@ -150,7 +150,7 @@ def test_each_pipeline_is_checked_before_anything_is_queued(monkeypatch, tmp_pat
 
 
 def test_export_submission_checks_the_iteration(monkeypatch, tmp_path):
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
 
     monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
     monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)

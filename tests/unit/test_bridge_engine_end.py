@@ -20,7 +20,7 @@ import types
 import pytest
 
 from pipeline import bridge
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.training import records
 from pipeline.training.engines import megatron_bridge as engine
 

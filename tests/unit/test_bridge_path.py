@@ -10,9 +10,9 @@ import time
 import pytest
 
 from pipeline import bridge
-from pipeline.checkpoint import layout
 from pipeline.cli.train import plan_from_argv
 from pipeline.coherence.run import megatron_iteration
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.slurm.allocation import Allocation
 from pipeline.training import launch

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from pipeline.checkpoint import layout
 from pipeline.checkpoint.poll import convert_pending, eval_marker, upload_all
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_json
 from pipeline.evaluation.run import EvalRun, headline, read_results, summarize

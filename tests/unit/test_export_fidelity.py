@@ -12,7 +12,6 @@ import shutil
 
 import pytest
 
-from pipeline.checkpoint import layout
 from pipeline.checkpoint.export import (
     FAILED,
     ExportRequest,
@@ -22,6 +21,7 @@ from pipeline.checkpoint.export import (
     export_iteration,
 )
 from pipeline.checkpoint.verify import file_set_failures, file_set_problems
+from pipeline.common import layout
 from pipeline.common.io import read_json
 
 HIDDEN, INTER = 32, 64

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from tests.unit.test_issue50_data_loss import _convert
 

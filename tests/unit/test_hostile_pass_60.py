@@ -99,7 +99,7 @@ def test_import_force_keeps_a_users_file_inside_a_megatron_iteration(tmp_path):
     """D3: an iter_0000000 in Megatron's format (metadata.json, common.pt, shards; no marker of ours) holding a
     user's notes.txt: import --force planned OK and deleted it. Megatron's own files (as the megatron_cpu tier's
     checkpoints hold them) are still replaced."""
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
     from tests.unit.test_issue50_data_loss import _convert
 
     out = tmp_path / "meg"
@@ -167,7 +167,7 @@ def test_the_suites_own_folders_in_an_import_output_hold_only_its_markers(tmp_pa
     the suite's own folders (converted_checkpoints/, non_persistent/, ...) and any dot-name ending in .tmp: a user's
     files there were deleted. Now they are named (the import refused); the suite's markers, locks and temporaries
     are still its own."""
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
     from tests.helpers import megatron_checkpoint
     from tests.unit.test_issue50_data_loss import _convert
 

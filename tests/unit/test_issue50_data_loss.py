@@ -21,7 +21,7 @@ import threading
 
 import pytest
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from tests.helpers import run
 
@@ -274,8 +274,8 @@ def test_upload_all_stops_polling_a_training_that_has_failed(tmp_path, caplog):
     import logging
     import threading
 
-    from pipeline.checkpoint import layout
     from pipeline.checkpoint.poll import upload_all
+    from pipeline.common import layout
 
     caplog.set_level(logging.INFO)
     run, ckpt = tmp_path / "run", tmp_path / "ck"

@@ -62,9 +62,9 @@ def test_an_upward_import_breaks_the_layers(tmp_path):
     shutil.copytree(ROOT / "src" / "pipeline", tmp_path / "src" / "pipeline",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    victim = tmp_path / "src" / "pipeline" / "checkpoint" / "layout.py"
+    victim = tmp_path / "src" / "pipeline" / "checkpoint" / "poll.py"
     victim.write_text(victim.read_text() + "\n\ndef _upward():\n    from pipeline.training import records  # noqa\n")
     res = lint_imports(tmp_path / "pyproject.toml", tmp_path / "src")
     assert res.returncode != 0, res.stdout[-4000:]
     assert "pipeline.checkpoint is not allowed to import pipeline.training" in res.stdout, res.stdout[-4000:]
-    assert "pipeline.checkpoint.layout -> pipeline.training.records" in res.stdout, res.stdout[-4000:]
+    assert "pipeline.checkpoint.poll -> pipeline.training.records" in res.stdout, res.stdout[-4000:]

@@ -13,8 +13,8 @@ import pytest
 
 from pipeline import bridge
 from pipeline.checkpoint import export as ex
-from pipeline.checkpoint import layout
 from pipeline.cli.coherence import plan_from_argv as coherence_plan
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 
 # Trimmed from the run_config.yaml Bridge 0.6.2 writes (ConfigContainer.to_yaml through safe_yaml_representers): the

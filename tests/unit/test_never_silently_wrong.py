@@ -214,8 +214,8 @@ def test_an_export_overwritten_in_place_is_not_trusted(tmp_path):
 def test_upload_all_poll_names_an_incomplete_final_iteration(tmp_path, caplog):
     """upload-all --poll said "every complete iteration is converted", "converted 0, failed none" when the tracked
     final iteration was incomplete (item 9)."""
-    from pipeline.checkpoint import layout
     from pipeline.checkpoint.poll import upload_all
+    from pipeline.common import layout
 
     ckpt = tmp_path / "checkpoints"
     half = ckpt / "iter_0000020"  # a Megatron save cut short: metadata, no shards

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.config.schema import TrainingConfig
 from pipeline.training.preflight import continues_from

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.checkpoint import layout
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
 from pipeline.checkpoint.verify import file_set_problems
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
 from pipeline.common.procs import barrier
@@ -124,7 +124,7 @@ def export_iteration(iter_path: Path, req: ExportRequest) -> dict[str, Any]:
         raise UserError(problem)
     if req.locked or int(os.environ.get("RANK", "0")) != 0:
         return _export(iter_path, out, req)
-    lock = Lock(iteration_lock_path(iter_path.parent, int(iter_path.name.split("_")[-1])), ttl=6 * 3600)
+    lock = Lock(iteration_lock_path(iter_path.parent, layout.iteration_number(iter_path)), ttl=6 * 3600)
     if not lock.acquire():
         raise UserError(f"{iter_path.name} is being exported by {lock.holder()} ({lock.path}); wait for it, or "
                         "remove the lock if that process is gone")
@@ -342,14 +342,14 @@ def lora_base(peft, hf_model: str) -> Path:
     pre_path = Path(pre)
     try:
         step = peft.ckpt_step
-        base = pre_path if pre_path.name.startswith("iter_") else layout.resolve_iteration(pre_path, step)
+        base = pre_path if layout.is_iteration_dir(pre_path) else layout.resolve_iteration(pre_path, step)
     except UserError as exc:
         raise UserError(f"{peft.what}; its base checkpoint {pre} cannot be read ({exc}): restore it, then rerun the "
                         "export") from None
     if not base.is_dir():
         raise UserError(f"{peft.what}; its base checkpoint {base} does not exist: restore it, then rerun the export")
     newer = _saved_at(base) > _saved_at(peft.iter_path)
-    if not pre_path.name.startswith("iter_") and step is None and newer:
+    if not layout.is_iteration_dir(pre_path) and step is None and newer:
         # Bridge loaded the base root's latest iteration when the run started; one written after this iteration
         # cannot be the one the adapters were trained on
         raise UserError(f"{peft.what}; its base {pre} has an iteration newer than this one ({base.name}), so the "
@@ -364,7 +364,7 @@ def lora_base(peft, hf_model: str) -> Path:
     if source is not None:
         raise UserError(f"{peft.what}; its base checkpoint {base} was imported from {source}, not from --hf-model "
                         f"{hf_model}: rerun the export with --hf-model {source}")
-    n = int(base.name.split("_")[-1])
+    n = layout.iteration_number(base)
     raise UserError(f"{peft.what}; its base checkpoint {base} is not a Hugging Face import, so --hf-model {hf_model} "
                     f"is not known to be its base: export the base first (python -m pipeline.cli.checkpoint export "
                     f"{base.parent} --iteration {n} --hf-model ID --reasoning|--no-reasoning), then rerun this export "
@@ -530,7 +530,7 @@ def _verify(iter_path: Path, tmp: Path, engine: str, req: ExportRequest, *, sour
         if source_logits is None:
             source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, lora_base=lora_base)
         exported = _load_bf16_export(tmp)
-        iteration = int(iter_path.name.split("_")[-1])
+        iteration = layout.iteration_number(iter_path)
         model_name = hf_model
     else:
         marker = read_json(iter_path / layout.MARKER)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.locks import ExpiringLock as Lock
 
 __all__ = ["LOCK_DIR", "Lock", "iteration_lock_path"]

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.checkpoint.layout import output_folder_problem
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import folder_problem
+from pipeline.common.layout import output_folder_problem
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
 from pipeline.config.models import REGISTRY, ModelSpec, spec_for
 from pipeline.config.parallel import (
@@ -272,7 +272,7 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
     """The checkpoint's engine; one not written yet (a job that waits for training) is the model's engine: the
     local engine for a registry local model or on a profile without GPUs, else Megatron. ``strict`` (an export
     that runs now): a checkpoint that cannot be exported is a problem, not a note."""
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
 
     why = f"{ckpt_dir} does not exist yet"
     if ckpt_dir.exists() and not ckpt_dir.is_dir():
@@ -396,7 +396,7 @@ def _peft_iteration(ckpt_dir: Path, iteration: int | None):
     """The PEFT facts (``bridge.PeftIteration``) of the iteration an export would read, or None: a whole checkpoint,
     or none to read yet (a job waiting for training; the export itself refuses a world above 1 then)."""
     from pipeline import bridge
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
 
     try:
         return bridge.peft_iteration(layout.resolve_iteration(ckpt_dir, iteration)) if ckpt_dir.is_dir() else None

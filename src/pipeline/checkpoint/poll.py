@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.checkpoint import layout
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
+from pipeline.common import layout
 from pipeline.common.io import read_json, read_regular, write_json
 
 log = logging.getLogger(__name__)

@@ -41,12 +41,12 @@ from pathlib import Path
 
 from pipeline import bridge
 from pipeline.checkpoint import export as ex
-from pipeline.checkpoint import layout
 from pipeline.checkpoint import plan as jobs
 from pipeline.checkpoint.poll import earlier_failures, upload_all
 from pipeline.cli.parser import Parser, bounded_float, path_arg
 from pipeline.coherence.run import CoherenceRun
 from pipeline.coherence.run import run as run_coherence
+from pipeline.common import layout
 from pipeline.common.argv import strip_options
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import read_json
@@ -225,7 +225,7 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     plan.problems += hf_output_problems(req, skipped)
     for it, why in skipped.items():  # named in the plan (hostile pass, W6)
         plan.notes.append(f"{layout.iter_dirname(it)} is skipped: {why}")
-    cfg = req.eval_run(req.ckpt_dir / "iter_0000000" / "hf")
+    cfg = req.eval_run(layout.iter_dir(req.ckpt_dir, 0) / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
         from pipeline.evaluation.tasks import check_tasks
 
@@ -309,7 +309,7 @@ def export_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) ->
     lock held) and the environment its ranks get (the cluster profile's env over this process's)."""
     cmd = ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={plan.layout.world}", "-m",
            "pipeline.cli.checkpoint", "export", str(req.ckpt_dir), "--iteration",
-           str(int(iter_path.name.split("_")[-1])), *req.export(plan.layout).argv()]  # upload-all's: locked
+           str(layout.iteration_number(iter_path)), *req.export(plan.layout).argv()]  # upload-all's: locked
     return cmd, job_environ(plan.env)
 
 

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import bridge
-from pipeline.checkpoint import layout
 from pipeline.coherence import backends
 from pipeline.coherence.metrics import score, summarize
 from pipeline.coherence.prompts import load_prompts
-from pipeline.common import paths
+from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_json, write_text
 
@@ -112,10 +111,11 @@ def megatron_iteration(model: str, iteration: int | None) -> Path:
     """The exact iteration directory to generate from: a checkpoint root resolves to ``--iteration`` or its latest
     complete iteration (never a later or half-written one); an ``iter_NNNNNNN`` directory must be complete."""
     path = Path(model)
-    if path.name.startswith("iter_") and (path.parent / layout.TRACKER).exists():
+    it = layout.iteration_of(path)
+    if it is not None and (path.parent / layout.TRACKER).exists():
         if iteration is not None:
             raise UserError(f"{path} is already an iteration directory; drop --iteration or pass the checkpoint root")
-        return layout.resolve_iteration(path.parent, int(path.name.split("_")[-1]))
+        return layout.resolve_iteration(path.parent, it)
     return layout.resolve_iteration(path, iteration)
 
 
@@ -205,8 +205,8 @@ def _iteration_name(path: Path) -> tuple[str, str | None]:
             src = None
     if src is None:
         p = path.parent if path.name == "hf" else path
-        src = p if p.name.startswith("iter_") else None
-    if src is None or not src.name.startswith("iter_"):
+        src = p if layout.is_iteration_dir(p) else None
+    if src is None or not layout.is_iteration_dir(src):
         return path.name, None
     run, _, it = hub_repo_name(src.parent, src.name).rpartition("-")
     return run, it

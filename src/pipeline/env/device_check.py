@@ -39,7 +39,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.common import paths
+from pipeline.common import layout, paths
+from pipeline.common.errors import UserError
 
 TRAIN_ITERS, STOP_AT, SAVE_INTERVAL = 6, 3, 2
 CHECKS = ("bridge-train-resume", "export-verify", "megatron-generate", "bridge-sft-resume")
@@ -85,15 +86,10 @@ def _torchrun(gpus: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
 
 
-# Megatron's checkpoint layout, read as files (pipeline.checkpoint is a layer above this one; the checks' own CLIs
-# resolve iterations through it)
-TRACKER, ITER_DIR = "latest_checkpointed_iteration.txt", "iter_{:07d}"
-
-
 def _tracker(ckpt: Path) -> int | None:
     try:
-        return int((ckpt / TRACKER).read_text().strip())
-    except (OSError, ValueError):
+        return layout.read_tracker(ckpt)
+    except UserError:  # unreadable or not a number: as with none
         return None
 
 
@@ -183,7 +179,7 @@ def check_generate(work: Path, gpus: int, timeout: float) -> str:
     want = json.loads((hf / "hf_greedy.json").read_text())
     n = max(len(w["tokens"]) + (1 if w["finished"] else 0) for w in want)
     out = work / "megatron_greedy.json"
-    _run([sys.executable, str(worker_script()), "generate", str(mcore / ITER_DIR.format(it)), str(hf), str(n),
+    _run([sys.executable, str(worker_script()), "generate", str(layout.iter_dir(mcore, it)), str(hf), str(n),
           "1", "1", "1", str(out)], work / "generate.log", max(60.0, timeout - (time.time() - t0)))
     got = json.loads(out.read_text())
     same = [g["text"] == w["text"] for g, w in zip(got, want, strict=True)]

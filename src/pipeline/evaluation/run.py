@@ -19,12 +19,12 @@ import datetime as dt
 import json
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
 from pipeline.evaluation.tasks import parse_tasks, results_name
@@ -89,13 +89,6 @@ class EvalRun:
 MAX_LIMIT = 1e9  # examples per task: lm-eval takes the first N; 1e20 overflowed after the model had loaded
 
 
-def iteration_of(model: str) -> int | None:
-    """The training iteration of an export (``.../iter_NNNNNNN/hf``), None for another model."""
-    m = re.fullmatch(r"iter_(\d+)", Path(model).resolve().parent.name if Path(model).name == "hf" else
-                     Path(model).name)
-    return int(m.group(1)) if m else None
-
-
 def headline(metrics: dict) -> tuple[str, float, float | None] | None:
     """(metric, value, stderr) a task is summarised by: the first of HEADLINE it reports, else its first number."""
     values = {k.split(",")[0]: v for k, v in metrics.items()
@@ -118,7 +111,7 @@ def summarize(results: dict, cfg: EvalRun, seconds: float) -> dict[str, Any]:
         if h is not None:
             tasks[task] = {"metric": h[0], "value": h[1], "stderr": h[2],
                            "samples": (results.get("n-samples", {}).get(task) or {}).get("effective")}
-    return {"model": cfg.model, "iteration": iteration_of(cfg.model), "tasks": tasks, "metrics": metrics,
+    return {"model": cfg.model, "iteration": layout.export_iteration(cfg.model), "tasks": tasks, "metrics": metrics,
             "task_list": list(cfg.task_names), "num_fewshot": cfg.num_fewshot, "limit": cfg.limit,
             "settings": cfg.settings, "batch_size": cfg.batch_size, "seconds": round(seconds, 2),
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -196,7 +189,7 @@ def log_wandb(summary: dict, project: str) -> str | None:
         task, metric = key.rsplit("/", 1)
         table.add_data(it, task, metric, v)
     run.log({"iteration": it, **{f"eval/{t}/{h['metric']}": h["value"] for t, h in summary["tasks"].items()},
-             f"eval_table/iter_{it:07d}": table})
+             f"eval_table/{layout.iter_dirname(it)}": table})
     path = run.dir
     run.finish()
     return path
@@ -290,13 +283,14 @@ def read_results(save: Path | None) -> list[dict[str, Any]]:
     if save is None or not Path(save).is_dir():
         return []
     out = []
-    for f in sorted(Path(save).glob("iter_*/hf/eval/*.json")):
+    found = [(n, f) for n in layout.list_iterations(Path(save))
+             for f in sorted((layout.iter_dir(Path(save), n) / "hf" / "eval").glob("*.json"))]
+    for it, f in found:
         try:
             rec = read_json(f)
         except (OSError, ValueError):
             continue
         s = rec.get("summary") if isinstance(rec, dict) else None
         if isinstance(s, dict) and isinstance(s.get("tasks"), dict) and isinstance(s.get("metrics"), dict):
-            it = iteration_of(str(f.parent.parent))
             out.append({**s, "iteration": it, "file": str(f)})
     return sorted(out, key=lambda s: (s["iteration"] if s["iteration"] is not None else -1, s["file"]))

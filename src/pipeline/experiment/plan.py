@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.checkpoint import layout
-from pipeline.common import paths, shell
+from pipeline.common import layout, paths, shell
 from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
 from pipeline.common.paths import CHECKPOINT_SUBMIT, COHERENCE_SUBMIT, TRAINING_SUBMIT

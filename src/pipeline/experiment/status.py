@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.checkpoint import layout
-from pipeline.common import shell
+from pipeline.common import layout, shell
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
 from pipeline.experiment.plan import Job, RunPlan, state_dir

@@ -532,7 +532,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
                 plan.problems += _validation_batch_problems(cfg, paths, plan)
     pre = cfg.checkpoint.pretrained_checkpoint
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
-        from pipeline.checkpoint.layout import TRACKER
+        from pipeline.common.layout import TRACKER
 
         p = Path(str(pre))
         if not p.exists():
@@ -552,7 +552,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
             plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
                                  f"import {spec.import_hf_id}, or fix checkpoint.pretrained_checkpoint")
         elif not _holds_megatron_checkpoint(Path(ckpt)):
-            from pipeline.checkpoint.layout import TRACKER
+            from pipeline.common.layout import TRACKER
 
             plan.problems.append(f"checkpoint {ckpt} holds no Megatron checkpoint (no {TRACKER}, no iter_NNNNNNN "
                                  "folder with files: an empty folder, or an import that never finished): import it "
@@ -582,7 +582,7 @@ def _nodes_that_fit(spec: ModelSpec, plan: Plan, recompute, sp: bool, peft: str 
 def _holds_megatron_checkpoint(path: Path) -> bool:
     """What Bridge can load from: a checkpoints folder with its tracker or an iteration folder, or an iteration
     folder itself, holding files (an empty folder passed the preflight and failed on every rank after the queue)."""
-    from pipeline.checkpoint.layout import TRACKER, iter_dir, iteration_of, list_iterations
+    from pipeline.common.layout import TRACKER, iter_dir, iteration_of, list_iterations
 
     if not path.is_dir():
         return False
@@ -596,7 +596,7 @@ def _tracker_problems(cfg: TrainingConfig) -> list[str]:
     """A checkpoints folder the run resumes from or starts from whose ``latest_checkpointed_iteration.txt`` is not an
     iteration number, or names an iteration that is not there: every start reads it, so a corrupt one passed the
     preflight and then failed in every restart."""
-    from pipeline.checkpoint.layout import TRACKER, iter_dir, iter_dirname, list_iterations, read_tracker
+    from pipeline.common.layout import TRACKER, iter_dir, iter_dirname, list_iterations, read_tracker
 
     out, seen = [], set()
     ck = cfg.checkpoint
@@ -630,7 +630,7 @@ def continues_from(cfg: TrainingConfig) -> Path | None:
 
 def _check_continued(cfg: TrainingConfig, plan: Plan) -> None:
     """A run continuing another's save (``checkpoint.load`` != ``save``): the iteration it continues is there."""
-    from pipeline.checkpoint import layout
+    from pipeline.common import layout
     src, step = continues_from(cfg), cfg.checkpoint.ckpt_step
     if src is None:
         return

@@ -39,8 +39,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.checkpoint import layout
-from pipeline.common import paths, yamlio
+from pipeline.common import layout, paths, yamlio
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_json, read_regular, write_json, write_text
 from pipeline.common.locks import release, try_flock, write_holder
@@ -209,10 +208,6 @@ def config_identity(cfg: TrainingConfig) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _holds_checkpoints(save: Path) -> bool:
-    return (save / layout.TRACKER).exists() or any(save.glob("iter_[0-9]*"))
-
-
 def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig, allow_change: bool = False) -> None:
     """Refuse (UserError, one line naming the owner) a ``checkpoint.save`` that belongs to another run: its owner
     record names another run directory, or this run directory with another config identity (unless
@@ -245,7 +240,7 @@ def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig
                             f"{owner.get('identity')} != {config_identity(cfg)}): {use}, or pass "
                             "--allow-config-change to continue it with the new config")
         return
-    if not save.is_dir() or not _holds_checkpoints(save):
+    if not save.is_dir() or not layout.holds_iterations(save):
         return
     recorded = None
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.mappings import flatten
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model

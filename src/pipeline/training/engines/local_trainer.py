@@ -19,7 +19,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 from transformers.integrations import WandbCallback
 
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.procs import barrier
 from pipeline.config.models import ModelSpec
 from pipeline.training import profiling, records

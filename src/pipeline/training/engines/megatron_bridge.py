@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import bridge
-from pipeline.checkpoint import layout
+from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import preflight, profiling, records

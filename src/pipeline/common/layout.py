@@ -33,9 +33,37 @@ OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked an
 
 
 def iteration_of(path: Path | str) -> int | None:
-    """The iteration an ``iter_NNNNNNN`` folder name stands for; None for any other name."""
+    """The iteration an ``iter_NNNNNNN`` folder name stands for; None for any other name. The one parser of
+    iteration folder names: every other module asks this one (tests/unit/test_layout.py greps for others)."""
     m = _ITER_RE.match(Path(path).name)
     return int(m.group(1)) if m else None
+
+
+def iteration_number(path: Path | str) -> int:
+    """The iteration of a path already known to be an iteration folder (a ValueError otherwise: a caller's bug,
+    never a user's input, which :func:`resolve_iteration` and :func:`iteration_of` check)."""
+    it = iteration_of(path)
+    if it is None:
+        raise ValueError(f"{path} is not an iteration folder (iter_NNNNNNN)")
+    return it
+
+
+def is_iteration_dir(path: Path | str) -> bool:
+    """Whether ``path``'s name is an iteration folder's (``iter_NNNNNNN``); it need not exist."""
+    return iteration_of(path) is not None
+
+
+def export_iteration(path: Path | str) -> int | None:
+    """The iteration of an iteration folder or of its Hugging Face export (``iter_NNNNNNN/hf``, a link to one
+    resolved); None for any other model."""
+    p = Path(path)
+    return iteration_of(p.resolve().parent if p.name == "hf" else p)
+
+
+def holds_iterations(save: Path) -> bool:
+    """Whether ``save`` looks like a checkpoint folder already: a tracker, or any entry named like an iteration (the
+    loose pattern, ``iter_`` and a digit, so a hand-made or foreign-width one counts too)."""
+    return (Path(save) / TRACKER).exists() or any(Path(save).glob("iter_[0-9]*"))
 
 
 def iter_dirname(iteration: int) -> str:
