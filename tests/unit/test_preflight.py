@@ -215,7 +215,7 @@ def test_typed_values_and_sweeps_on_the_local_engine(capsys, override, needle):
 @pytest.mark.parametrize("extra,needle", [
     (["+train.train_iter=5"], "'train.train_iter' is not a config key of either engine (did you mean 'train.train_iters'?)"),
     (["logger.wandb_exp_name=" + "x" * 300], "cannot name a run directory"),
-    (["logger.wandb_exp_name=''"], "logger.wandb_exp_name is empty"),
+    (["logger.wandb_exp_name=''"], "logger.wandb_exp_name='' is empty"),
     (["train.train_iters=99999999999999999999999"], "is out of range"),
     (["pipeline.local.autocast=fp16"], "pipeline.local.autocast='fp16' is not one of off, bf16, auto"),
 ])
@@ -290,7 +290,7 @@ TINY = ["configs/local/tiny_moe_sft.yaml", "--model", "tiny-qwen3-moe", "--mode"
     (BASE + ["mixed_precision=5"], "'mixed_precision' is a section of Megatron Bridge's config"),
     (BASE + ["+comm_overlap=5"], "'comm_overlap' is a section of Megatron Bridge's config"),
     (BASE + ["peft.dim=8"], "(the LoRA settings apply with --peft lora)"),
-    (BASE + ["--peft", "lora", "peft.dropout=5.0"], "peft.dropout=5 must be in [0, 1)"),
+    (BASE + ["--peft", "lora", "peft.dropout=5.0"], "peft.dropout=5.0 is out of range [0, 1)"),
 ])
 def test_hostile_values_are_one_line_each(capsys, argv, needle):
     """Found by a hostile review of the typed config (each was a traceback, a wrong message or a silent pass)."""
@@ -336,3 +336,49 @@ def test_forgetting_nodes_names_the_node_count_that_fits(capsys):
     assert m and float(m.group(2)) <= 95, line
     assert main(argv + ["--nodes", m.group(1)]) == 0, errors(capsys)
     assert main(argv + ["--nodes", str(int(m.group(1)) - 1)]) == 2  # one fewer does not fit (or does not divide)
+
+
+def test_no_single_field_range_check_outside_the_schema():
+    """Issue 63, item 2: each value's own bounds live in the schema's field metadata (config/schema._f), checked at
+    load; the preflight and the profiling checks keep only rules between values. Walks their code for an ``if`` that
+    compares a config field (an attribute named like a numeric field of the schema) with a number and appends a
+    problem: none."""
+    import ast
+    import dataclasses
+    import typing
+
+    from pipeline.config import schema
+    from tests.helpers import ROOT
+
+    numeric: set[str] = set()
+
+    def walk(cls):
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp)
+            elif set(typing.get_args(tp) or (tp,)) & {int, float}:
+                numeric.add(f.name)
+
+    walk(schema.TrainingConfig)
+    assert {"lr", "save_interval", "dropout", "profile_step_start", "tensor_model_parallel_size"} <= numeric
+
+    def bound_check(test: ast.AST) -> bool:
+        for c in ast.walk(test):
+            if isinstance(c, ast.Compare) and any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in c.ops):
+                sides = [c.left, *c.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr in numeric for s in sides) and any(
+                        isinstance(s, ast.Constant) and isinstance(s.value, (int, float)) for s in sides):
+                    return True
+        return False
+
+    found = []
+    for rel in ("src/pipeline/training/preflight.py", "src/pipeline/training/profiling.py"):
+        text = (ROOT / rel).read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.If) and bound_check(node.test) and "append" in ast.unparse(node.body[0]):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node.test)}")
+        # and the messages of a bound, whatever the code's shape (a loop over (key, value, low) tuples had them)
+        found += [f"{rel}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0)}"
+                  for m in re.finditer(r"must be (?:>=|>|<=|<) -?\d|must be in [\[(]", text)]
+    assert found == []

@@ -148,18 +148,14 @@ def local_path(name: str) -> bool:
 def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[ClusterProfile, int, bool]:
     """The cluster profile (--cluster, else PIPELINE_CLUSTER, else local_cpu), the node count (--nodes, else the
     allocation's) and whether the count was given (outside an allocation it stands for Slurm's --nodes)."""
-    from pipeline.slurm.allocation import current
+    from pipeline.slurm.allocation import current, planned_nodes
 
-    if nodes is not None and nodes < 1:
-        raise UserError(f"--nodes {nodes} must be >= 1")
     try:
         alloc = current()
     except ValueError as exc:  # SLURM_JOB_NUM_NODES=abc, a broken SLURM_JOB_NODELIST
         raise UserError(f"the Slurm environment is malformed: {exc}") from None
-    if alloc.in_slurm and alloc.nodes < 1:
-        raise UserError(f"the Slurm environment is malformed: SLURM_JOB_NUM_NODES={alloc.nodes}")
-    given = nodes is not None or alloc.in_slurm
-    return resolve_profile(cluster), nodes or alloc.nodes or 1, given
+    count = planned_nodes(nodes, alloc)
+    return resolve_profile(cluster), count, nodes is not None or alloc.in_slurm
 
 
 def check_gpus_on_node(plan: JobPlan) -> None:

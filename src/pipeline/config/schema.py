@@ -34,25 +34,45 @@ ENV_ENTRY_MAX = 128 * 1024  # Linux's MAX_ARG_STRLEN: one NAME=value string of a
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _f(doc: str, default: Any = None, *, lo: int | None = None, hi: int | None = None, nonempty: bool = False
-       ) -> Any:
-    """A config field: its default (``None``: keep the recipe's), a one-line description, and for some the range a
-    set value must lie in (``lo``/``hi``, inclusive) or that a string may not be empty."""
+def _f(doc: str, default: Any = None, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+       lt: float | None = None, nonempty: bool = False) -> Any:
+    """A config field: its default (``None``: keep the recipe's), a one-line description, and for some the bounds a
+    set value must keep (``ge``/``gt`` below, ``le``/``lt`` above: inclusive or not) or that a string may not be
+    empty. Every bound of a single field lives here, checked at load (:func:`check_range`); the preflight checks only
+    rules between fields."""
     meta: dict[str, Any] = {"doc": doc}
-    if lo is not None or hi is not None:
-        meta["range"] = (lo, hi)
+    low = (ge, False) if ge is not None else (gt, True) if gt is not None else None
+    high = (le, False) if le is not None else (lt, True) if lt is not None else None
+    if low is not None or high is not None:
+        meta["bounds"] = (low, high)
     if nonempty:
         meta["nonempty"] = True
     return field(default=default, metadata=meta)
 
 
+def bounds_of(f: dataclasses.Field) -> tuple[tuple[float, bool] | None, tuple[float, bool] | None]:
+    """A field's (low, high) bounds, each (value, open) or None."""
+    return f.metadata.get("bounds", (None, None))
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
 def check_range(f: dataclasses.Field, value: Any, key: str) -> str | None:
-    """Why a value of the right type is outside its field's range (one line), or None."""
-    lo, hi = f.metadata.get("range", (None, None))
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
-            (lo is not None and value < lo) or (hi is not None and value > hi)):
-        return f"{key}={_show(value)} is out of range [{lo if lo is not None else '-inf'}, " \
-               f"{hi if hi is not None else 'inf'}]"
+    """Why a value of the right type is outside its field's bounds (one line), or None."""
+    low, high = bounds_of(f)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        below = low is not None and (value <= low[0] if low[1] else value < low[0])
+        above = high is not None and (value >= high[0] if high[1] else value > high[0])
+        if below or above:
+            if high is None and low is not None:
+                return f"{key}={_show(value)} must be {'>' if low[1] else '>='} {_num(low[0])}"
+            if low is None and high is not None:
+                return f"{key}={_show(value)} must be {'<' if high[1] else '<='} {_num(high[0])}"
+            assert low is not None and high is not None
+            return (f"{key}={_show(value)} is out of range {'(' if low[1] else '['}{_num(low[0])}, "
+                    f"{_num(high[0])}{')' if high[1] else ']'}")
     if f.metadata.get("nonempty") and isinstance(value, str) and not value.strip():
         return f"{key}={value!r} is empty: name one (or leave it unset)"
     return None
@@ -60,17 +80,17 @@ def check_range(f: dataclasses.Field, value: Any, key: str) -> str | None:
 
 @dataclass
 class ModelConfig:
-    seq_length: int | None = _f("sequence length in tokens (the model's context for this run)")
-    tensor_model_parallel_size: int | None = _f("tensor parallelism (TP): ranks that split each layer's matmuls")
-    pipeline_model_parallel_size: int | None = _f("pipeline parallelism (PP): stages the layers are cut into")
-    virtual_pipeline_model_parallel_size: int | None = _f("interleaved pipeline: model chunks per pipeline stage")
-    context_parallel_size: int | None = _f("context parallelism (CP): ranks that split each sequence")
-    expert_model_parallel_size: int | None = _f("expert parallelism (EP): ranks the MoE experts are spread over")
-    expert_tensor_parallel_size: int | None = _f("tensor parallelism inside each expert (ETP)")
+    seq_length: int | None = _f("sequence length in tokens (the model's context for this run)", ge=1)
+    tensor_model_parallel_size: int | None = _f("tensor parallelism (TP): ranks that split each layer's matmuls", ge=1)
+    pipeline_model_parallel_size: int | None = _f("pipeline parallelism (PP): stages the layers are cut into", ge=1)
+    virtual_pipeline_model_parallel_size: int | None = _f("interleaved pipeline: model chunks per pipeline stage", ge=1)
+    context_parallel_size: int | None = _f("context parallelism (CP): ranks that split each sequence", ge=1)
+    expert_model_parallel_size: int | None = _f("expert parallelism (EP): ranks the MoE experts are spread over", ge=1)
+    expert_tensor_parallel_size: int | None = _f("tensor parallelism inside each expert (ETP)", ge=1)
     sequence_parallel: bool | None = _f("shard layer-norm and dropout activations over the TP group")
     recompute_granularity: Literal["full", "selective"] | None = _f("activation recomputation: full or selective")
     recompute_method: Literal["uniform", "block"] | None = _f("how full recomputation picks layers")
-    recompute_num_layers: int | None = _f("layers per recomputation unit (full recomputation)")
+    recompute_num_layers: int | None = _f("layers per recomputation unit (full recomputation)", ge=1)
     recompute_modules: Any = _f("modules to recompute (selective), e.g. [moe, mlp]")
     cuda_graph_impl: Literal["none", "transformer_engine", "local", "full_iteration"] | None = _f(
         "CUDA graphs: none, per-module (transformer_engine, local) or the whole iteration; per-module graphs refuse "
@@ -89,39 +109,39 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    train_iters: int | None = _f("optimizer steps to run")
-    global_batch_size: int | None = _f("sequences per optimizer step, over all data-parallel ranks", lo=1,
-                                       hi=BATCH_MAX)
-    micro_batch_size: int | None = _f("sequences per rank per forward/backward pass", lo=1, hi=BATCH_MAX)
+    train_iters: int | None = _f("optimizer steps to run", ge=1)
+    global_batch_size: int | None = _f("sequences per optimizer step, over all data-parallel ranks", ge=1,
+                                       le=BATCH_MAX)
+    micro_batch_size: int | None = _f("sequences per rank per forward/backward pass", ge=1, le=BATCH_MAX)
     exit_signal_handler: bool | None = _f("checkpoint and exit on the exit signal (the launcher sets it for Bridge)")
-    exit_duration_in_mins: int | None = _f("checkpoint and exit after this many minutes")
+    exit_duration_in_mins: int | None = _f("checkpoint and exit after this many minutes", ge=1)
     manual_gc: bool | None = _f("run Python's garbage collector only every manual_gc_interval steps")
     manual_gc_interval: int | None = _f("steps between manual garbage collections")
 
 
 @dataclass
 class ValidationConfig:
-    eval_interval: int | None = _f("steps between validation passes (0: none)")
-    eval_iters: int | None = _f("validation batches per pass")
+    eval_interval: int | None = _f("steps between validation passes (0: none)", ge=0)
+    eval_iters: int | None = _f("validation batches per pass", ge=0)
 
 
 @dataclass
 class OptimizerConfig:
     optimizer: str | None = _f("optimizer name (adam, sgd)")
-    lr: float | None = _f("peak learning rate")
-    min_lr: float | None = _f("learning rate at the end of the decay")
-    weight_decay: float | None = _f("decoupled weight decay")
-    adam_beta1: float | None = _f("Adam's first-moment decay")
-    adam_beta2: float | None = _f("Adam's second-moment decay")
-    adam_eps: float | None = _f("Adam's epsilon")
-    clip_grad: float | None = _f("gradient-norm clipping threshold (0: off)")
+    lr: float | None = _f("peak learning rate", gt=0)
+    min_lr: float | None = _f("learning rate at the end of the decay", ge=0)
+    weight_decay: float | None = _f("decoupled weight decay", ge=0)
+    adam_beta1: float | None = _f("Adam's first-moment decay", ge=0, lt=1)
+    adam_beta2: float | None = _f("Adam's second-moment decay", ge=0, lt=1)
+    adam_eps: float | None = _f("Adam's epsilon", ge=0)
+    clip_grad: float | None = _f("gradient-norm clipping threshold (0: off)", ge=0)
     use_distributed_optimizer: bool | None = _f("shard the optimizer state over data-parallel ranks")
 
 
 @dataclass
 class SchedulerConfig:
-    lr_warmup_iters: int | None = _f("linear warm-up steps")
-    lr_decay_iters: int | None = _f("iteration the decay ends at (default train_iters)")
+    lr_warmup_iters: int | None = _f("linear warm-up steps", ge=0)
+    lr_decay_iters: int | None = _f("iteration the decay ends at (default train_iters)", ge=1)
     lr_decay_style: str | None = _f("decay shape (cosine, linear, constant, WSD, ...)")
     lr_wsd_decay_iters: int | None = _f("WSD: iterations of the final decay (the cooldown), ending at lr_decay_iters")
     lr_wsd_decay_style: str | None = _f("WSD: shape of the final decay (linear, cosine, minus_sqrt, exponential)")
@@ -135,7 +155,7 @@ class SchedulerConfig:
 @dataclass
 class PackingSpecs:
     packed_sequence_size: int | None = _f("tokens per pack (must equal model.seq_length; -1: no packing)")
-    pad_seq_to_mult: int | None = _f("pad each packed document to a multiple of this (context parallelism)")
+    pad_seq_to_mult: int | None = _f("pad each packed document to a multiple of this (context parallelism)", ge=1)
     tokenizer_model_name: str | None = _f("tokenizer folder name the packed files are stored under")
     packed_train_data_path: str | None = _f("explicit packed training Parquet (default: under dataset_root)")
     packed_val_data_path: str | None = _f("explicit packed validation Parquet")
@@ -148,8 +168,8 @@ class DatasetConfig:
     dataset_name: str | None = _f("where the data came from (suite-only: documentation, stripped for Bridge)")
     dataset_root: str | None = _f("prepared dataset folder (pipeline_data_prepare.py prepare --dataset-root)")
     seq_length: int | None = _f("sequence length of the data (must equal model.seq_length)")
-    seed: int | None = _f("data shuffling seed", lo=0, hi=SEED_MAX)
-    num_workers: int | None = _f("data-loader worker processes per rank")
+    seed: int | None = _f("data shuffling seed", ge=0, le=SEED_MAX)
+    num_workers: int | None = _f("data-loader worker processes per rank", ge=0)
     do_validation: bool | None = _f("build the validation split")
     do_test: bool | None = _f("build the test split")
     enable_offline_packing: bool | None = _f("read pre-packed sequences (with their document boundaries)")
@@ -167,7 +187,7 @@ class CheckpointConfig:
     load_rng: bool | None = _f("load the RNG state with checkpoint.load")
     finetune: bool | None = _f("load checkpoint.load's weights only (iteration 0, fresh optimizer)")
     pretrained_checkpoint: str | None = _f("weights to start from (a checkpoints/ folder, iter_ folder or HF model)")
-    save_interval: int | None = _f("steps between checkpoints")
+    save_interval: int | None = _f("steps between checkpoints", ge=1)
     save_optim: bool | None = _f("save the optimizer state")
     save_rng: bool | None = _f("save the RNG state")
     ckpt_format: str | None = _f("checkpoint format (torch_dist, ...)")
@@ -176,10 +196,11 @@ class CheckpointConfig:
 
 @dataclass
 class LoggerConfig:
-    log_interval: int | None = _f("steps between log lines")
+    log_interval: int | None = _f("steps between log lines", ge=1)
     wandb_project: str | None = _f("W&B project (unset: no W&B on Bridge)")
     wandb_entity: str | None = _f("W&B entity (team or user)")
-    wandb_exp_name: str | None = _f("run name: the W&B run and the run directory under PIPELINE_RUNS_DIR")
+    wandb_exp_name: str | None = _f("run name: the W&B run and the run directory under PIPELINE_RUNS_DIR",
+                                    nonempty=True)
     wandb_save_dir: str | None = _f("where W&B writes its files")
     tensorboard_dir: str | None = _f("TensorBoard event folder")
 
@@ -192,7 +213,7 @@ class TokenizerConfig:
 
 @dataclass
 class RngConfig:
-    seed: int | None = _f("model-initialisation and dropout seed", lo=0, hi=SEED_MAX)
+    seed: int | None = _f("model-initialisation and dropout seed", ge=0, le=SEED_MAX)
 
 
 @dataclass
@@ -212,15 +233,15 @@ class FtConfig:
 
 @dataclass
 class PeftConfig:
-    dim: int | None = _f("LoRA rank")
+    dim: int | None = _f("LoRA rank", ge=1)
     alpha: int | None = _f("LoRA scaling numerator")
-    dropout: float | None = _f("LoRA dropout")
+    dropout: float | None = _f("LoRA dropout", ge=0, lt=1)
     target_modules: Any = _f("modules LoRA adapts, e.g. [linear_qkv, linear_proj]")
 
 
 @dataclass
 class DistConfig:
-    distributed_timeout_minutes: int | None = _f("collective timeout (NCCL) in minutes")
+    distributed_timeout_minutes: int | None = _f("collective timeout (NCCL) in minutes", ge=1)
 
 
 @dataclass
@@ -230,9 +251,9 @@ class ProfilingConfig:
 
     use_pytorch_profiler: bool | None = _f("record a torch.profiler trace of the step window (Bridge default false)")
     profile_step_start: int | None = _f("first step the torch profiler records (1-based, as progress.ndjson counts; "
-                                        "Bridge default 10)")
+                                        "Bridge default 10)", ge=0)
     profile_step_end: int | None = _f("the step after the last one recorded: steps start .. end-1, as Bridge's "
-                                      "torch-profiler schedule records them (Bridge default 12)")
+                                      "torch-profiler schedule records them (Bridge default 12)", ge=0)
     profile_ranks: list[int] | None = _f("global ranks that record (Bridge default [0]; [] = every rank)")
     record_memory_history: bool | None = _f("memory over the window: CUDA's allocator history and a snapshot, on "
                                             "CPU the profiler's profile_memory (Bridge default false)")
@@ -257,7 +278,7 @@ class LocalEngineConfig:
     # Fault injection for the tests (training/engines/local.py, training/fault_tolerance.py).
     fault_inject_nan_step: int | None = _f("the loss becomes NaN from this step on (tests)")
     fault_inject_hang_step: int | None = _f("rank 0 stops making progress at this step, first attempt only (tests)")
-    fault_inject_step_sleep: float | None = _f("every step this many seconds slower (tests)")
+    fault_inject_step_sleep: float | None = _f("every step this many seconds slower (tests)", ge=0)
     fault_inject_resume_shift: int | None = _f("a resume reads the data this many steps off (tests)")
 
 

@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 
+from pipeline.common.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class Allocation:
@@ -51,6 +53,16 @@ def node_address(node: str) -> str:
         except (subprocess.SubprocessError, OSError):
             pass
     return node
+
+
+def planned_nodes(given: int | None, alloc: Allocation) -> int:
+    """The node count a job is planned for: ``--nodes``, else the allocation's, else 1. The one rule of the count:
+    a given one is >= 1, and an allocation's malformed one is refused (one line each, exit 2)."""
+    if given is not None and given < 1:
+        raise UserError(f"--nodes {given} must be >= 1")
+    if alloc.in_slurm and alloc.nodes < 1:
+        raise UserError(f"the Slurm environment is malformed: SLURM_JOB_NUM_NODES={alloc.nodes}")
+    return given or alloc.nodes or 1
 
 
 def current(env: dict[str, str] | None = None) -> Allocation:

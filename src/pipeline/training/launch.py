@@ -26,7 +26,7 @@ from pipeline.config.kinds import MODES, is_mode
 from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
-from pipeline.slurm.allocation import Allocation, current, rendezvous
+from pipeline.slurm.allocation import Allocation, current, planned_nodes, rendezvous
 from pipeline.slurm.sbatch_options import directive_value, script_directives
 from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
 from pipeline.training.views import RunView, build_view
@@ -102,11 +102,9 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     if req.peft and spec.is_local:
         raise UserError("--peft lora runs on the Megatron Bridge engine; the local engine trains full weights")
     alloc = current()
-    if req.nodes is not None and req.nodes < 1:
-        raise UserError(f"--nodes {req.nodes} must be >= 1")
+    nodes = planned_nodes(req.nodes, alloc)
     if req.max_restarts is not None and req.max_restarts < 0:
         raise UserError(f"--max-restarts {req.max_restarts} must be >= 0")
-    nodes = req.nodes or alloc.nodes or 1
     cfg = load_config(req.config, list(req.overrides), spec.recipe_defaults(req.mode, req.peft))
     cluster = resolve_profile(req.cluster, cfg.pipeline.cluster, default="local_cpu" if spec.is_local else None)
     if alloc.gpus_on_node is not None and cluster.has_gpus and alloc.gpus_on_node != cluster.gpus_per_node:
@@ -144,10 +142,7 @@ def check_placement(req: LaunchRequest, alloc: Allocation, nodes: int) -> None:
 
 
 def default_run_dir(cfg: TrainingConfig, config_path: str) -> Path:
-    raw = cfg.logger.wandb_exp_name
-    if raw is not None and str(raw).strip() == "":
-        raise UserError("logger.wandb_exp_name is empty: give the run a name (or leave it unset to use the config's)")
-    name = str(raw or Path(config_path).stem)
+    name = str(cfg.logger.wandb_exp_name or Path(config_path).stem)  # an empty one is unset: the schema refuses it
     if name in (".", "..") or "/" in name or "\0" in name or len(name.encode()) > 200:
         raise UserError(f"logger.wandb_exp_name={name[:60]!r}{'...' if len(name) > 60 else ''} cannot name a run "
                         "directory (no '/', not '.' or '..', at most 200 bytes)")

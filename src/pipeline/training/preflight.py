@@ -72,17 +72,14 @@ class Plan:
 
 
 def _count(cfg: TrainingConfig, key: str, value: int | None, plan: Plan) -> int:
-    """A required count (typed at load): 0 and a problem when it is unset or < 1 (train_iters: checked later)."""
+    """A required count (typed and bounded at load): 0 and a problem when it is unset."""
     if key in cfg.invalid:
         return 0  # mistyped: already one of cfg.problems
     if value is None:
         plan.problems.append(f"{key} is not set (no recipe default for model '{plan.model}' mode '{plan.mode}'); "
                              f"set it in the YAML or with {key}=...")
         return 0
-    if value < 1 and not key.endswith("train_iters"):
-        plan.problems.append(f"{key}={value} must be >= 1")
-        return 0
-    return value
+    return value  # >= 1 where set: the schema's bound
 
 
 def packed_data_paths(cfg: TrainingConfig, tokenizer_name: str) -> dict[str, Path] | None:
@@ -144,9 +141,6 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     local = spec.is_local
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
                 ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node), peft=peft)
-    if nodes < 1:
-        plan.problems.append(f"--nodes({nodes}) must be >= 1")
-        return plan
     if not local and not cluster.has_gpus:
         plan.problems.append(f"model '{spec.name}' runs on the Megatron Bridge engine, which needs GPUs; cluster "
                              f"profile '{cluster.name}' has gpus_per_node=0: use --cluster with a GPU profile")
@@ -195,8 +189,6 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
                              f"(e.g. {max(unit, round(gbs / unit) * unit)})")
     elif dp:
         plan.grad_accum = gbs // (mbs * dp)
-    if iters < 1 and "train.train_iters" not in cfg.invalid:  # mistyped: already one line
-        plan.problems.append(f"train.train_iters({iters}) must be >= 1")
 
     ds, specs = cfg.dataset, cfg.dataset.offline_packing_specs
     ds_seq = ds.seq_length
@@ -277,40 +269,11 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
 
 
 def _check_values(cfg: TrainingConfig, plan: Plan) -> None:
-    """Values that would fail only after the allocation starts (and be retried by the launcher): bounds here. Their
-    types were checked at load (a mistyped value is unset here, and already one of the problems)."""
+    """Rules between values that would fail only after the allocation starts. Each value's own bounds are the
+    schema's (``config/schema._f``), checked at load: a value outside them is unset here, and already a problem."""
     o, sch = cfg.optimizer, cfg.scheduler
-    lr = o.lr
-    if lr is not None and lr <= 0:
-        plan.problems.append(f"optimizer.lr={lr:g} must be > 0")
-    if o.min_lr is not None and (o.min_lr < 0 or (lr is not None and o.min_lr > lr)):
-        plan.problems.append(f"optimizer.min_lr={o.min_lr:g} must be >= 0 and <= optimizer.lr")
-    for key, v in (("optimizer.weight_decay", o.weight_decay), ("optimizer.clip_grad", o.clip_grad),
-                   ("optimizer.adam_eps", o.adam_eps)):
-        if v is not None and v < 0:
-            plan.problems.append(f"{key}={v:g} must be >= 0")
-    for key, v in (("optimizer.adam_beta1", o.adam_beta1), ("optimizer.adam_beta2", o.adam_beta2)):
-        if v is not None and not 0 <= v < 1:
-            plan.problems.append(f"{key}={v:g} must be in [0, 1)")
-    m, ds, local = cfg.model, cfg.dataset, cfg.pipeline.local
-    for key, v, low in (("scheduler.lr_warmup_iters", sch.lr_warmup_iters, 0),
-                        ("scheduler.lr_decay_iters", sch.lr_decay_iters, 1),
-                        ("checkpoint.save_interval", cfg.checkpoint.save_interval, 1),
-                        ("logger.log_interval", cfg.logger.log_interval, 1),
-                        ("validation.eval_interval", cfg.validation.eval_interval, 0),
-                        ("validation.eval_iters", cfg.validation.eval_iters, 0),
-                        ("model.virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size, 1),
-                        ("model.recompute_num_layers", m.recompute_num_layers, 1),
-                        ("train.exit_duration_in_mins", cfg.train.exit_duration_in_mins, 1),
-                        ("dataset.num_workers", ds.num_workers, 0),
-                        ("dataset.offline_packing_specs.pad_seq_to_mult", ds.offline_packing_specs.pad_seq_to_mult, 1),
-                        ("dist.distributed_timeout_minutes", cfg.dist.distributed_timeout_minutes, 1),
-                        ("peft.dim", cfg.peft.dim, 1),
-                        ("pipeline.local.fault_inject_step_sleep", local.fault_inject_step_sleep, 0)):
-        if v is not None and v < low:
-            plan.problems.append(f"{key}={v} must be >= {low}")
-    if cfg.peft.dropout is not None and not 0 <= cfg.peft.dropout < 1:
-        plan.problems.append(f"peft.dropout={cfg.peft.dropout:g} must be in [0, 1)")
+    if o.min_lr is not None and o.lr is not None and o.min_lr > o.lr:
+        plan.problems.append(f"optimizer.min_lr={o.min_lr:g} must be <= optimizer.lr ({o.lr:g})")
     warmup = sch.lr_warmup_iters
     if warmup is not None and plan.train_iters and warmup > plan.train_iters:
         plan.notes.append(f"scheduler.lr_warmup_iters({warmup}) > train.train_iters({plan.train_iters}): the run "
