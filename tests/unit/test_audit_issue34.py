@@ -76,7 +76,8 @@ def iteration(tmp_path, tokenizer):
 
 def test_an_export_without_tokenizer_files_fails_verification_in_one_line(iteration):
     """The verification loaded an empty tokenizer and died in an IndexError (a traceback)."""
-    from pipeline.checkpoint.export import FAILED, ExportRequest, VerificationFailed, export_iteration
+    from pipeline.checkpoint.export import ExportRequest, export_iteration
+    from pipeline.checkpoint.verify import FAILED, VerificationFailed
 
     for f in iteration.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")) or f.name in ("chat_template.jinja", "vocab.json",
@@ -94,7 +95,8 @@ RAISING = ("{% if messages[0]['role'] != 'system' %}{{ raise_exception('System t
 
 def test_an_export_whose_chat_template_raises_says_so_and_coherence_is_one_line(iteration, tmp_path):
     """It verified PASS, then coherence crashed in a jinja2 TemplateError."""
-    from pipeline.checkpoint.export import ExportRequest, VerificationFailed, export_iteration
+    from pipeline.checkpoint.export import ExportRequest, export_iteration
+    from pipeline.checkpoint.verify import VerificationFailed
     from pipeline.coherence.backends import hf_generate
 
     config = iteration / "tokenizer_config.json"

@@ -12,15 +12,8 @@ import shutil
 
 import pytest
 
-from pipeline.checkpoint.export import (
-    FAILED,
-    ExportRequest,
-    VerificationFailed,
-    _copy_local,
-    _verify_and_publish,
-    export_iteration,
-)
-from pipeline.checkpoint.verify import file_set_failures, file_set_problems
+from pipeline.checkpoint.export import ExportRequest, _copy_local, _verify_and_publish, export_iteration
+from pipeline.checkpoint.verify import FAILED, VerificationFailed, file_set_failures, file_set_problems
 from pipeline.common import layout
 from pipeline.common.io import read_json
 

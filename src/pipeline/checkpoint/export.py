@@ -20,7 +20,6 @@ be, and the export exits non-zero: no ``hf/`` directory that looks finished is e
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -28,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
-from pipeline.checkpoint.verify import file_set_problems
+from pipeline.checkpoint.verify import (
+    FAILED,
+    file_set_problems,
+    free_gpu_memory,
+    megatron_source_logits,
+    verify_export,
+)
 from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
@@ -38,7 +43,6 @@ from pipeline.config.parallel import Layout
 log = logging.getLogger(__name__)
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt")
-FAILED = "hf_verification_FAILED.json"
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,6 @@ class ExportRequest:
                 *(["--not-strict"] if not self.strict else []),
                 *(["--require-quality"] if self.require_quality else []),
                 *(["--force"] if self.force else [])]
-
-
-class VerificationFailed(Exception):
-    def __init__(self, record: dict):
-        super().__init__("; ".join(record.get("failures", [])))
-        self.record = record
 
 
 def _copy_local(src: Path, dst: Path) -> None:
@@ -280,15 +278,15 @@ def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
             tmp = tmp_root / "hf"
             bridge.export_to_hf(iter_path, tmp, hf_model=hf_model, strict=req.strict, tp=lay.tp, pp=lay.pp,
                                 ep=lay.ep)
-            _free_gpu_memory()
+            free_gpu_memory()
             barrier()
             # every rank runs the sharded source (a collective forward), unless the file set already fails: each
             # rank reads the same files, so all decide alike; then every rank frees its shard before rank 0 loads
             # the export onto the node's GPUs
             source_logits = None
             if not file_set_problems(tmp):
-                source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, tp=lay.tp, pp=lay.pp,
-                                                        ep=lay.ep)
+                source_logits = megatron_source_logits(iter_path, tmp, hf_model=hf_model, tp=lay.tp, pp=lay.pp,
+                                                       ep=lay.ep)
             barrier()
             if rank != 0:
                 return {"verdict": "rank", "rank": rank}
@@ -417,151 +415,21 @@ def _export_lora(iter_path: Path, out: Path, *, hf_model: str) -> None:
                 shutil.copy2(src / name, out / name)
 
 
-def _free_gpu_memory() -> None:
-    """Return freed CUDA memory to the device (after a model is dropped), where CUDA is available."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _megatron_source_logits(iter_path: Path, hf_dir: Path, *, hf_model: str, tp: int = 1, pp: int = 1,
-                            ep: int = 1, lora_base: Path | None = None) -> list:
-    """The Megatron source's logits on ``VERIFY_PROMPTS``, on CPU, with the model loaded on the export's layout
-    (collective: every rank calls it) and freed before returning, so the export can then use the same GPUs."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from pipeline import bridge
-    from pipeline.checkpoint.verify import VERIFY_PROMPTS, logits_for
-
-    source = bridge.MegatronCausalLM(iter_path, hf_model, AutoConfig.from_pretrained(hf_dir), tp=tp, pp=pp, ep=ep,
-                                     lora_base=lora_base)
-    try:
-        return logits_for(source.eval(), AutoTokenizer.from_pretrained(hf_dir), VERIFY_PROMPTS)
-    finally:
-        source.release()
-        del source
-        _free_gpu_memory()
-
-
-def _load_bf16_export(hf_dir: Path):
-    """The export in bf16: on GPU 0 when it fits there (weights from the safetensors headers, 25% headroom for
-    activations), else spread over the node's GPUs with ``device_map="auto"``; on CPU without CUDA."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pipeline.checkpoint.verify import _header_shapes
-
-    if not torch.cuda.is_available():
-        return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
-    shapes, _ = _header_shapes(hf_dir)
-    need = 2 * sum(math.prod(s) for s in shapes.values())
-    free, _total = torch.cuda.mem_get_info(0)
-    device_map: Any = {"": 0} if need * 1.25 < free else "auto"
-    log.info("export: loading the bf16 export (%.1f GB) %s", need / 1e9,
-             "on GPU 0" if device_map != "auto" else f"across {torch.cuda.device_count()} GPUs (device_map=auto)")
-    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16, device_map=device_map)
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-def tokenizer_missing(hf_dir: Path) -> str | None:
-    """Why the export has no tokenizer (its iteration held no tokenizer files), or None."""
-    if any((Path(hf_dir) / n).is_file() for n in TOKENIZER_FILES):
-        return None
-    return ("the export has no tokenizer files (tokenizer.json, tokenizer_config.json): the iteration holds none; "
-            "copy the model's tokenizer files into the iteration and export it again")
-
-
-def chat_template_refusal(tokenizer) -> str | None:
-    """Why the tokenizer's chat template cannot render one user turn (what coherence and a chat server send), or
-    None: a template that raises had verified PASS and then crashed coherence."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
-                                      tokenize=False)
-    except Exception as exc:  # jinja2's TemplateError (raise_exception), or the template's own bug
-        return (f"the chat template refuses a conversation of one user turn ({type(exc).__name__}: "
-                f"{(str(exc).splitlines() or [''])[0][:160]}): coherence and chat serving will refuse it too")
-    return None
-
-
-def _fail(iter_path: Path, record: dict) -> None:
-    write_json(iter_path / FAILED, record)
-    raise VerificationFailed(record)
-
-
 def _verify(iter_path: Path, tmp: Path, engine: str, req: ExportRequest, *, source_logits: list | None = None,
             lora_base: Path | None = None) -> dict[str, Any]:
-    """Verify the export in ``tmp`` against its source; FAIL -> ``hf_verification_FAILED.json`` and raise.
-
-    The file set first (headers only): a missing, unexpected or misshapen tensor fails here, before any model is
-    loaded. Megatron: the source's logits first (``source_logits`` when the model-parallel ranks computed them
-    already, else one process), the source freed, then the export loaded (``_load_bf16_export``)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline.checkpoint.verify import VERIFY_PROMPTS, file_set_failures, verify
-
-    hf_model, reasoning, strict, require_quality = req.hf_model, req.reasoning, req.strict, req.require_quality
-    _apply_reasoning(tmp, reasoning)
-    context = {"source": str(iter_path), "engine": engine, "hf_model": hf_model, "reasoning": reasoning,
-               "strict": strict, "prompts": VERIFY_PROMPTS}
-    if lora_base is not None:  # the export is hf_model + the adapters; the source, the Megatron base + adapters
-        context["lora"] = {"base": str(lora_base), "merged_into": hf_model,
-                           "source": "Megatron base + Bridge's LoRA transform + the iteration's adapter weights"}
-    problems = file_set_problems(tmp)
-    if problems:
-        _fail(iter_path, {"verdict": "FAIL", "failures": file_set_failures(problems), "decided_on": "file set",
-                          "file_set_problems": problems, **context})
-    missing = tokenizer_missing(tmp)
-    if missing:  # AutoTokenizer made an empty one and the verification died in an IndexError
-        _fail(iter_path, {"verdict": "FAIL", "failures": [f"tokenizer: {missing}"], "decided_on": "tokenizer",
-                          "file_set_problems": [], **context})
-    tokenizer = AutoTokenizer.from_pretrained(tmp)
-    template_warning = chat_template_refusal(tokenizer)
-    source = None
-    if engine == "megatron":
-        if source_logits is None:
-            source_logits = _megatron_source_logits(iter_path, tmp, hf_model=hf_model, lora_base=lora_base)
-        exported = _load_bf16_export(tmp)
-        iteration = layout.iteration_number(iter_path)
-        model_name = hf_model
-    else:
-        marker = read_json(iter_path / layout.MARKER)
-        source = AutoModelForCausalLM.from_pretrained(iter_path, dtype=torch.float32).eval()
-        exported = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-        if strict:
-            a, b = set(source.state_dict()), set(exported.state_dict())
-            if a != b:
-                raise UserError(f"strict export: parameter names differ ({sorted(a ^ b)[:5]}); --not-strict to allow")
-        iteration = marker.get("iteration")
-        model_name = marker.get("model")
-    record = verify(source, exported.eval(), tokenizer, atol=req.atol, kl_tol=req.kl_tol, top1_min=req.top1_min,
-                    require_quality=require_quality, source_logits=source_logits, engine=engine)
-    if template_warning:  # the weights are verified; what serves them cannot chat: a quality warning, fatal with
-        record.setdefault("quality", {}).setdefault("warnings", []).append(template_warning)  # --require-quality
-        if require_quality:
-            record.setdefault("failures", []).append(template_warning)
-            record["verdict"] = "FAIL"
-    for w in record.get("quality", {}).get("warnings", []):
-        log.warning("export: %s: %s (model quality: reported, not fatal; --require-quality makes it fatal)",
-                    iter_path.name, w)
-    record.update({**context, "iteration": iteration, "model": model_name, "file_set_problems": []})
-    if record["verdict"] != "PASS":
-        _fail(iter_path, record)
+    """The reasoning choice applied to the export in ``tmp``, the export verified against its source
+    (``verify.verify_export``: a FAIL raises), and the PASS recorded in ``tmp`` (``verification.json``, and
+    ``pipeline_export.json``: what was exported from what, each file's size and digest)."""
+    _apply_reasoning(tmp, req.reasoning)
+    record = verify_export(iter_path, tmp, engine, req, source_logits=source_logits, lora_base=lora_base)
     files = record_files(tmp)
     weights = {n: f["size"] for n, f in files.items() if n.endswith((".safetensors", ".bin"))}
     if not weights:
         raise UserError(f"the export of {iter_path} wrote no weight files into {tmp}")
     write_json(tmp / "verification.json", record)
-    write_json(tmp / "pipeline_export.json", {"hf_model": hf_model, "reasoning": reasoning, "weights": weights,
-                                              "files": files, "source": str(iter_path), "iteration": iteration})
+    write_json(tmp / "pipeline_export.json", {"hf_model": req.hf_model, "reasoning": req.reasoning,
+                                              "weights": weights, "files": files, "source": str(iter_path),
+                                              "iteration": record["iteration"]})
     return record
 
 
@@ -580,13 +448,11 @@ def _verify_and_publish(iter_path: Path, tmp: Path, out: Path, engine: str, req:
 
 def forget_results(iter_path: Path) -> list[Path]:
     """Before a new ``hf/`` is published (``--force`` replaces the old one with its ``eval/`` and ``coherence/``):
-    remove upload-all's markers of this iteration (``poll.result_markers``), so the results that went with the old
+    remove upload-all's markers of this iteration (``layout.result_markers``), so the results that went with the old
     ``hf/`` are produced again instead of reported done. Removing the markers, not keeping the results: results
     measured on the replaced export do not describe the new one (a forced re-export exists to change it)."""
-    from pipeline.checkpoint.poll import result_markers
-
     it = layout.iteration_of(iter_path)
-    gone = result_markers(iter_path.parent, it) if it is not None else []
+    gone = layout.result_markers(iter_path.parent, it) if it is not None else []
     for marker in gone:
         marker.unlink(missing_ok=True)
         log.info("export: removed %s (it stood for results of the replaced hf/)", marker)

@@ -8,8 +8,8 @@ polling while training runs (the AutoExperiment seed's marker/lock scheme).
     <ckpt>/evaluated_checkpoints/iter_NNNNNNN.<tasks>.failed   the evaluation failed: not retried automatically
 
 An export that publishes a new ``hf/`` (``export --force``) removes the iteration's markers first
-(``result_markers``): the results they stood for (``hf/eval/``, ``hf/coherence/``) went with the old ``hf/``, so the
-next pass evaluates the new one instead of reporting success for results that are gone.
+(``layout.result_markers``): the results they stood for (``hf/eval/``, ``hf/coherence/``) went with the old
+``hf/``, so the next pass evaluates the new one instead of reporting success for results that are gone.
 
 With an ``evaluate`` callable every converted iteration is also evaluated once, under the same lock and after its
 export verified (an iteration converted before ``--eval`` was asked for is evaluated by the next pass); a killed
@@ -35,8 +35,7 @@ from pipeline.common import layout
 from pipeline.common.io import read_json, read_regular, write_json
 
 log = logging.getLogger(__name__)
-DONE_DIR = "converted_checkpoints"
-EVAL_DIR = "evaluated_checkpoints"
+DONE_DIR, EVAL_DIR = layout.DONE_DIR, layout.EVAL_DIR
 TRAINING_DONE = layout.TRAINING_DONE
 
 
@@ -69,13 +68,6 @@ def training_failed(ckpt: Path) -> Path | None:
 
 def eval_marker(ckpt: Path, it: int, key: str, state: str) -> Path:
     return ckpt / EVAL_DIR / f"{layout.iter_dirname(it)}.{key}.{state}"
-
-
-def result_markers(ckpt: Path, it: int) -> list[Path]:
-    """The markers that stand for an iteration's export and the results inside its ``hf/`` (conversion, coherence
-    recorded in the conversion's marker, ``hf/eval/`` per task list): what a new ``hf/`` makes untrue."""
-    name = layout.iter_dirname(it)
-    return sorted([*(Path(ckpt) / DONE_DIR).glob(f"{name}.*"), *(Path(ckpt) / EVAL_DIR).glob(f"{name}.*")])
 
 
 def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float = 3600,

@@ -43,6 +43,7 @@ from pipeline import bridge
 from pipeline.checkpoint import export as ex
 from pipeline.checkpoint import plan as jobs
 from pipeline.checkpoint.poll import earlier_failures, upload_all
+from pipeline.checkpoint.verify import FAILED, VerificationFailed
 from pipeline.cli.parser import Parser, bounded_float, path_arg
 from pipeline.coherence.run import CoherenceRun
 from pipeline.coherence.run import run as run_coherence
@@ -323,8 +324,8 @@ def _export_in_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan
     rc = subprocess.run(cmd, env=env).returncode
     rec = ex.published_export(iter_path / "hf")
     if rc != 0 or rec is None:
-        failed = iter_path / ex.FAILED
-        raise ex.VerificationFailed(read_json(failed) if failed.is_file() else
+        failed = iter_path / FAILED
+        raise VerificationFailed(read_json(failed) if failed.is_file() else
                                     {"failures": [f"the export's torchrun exited {rc} (see its log above)"]})
     return rec
 
@@ -392,9 +393,9 @@ def main(argv: list[str] | None = None) -> int:
             rec = convert(iter_path)
             if rec.get("verdict") == "rank":
                 return 0
-        except ex.VerificationFailed as exc:
+        except VerificationFailed as exc:
             print(f"error: export of {iter_path} FAILED verification: {exc}", file=sys.stderr)
-            print(f"details: {iter_path / ex.FAILED}", file=sys.stderr)
+            print(f"details: {iter_path / FAILED}", file=sys.stderr)
             return 1
         print(json.dumps({k: rec[k] for k in ("verdict", "max_abs_logit_diff", "kl", "top1_agreement", "reference_loss",
                                                     "uniform_loss")

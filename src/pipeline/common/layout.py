@@ -29,6 +29,9 @@ _ITER_RE = re.compile(r"^iter_(\d{7})$")
 # The training that owns a checkpoint.save (training/records.py claim_save) records itself here, its run directory
 # named: the save's readers (upload-all's poller) find the run's records through it.
 OWNER_FILE = ".pipeline_owner.json"
+# upload-all's markers beside the iterations (checkpoint/poll.py): one per converted iteration, one per evaluation
+DONE_DIR = "converted_checkpoints"
+EVAL_DIR = "evaluated_checkpoints"
 OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked and written (claim_save)
 
 
@@ -189,6 +192,13 @@ def safetensors_complete(path: Path) -> bool:
         return False
 
 
+def result_markers(ckpt: Path, it: int) -> list[Path]:
+    """The markers that stand for an iteration's export and the results inside its ``hf/`` (conversion, coherence
+    recorded in the conversion's marker, ``hf/eval/`` per task list): what a new ``hf/`` makes untrue."""
+    name = iter_dirname(it)
+    return sorted([*(Path(ckpt) / DONE_DIR).glob(f"{name}.*"), *(Path(ckpt) / EVAL_DIR).glob(f"{name}.*")])
+
+
 def list_iterations(save: Path) -> list[int]:
     save = Path(save)
     if not save.is_dir():
@@ -248,8 +258,8 @@ OWN_ENTRIES = frozenset({TRACKER, "latest_train_state.pt", "progress.txt", TRAIN
                          "converted_checkpoints", "evaluated_checkpoints", "in_progress_checkpoints", "non_persistent"})
 
 
-OWN_FOLDERS = {"converted_checkpoints": r"iter_\d{7}\.(done|failed)",
-               "evaluated_checkpoints": r"iter_\d{7}\..+\.(done|failed)",
+OWN_FOLDERS = {DONE_DIR: r"iter_\d{7}\.(done|failed)",
+               EVAL_DIR: r"iter_\d{7}\..+\.(done|failed)",
                "in_progress_checkpoints": r"iter_\d{7}\.lock(\.\d+\.stale)?",
                "non_persistent": r"iter_\d{7}|latest_checkpointed_iteration\.txt"}
 # an atomic write's temporary (common/io.py's names) and an import's staging folder
