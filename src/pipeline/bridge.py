@@ -617,7 +617,7 @@ def _init_model_parallel(tp: int, pp: int, ep: int, etp: int = 1, seed: int = 0)
 
     The seeding is not optional: Bridge's provider seeds only when it initialises the groups itself, and with the
     groups already there it skips that, so Nemotron-H's ``MambaMixer.__init__`` (and every attention forward, which
-    forks the tracker for dropout) fails with "cuda rng state model-parallel-rng is not added" (issue 32, item 1).
+    forks the tracker for dropout) fails with "cuda rng state model-parallel-rng is not added".
     A world of one gets a live context too: Bridge's ``load_megatron_model`` would otherwise load inside a temporary
     one and tear its groups down before the model runs. ``etp`` 1: the expert grid is folded onto the ranks of a
     pipeline stage (world = pp x lcm(tp, ep x etp), the plan's layout, ``config/parallel.py``); Megatron's default
@@ -737,7 +737,7 @@ def import_from_hf(hf_id: str, output: Path, *, tp: int = 1, pp: int = 1, ep: in
     whole (a killed import leaves no half checkpoint where the configs look).
 
     One process (tp = pp = ep = 1): ``AutoBridge.import_ckpt`` builds the whole model in host memory (CPU
-    initialisation). Model-parallel (one torchrun rank per GPU, the plan's layout; decisions #83): every rank builds
+    initialisation). Model-parallel (one torchrun rank per GPU, the plan's layout): every rank builds
     its shard (``to_megatron_provider(load_weights=True)`` with the layout set, ``provide_distributed_model``: each
     rank reads only its slices of the HF safetensors) and ``save_megatron_model`` writes each rank's shards of one
     checkpoint, which any layout loads (torch_dist reshards). Our own seeded groups first
@@ -808,7 +808,7 @@ class MegatronCausalLM:
         self.tp, self.pp, self.ep = tp, pp, ep
         overrides: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                                      "expert_model_parallel_size": ep, "sequence_parallel": False}
-        # a no-op where the export already initialised it; at a world of one, a live context of our own (item 9)
+        # a no-op where the export already initialised it; at a world of one, a live context of our own
         self._own_context = _init_model_parallel(tp, pp, ep)
         try:
             ps = importlib.import_module("megatron.core.parallel_state")  # the model matches the groups' expert TP
@@ -928,7 +928,7 @@ def _next_token_fn(models, tp: int, pp: int):
         if dist.get_world_size() > 1:
             # one token for the whole world, from the global last rank (on the last pipeline stage: pipeline stages
             # are megatron-core's outermost rank dimension): expert- and data-parallel replicas must not pick their
-            # own (a replica that stopped early would leave the others waiting in the next all-to-all; item 9)
+            # own (a replica that stopped early would leave the others waiting in the next all-to-all)
             dist.broadcast(nxt, src=dist.get_world_size() - 1)
         return int(nxt.item())
 
@@ -1000,7 +1000,7 @@ def generate(iter_path: Path, hf_model: str, prompts: list[str], max_tokens: int
         device = _device()
         out = []
         for prompt in prompts:
-            # transformers 5 returns a BatchEncoding here (item 3): take its input_ids, on this rank's device
+            # transformers 5 returns a BatchEncoding here, not a tensor: take its input_ids, on this rank's device
             enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                           tokenize=True, return_dict=True, return_tensors="pt",
                                           enable_thinking=reasoning)

@@ -144,18 +144,18 @@ def hf_output_problem(out: Path) -> str | None:
     anything else is never replaced, even with --force: one line naming what it holds."""
     if not out.exists() and not out.is_symlink():
         return None
-    if out.is_symlink():  # publishing replaces the link; what it points to is the user's (issue 60, item 14)
+    if out.is_symlink():  # publishing replaces the link; what it points to is the user's
         return f"export output {out} is a link (to {os.readlink(out)}): move it away; the export writes a folder there"
     if not out.is_dir():
         return f"export output {out} exists and is not a folder: move it away"
     names = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir())
     results = {"eval/", "coherence/"}
     # the results folders hold what the evaluation and the coherence test write, nothing else (a user's notes in
-    # hf/eval/ went with a forced export: hostile pass of issue 60, D1)
+    # hf/eval/ must not go with a forced export)
     names += [f"{r}{n}" for r in results if r in names for n in _foreign_results(out / r.rstrip("/"), r)]
     if any(n in RECORDS for n in names):
         # an export of ours: what its record lists, the records and the results written into it, nothing else
-        # (a user's notes beside a real export were deleted by --force, never named: issue 60, item 2)
+        # (a user's notes beside a real export must not be deleted by --force, never named)
         names = [n for n in names if n not in RECORDS and n not in results and n.rstrip("/") not in _listed(out)]
     else:  # only results written into it (an export whose files are gone: ours, redone), nothing of a user's
         names = [n for n in names if n not in results]

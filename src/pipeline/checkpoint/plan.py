@@ -297,7 +297,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
                 inputs_later: bool = False, strict: bool = True, push_to_hub: bool = False) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
     model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. ``strict``: no
-    --not-strict, refused for a model with MTP layers (SFT and LoRA train none: decisions #57)."""
+    --not-strict, refused for a model with MTP layers (SFT and LoRA train none)."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     spec = spec_for(hf_model)
     for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
@@ -317,7 +317,7 @@ def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int
             notes.append(f"--push-to-hub: each iteration goes to <token's user>/"
                          f"{hub_repo_name(Path(ckpt_dir), 'iter_NNNNNNN')} (private); the token and its write access "
                          "are checked before converting")
-    elif job == "upload-all":  # the reference's "Upload all iterations": here the hub is opt-in (issue 59, item 3)
+    elif job == "upload-all":  # the reference's "Upload all iterations": here the hub is opt-in
         notes.append("upload-all converts each iteration to <iteration>/hf/ on this filesystem and pushes nothing "
                      "to the Hugging Face Hub: add --push-to-hub to upload each one")
     argv = list(argv or [])
@@ -451,7 +451,7 @@ def hub_offline_problem(profile: ClusterProfile) -> str | None:
 def hub_repo_name(ckpt_dir: Path, iter_name: str) -> str:
     """The hub repo (under the token's user) an iteration is pushed to: ``<run name>-iter_NNNNNNN``. The run name is
     the checkpoint folder's, or its parent's under the default layout (``<run>/checkpoints``), so runs never share
-    a repo (decisions #57)."""
+    a repo."""
     p = Path(ckpt_dir).resolve() if not Path(ckpt_dir).is_absolute() else Path(ckpt_dir)
     run = p.parent.name if p.name in ("checkpoints", "ckpts", "checkpoint") and p.parent.name else p.name
     return f"{run or 'checkpoint'}-{iter_name}"
@@ -535,7 +535,7 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     host (CPU initialisation) and saves it once. A model whose single-process import hangs (Super; the reference:
     always torchrun) or an explicit --tp/--pp/--ep imports model-parallel under torchrun, one rank per GPU, each
     building and saving its shard: on the allocation's nodes (the reference's --nodes=4 for Super), its GPU memory
-    per rank and its host memory per node checked (decisions #83)."""
+    per rank and its host memory per node checked."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
         if v is not None and v < 1:

@@ -77,7 +77,7 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
     """One pass: convert every complete, unconverted, unlocked iteration (and evaluate every converted one not
     evaluated yet, with ``evaluate``). Returns (converted, failed); a failed evaluation counts as failed.
     ``exported(iter_path)``: whether the iteration's export is there; a ``.done`` marker whose export is gone is
-    not trusted (the iteration is converted again: issue 60, item 7)."""
+    not trusted (the iteration is converted again)."""
     done_dir = ckpt / DONE_DIR
     converted, failed = [], []
     for it in layout.complete_iterations(ckpt):
@@ -94,7 +94,7 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
         if (evaluate is not None and not need_eval and evaluated is not None and
                 eval_marker(ckpt, it, eval_key, "done").exists() and not evaluated(layout.iter_dir(ckpt, it))):
             log.warning("%s is marked evaluated, but its results are gone: evaluating it again", name)
-            need_eval = True  # (the marker alone reported success with no results on disk: hostile pass, S5)
+            need_eval = True  # (the marker alone would report success with no results on disk)
         if not (need_convert or need_eval):
             continue
         lock = Lock(iteration_lock_path(ckpt, it), lock_ttl)
@@ -135,7 +135,7 @@ def convert_pending(ckpt: Path, convert: Callable[[Path], dict], lock_ttl: float
 
 def _first_line(path: Path) -> str:
     """The first non-blank line of a marker (at most 200 characters); "" for an empty, blank or unreadable one (a
-    FAILED_NAN of blank lines crashed upload-all --poll: issue 60, item 14)."""
+    FAILED_NAN of blank lines must not crash upload-all --poll)."""
     try:
         text = read_regular(path, 1 << 20).decode("utf-8", "replace")
     except OSError:

@@ -224,7 +224,7 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     skipped = earlier_failures(req.ckpt_dir, exported=_exported) \
         if req.action == "upload-all" and req.ckpt_dir.is_dir() else {}
     plan.problems += hf_output_problems(req, skipped)
-    for it, why in skipped.items():  # named in the plan (hostile pass, W6)
+    for it, why in skipped.items():  # named in the plan
         plan.notes.append(f"{layout.iter_dirname(it)} is skipped: {why}")
     cfg = req.eval_run(layout.iter_dir(req.ckpt_dir, 0) / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
@@ -242,8 +242,8 @@ def _exported(iter_path: Path) -> bool:
 
 def hf_output_problems(req: ConvertRequest, skipped: dict[int, str]) -> list[str]:
     """The export's own hf/ rule (``export.hf_output_problem``), applied in the plan to every iteration the job
-    would export: the dry run said OK for an hf/ holding a user's file (with --force) or linked to a user's folder,
-    and the job refused only when it got there (hostile pass of issue 60, W5). An iteration already exported and
+    would export: else the dry run says OK for an hf/ holding a user's file (with --force) or linked to a user's
+    folder, and the job refuses only when it gets there. An iteration already exported and
     verified is skipped by the job (without --force), and so is one whose earlier attempt failed (``skipped``:
     upload-all's :func:`earlier_failures`)."""
     ckpt = req.ckpt_dir
@@ -278,7 +278,7 @@ UPLOAD_ALL_EVAL_FIX = ("rerun upload-all with --eval-force to replace them, or k
 def earlier_results(req: ConvertRequest) -> list[str]:
     """Iterations whose exports hold results of these tasks measured with other settings (or of another model):
     the job's evaluation would refuse each and mark it failed, so the plan says so first, once, with upload-all's
-    option (issue 60, item 12: the dry run said OK, the job marked every iteration .failed and exited 1)."""
+    option (else the dry run says OK, and the job marks every iteration .failed and exits 1)."""
     from pipeline.evaluation.run import overwrite_problem
 
     assert req.ckpt_dir is not None

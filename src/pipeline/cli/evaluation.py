@@ -47,10 +47,10 @@ def add_eval_options(p: Parser) -> None:
 
 
 def device_arg(value: str) -> str:
-    """``cpu``, ``cuda`` or ``cuda:N``: another word ran the evaluation on the CPU and exited 0 (issue 50)."""
+    """``cpu``, ``cuda`` or ``cuda:N``: another word would run the evaluation on the CPU and exit 0."""
     import re
 
-    # ASCII digits without a leading zero: \d took non-ASCII digits ("cuda:١") and cuda:00 (issue 60, "Also")
+    # ASCII digits without a leading zero: \d would take non-ASCII digits ("cuda:١") and cuda:00
     if not re.fullmatch(r"cpu|cuda(:(0|[1-9][0-9]{0,2}))?", value):
         raise argparse.ArgumentTypeError(f"{value!r} is not a device: use cpu, cuda or cuda:N")
     return value

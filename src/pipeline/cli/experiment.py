@@ -104,7 +104,7 @@ def cmd_list(exp: spec.Experiment, show_all: bool) -> int:
         fields = run.overrides if show_all else run.values
         shown = " ".join(spec.render_override(k, v) for k, v in fields.items()) or "(base)"
         names = ", ".join(exp.run_name(run, p) for p in exp.phases if p.kind == "train")
-        print(shell.one_line(f"{run.label:<30} {shown}   [{names}]"))  # a value's ESC or CR printed raw (O1)
+        print(shell.one_line(f"{run.label:<30} {shown}   [{names}]"))  # a value's ESC or CR never printed raw
     return 0
 
 
@@ -144,7 +144,7 @@ def cmd_runs(root: Path) -> int:
     print(f"runs under {root}: {len(rows)}")
     if rows:
         header = ("run", "state", "step", "loss", "job", "checkpoint", "owner")
-        # each cell one line, control characters escaped (a run folder's name printed raw: hostile pass, O1)
+        # each cell one line, control characters escaped (a run folder's name is never printed raw)
         table = [header, *[tuple("-" if v in (None, "") else shell.one_line(str(v)) for v in r) for r in rows]]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         for r in table:
@@ -238,7 +238,7 @@ def cmd_submit(exp: spec.Experiment, only: list[str] | None, relock: bool, allow
             except UserError as exc:
                 raise UserError(f"{rp.run.label}: {job.phase}: {exc} (jobs submitted before it: "
                                 f"{' '.join(ids.values()) or 'none'}; status shows them)") from None
-            if not ids:  # the lock records what was queued: written once the run's first job is (issue 59, item 4)
+            if not ids:  # the lock records what was queued: written once the run's first job is
                 written = locks.write(exp, rp, force=relock)
                 if written:
                     print(f"{rp.run.label}: locked {written}")

@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     where = ""
     steps = cap.get("steps") if cap is not None else None
     if cap is not None and isinstance(steps, list) and len(steps) == 2 and all(isinstance(x, int) for x in steps):
-        # (a record of another shape, [2] or 5, crashed the summary: issue 60, item 14)
+        # (a record of another shape, [2] or 5, must not crash the summary)
         where = f" (rank {cap.get('rank')}, steps {steps[0]}-{steps[1]})"
-    # an operator name or a path from the trace printed raw (hostile pass, O1): control characters shown escaped
+    # an operator name or a path from the trace is never printed raw: control characters shown escaped
     print(shell.terminal_lines(profiling.format_summary(summary, where)))
     if plot is not None:
         print(shell.one_line(f"memory plot: {plot}"))

@@ -82,7 +82,7 @@ def cluster_nodes() -> set[str] | None:
 def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm"), write: bool = True) -> str:
     """The --exclude value: a compressed hostlist (nid[001-004,010]); if even that is too long for one
     argument, a file holding it (sbatch treats a value containing "/" as a file of node names). ``write=False`` (a
-    dry run, which creates nothing: hostile pass of issue 60, O2) names the file without writing it."""
+    dry run, which creates nothing) names the file without writing it."""
     expr = compress(nodes)
     if len(expr) <= MAX_EXCLUDE_ARG:
         return expr
@@ -119,7 +119,7 @@ def plan_submission(argv: list[str]) -> Submission:
     no_preflight = "--no-preflight" in opts
     dry_run = "--dry-run" in opts
     if not dry_run and "--dry-run" in script_args:
-        # after the script it is the job's argument: sbatch would queue a job that only plans (hostile pass, W4)
+        # after the script it is the job's argument: sbatch would queue a job that only plans
         raise UserError("--dry-run after the batch script would be passed to the job, and the job queued: put it "
                         "before the script (isambard_sbatch --dry-run [sbatch options] SCRIPT ...); nothing was "
                         "submitted")
@@ -127,7 +127,7 @@ def plan_submission(argv: list[str]) -> Submission:
     if script is None and option_value(opts, "--wrap") is None:
         raise UserError("no batch script given (usage: isambard_sbatch [sbatch options] SCRIPT [args])")
     if dry_run and script is not None and not Path(script).is_file():
-        # sbatch itself refuses it when submitting; the dry run said OK (hostile pass of issue 60, W3)
+        # sbatch itself refuses it when submitting, so the dry run must not say OK
         raise UserError(f"batch script {script} is not a file here ({Path.cwd()}); nothing was submitted")
     # sbatch lets a command-line --exclude replace the script's own #SBATCH --exclude: merge the header's in, or a
     # bad-node exclusion would silently drop the nodes the script itself excludes.

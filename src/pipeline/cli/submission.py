@@ -100,7 +100,7 @@ def refuse_placement_options(script: str, opts: list[str]) -> None:
                         "relative to the submit directory; submit from the directory to work in instead"),
                        (("--array", "-a"), "every array task would run this same job (one run directory, one output "
                         "path); submit one job per run (an experiment file sweeps values)")):
-        # sbatch's input variables count as the options (SBATCH_ARRAY_INX got past the refusal: hostile pass, W2)
+        # sbatch's input variables count as the options (else SBATCH_ARRAY_INX would get past the refusal)
         value = submitted_value(opts, script, *names, env=ENV_OF.get(names[0]))
         if value is not None:
             raise UserError(f"{names[0]}={value} is not supported for {name}: {why}")

@@ -177,7 +177,7 @@ def markdown(report: dict) -> str:
 def wandb_target(cfg: CoherenceRun, profile=None) -> tuple[str, str | None]:
     """(project, entity) of the coherence run in W&B: the command line's, else the environment's
     (``COHERENCE_WANDB_PROJECT``, ``WANDB_ENTITY``: an export wins), else the cluster profile's
-    (``coherence_wandb_project``, ``wandb_entity``; decisions #60)."""
+    (``coherence_wandb_project``, ``wandb_entity``)."""
     if profile is None:
         from pipeline.config.cluster import resolve_profile
 
@@ -215,7 +215,7 @@ def _iteration_name(path: Path) -> tuple[str, str | None]:
 def wandb_run_name(cfg: CoherenceRun) -> str:
     """``coherence-<model>[-iter_NNNNNNN]-<backend>``: the run and iteration of a checkpoint (an export's hf/ or
     a Megatron root at the iteration it generates from), else the model's or served id's last part; with
-    ``--compare``, ``+N`` for the other models. Never one name for every run (decisions #60)."""
+    ``--compare``, ``+N`` for the other models. Never one name for every run."""
     path = Path(cfg.model)
     resolved = None
     if cfg.backend == "megatron" and path.exists():

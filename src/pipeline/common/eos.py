@@ -1,4 +1,4 @@
-"""The token ids that end a generation: one rule for every generation backend (issue 47).
+"""The token ids that end a generation: one rule for every generation backend.
 
 A model's ``generation_config.json`` may list several end ids (``eos_token_id`` an int or a list: a chat model's
 end-of-turn and end-of-text), none of which need be the tokenizer's ``eos_token_id``. transformers' ``generate`` stops

@@ -24,8 +24,8 @@ def exc_line(exc: BaseException, limit: int = 200) -> str:
 
 # How alike (difflib's ratio) a known name must be to a mistyped one to be suggested, for every hint of the suite:
 # a typo (train_iter, lrr, nanoo) is suggested; a fragment (iters for train.train_iters) gets the message's list
-# of the valid names instead of a guess. The training preflight's value; the loader, the model registry and the
-# lm-eval task check used difflib's default 0.6 before (issue 37).
+# of the valid names instead of a guess. The training preflight's value, used by the loader, the model registry
+# and the lm-eval task check too (not difflib's default 0.6).
 HINT_CUTOFF = 0.75
 
 
@@ -50,7 +50,7 @@ def cli_main(fn: F) -> F:
         try:
             rc = fn(*args, **kwargs)
         except UserError as exc:
-            from pipeline.common.shell import terminal_lines  # a path's ESC or CR shown, not obeyed (O1)
+            from pipeline.common.shell import terminal_lines  # a path's ESC or CR shown, not obeyed
 
             for line in str(exc).splitlines() or [""]:
                 print(f"error: {terminal_lines(line)}", file=sys.stderr)

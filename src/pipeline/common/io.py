@@ -10,7 +10,7 @@ for files, ``0o777 & ~umask`` for directories), not the 0600/0700 of ``tempfile.
 outputs on a team's group-shared directory stay readable by the team. The team's shared files (the bad-node
 log, the lock files beside it and beside the container directory's setup, the image record) are created
 group-writable whatever the creator's umask (:func:`shared_mode`, :func:`make_shared_dirs`): a teammate under the
-default umask 022 must be able to change what another created (issue 59, decision 97).
+default umask 022 must be able to change what another created.
 """
 
 from __future__ import annotations
@@ -156,12 +156,12 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     file where the folder or one above it must be, or a nearest existing folder this user may not write (the file
     system's root aside: on a machine where none of the path exists, such as a laptop planning a cluster's job,
     that says nothing about the cluster). An evaluation into a file as --output-dir, an import into <file>/sub,
-    planned OK and failed after the model had loaded (issue 60, item 11)."""
+    would plan OK and fail after the model had loaded."""
     p = Path(os.path.abspath(path))
     real = Path(os.path.realpath(p))
     kernel = next((k for k in KERNEL_FILESYSTEMS if real == Path(k) or Path(k) in real.parents), None)
     if kernel is not None and not (real == Path("/dev/shm") or Path("/dev/shm") in real.parents):
-        # root may "write" there by the permission bits, and nothing can be created (hostile pass of 60, W7)
+        # root may "write" there by the permission bits, and nothing can be created
         return f"{p} is in {kernel}, a kernel filesystem, not a place for outputs"
     for anc in [p, *p.parents]:
         if anc.is_symlink() and not anc.exists():
@@ -295,8 +295,8 @@ class NotRegularFile(OSError):
 def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
     """The bytes of ``path`` when it is a regular file of at most ``max_bytes``; else an OSError (NotRegularFile, or
     EFBIG) that every reader of records already handles as unreadable. The open does not block on a FIFO
-    (O_NONBLOCK), and nothing past ``max_bytes`` is read (issue 60, items 13-14: `runs` hung on a FIFO config.yaml,
-    a training launch on a FIFO owner record, and a manifest linked to /dev/zero was read into memory)."""
+    (O_NONBLOCK), and nothing past ``max_bytes`` is read (a FIFO config.yaml or owner record would hang `runs` or a
+    training launch, and a manifest linked to /dev/zero would be read into memory)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(fd)
@@ -347,8 +347,7 @@ def write_output_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_output_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """:func:`write_output_text` for bytes (the profile's memory PNG replaced a FIFO, and /dev/full: hostile pass of
-    issue 60, D5)."""
+    """:func:`write_output_text` for bytes (the profile's memory PNG must not replace a FIFO, nor /dev/full)."""
     from pipeline.common.errors import UserError
 
     p = Path(path)
@@ -368,5 +367,5 @@ def write_output_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise UserError(f"{p} is not a regular file (a FIFO, device or socket): name a regular file, or /dev/stdout")
     try:
         return write_bytes(p, data)
-    except OSError as exc:  # a read-only folder, /proc: one line, not a traceback (hostile pass, T8)
+    except OSError as exc:  # a read-only folder, /proc: one line, not a traceback
         raise UserError(f"cannot write {p}: {exc.strerror or exc}") from None

@@ -81,7 +81,7 @@ def read_tracker(save: Path) -> int | None:
     p = Path(save) / TRACKER
     if not p.exists():
         return None
-    try:  # a regular file of a few bytes: a FIFO there blocked `runs` and upload-all for ever (issue 60, item 13)
+    try:  # a regular file of a few bytes: a FIFO there would block `runs` and upload-all for ever
         text = read_regular(p, 4096)[:64].decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         raise UserError(f"{p} is unreadable or not text (or not a regular file): it should hold one iteration "
@@ -119,7 +119,7 @@ def written_names(staged: Path) -> list[str]:
 # what comes into a published iteration after it was written: its export (hf/) and the export's temporaries
 _ADDED_LATER = re.compile(r"^(hf|\.hf\..*\.tmp|hf_verification_FAILED\.json)$")
 # what Megatron (Bridge's save and import) writes into a torch_dist iteration, as seen in the megatron_cpu tier's
-# checkpoints; anything else in one is a user's (import --force over it deleted their notes: hostile pass, D3)
+# checkpoints; anything else in one is a user's (import --force over it must not delete their notes)
 MEGATRON_ENTRIES = ("*.distcp", ".metadata", "common.pt", "metadata.json", "run_config.yaml", "train_state.pt",
                     "modelopt_state", "modelopt_run_config.yaml", "content_metadata.json", "tokenizer")
 
@@ -132,7 +132,7 @@ def _megatron_entry(name: str) -> bool:
 
 def unlisted_entries(d: Path) -> list[str]:
     """What an iteration of ours holds beyond what its marker says it was written with, its export aside (a user's
-    notes inside iter_0000000 were deleted by import --force: issue 60, item 3). Empty for a marker that lists no
+    notes inside iter_0000000 must not be deleted by import --force). Empty for a marker that lists no
     files (written before markers did) and for Megatron's iterations, which carry no marker."""
     try:
         marker = read_json(d / MARKER)
@@ -279,7 +279,7 @@ def foreign_entries(folder: Path) -> list[str]:
     for e in sorted(Path(folder).iterdir()):
         if e.name in OWN_FOLDERS and e.is_dir() and not e.is_symlink():
             # the suite's own folders hold its markers, locks and Megatron's non-persistent saves, nothing else (a
-            # Megatron import --force removes the output whole: hostile pass of issue 60, D4)
+            # Megatron import --force removes the output whole)
             out += [f"{e.name}/{n}" for n in _foreign_in_own(e)]
             continue
         if e.name in OWN_ENTRIES or _OUR_TEMPORARY.fullmatch(e.name):

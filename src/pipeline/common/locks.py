@@ -63,7 +63,7 @@ def open_shared(path: str | os.PathLike, flags: int) -> int:
 
 def _open_regular(path: str | os.PathLike, flags: int) -> int:
     """``os.open`` of an existing file that must be a regular one: opened without blocking (a FIFO in a lock's
-    place blocked --mark-bad, the export and the training launch for ever: hostile pass of issue 60), refused in one
+    place would block --mark-bad, the export and the training launch for ever), refused in one
     line otherwise."""
     why = (f"{path} is not a regular file (a FIFO, device or folder where this suite keeps a lock or log): remove "
            "it, and it is made again")
@@ -161,8 +161,8 @@ def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
 
 
 def _text(path: Path) -> str:
-    """A lock file's text: a regular file of at most 64 KiB (a FIFO there blocked the export for ever: hostile pass of
-    issue 60); an OSError otherwise."""
+    """A lock file's text: a regular file of at most 64 KiB (a FIFO there would block the export for ever); an
+    OSError otherwise."""
     return read_regular(path, 1 << 16).decode("utf-8", "replace")
 
 

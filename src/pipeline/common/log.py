@@ -10,7 +10,7 @@ import sys
 
 class TerminalSafeFormatter(logging.Formatter):
     """A log line's control characters escaped (newlines and tabs kept): a folder name or a file's text in a message
-    shows its ESC sequences and CRs rather than obeying them (issue 60, hostile pass O1)."""
+    shows its ESC sequences and CRs rather than obeying them."""
 
     def format(self, record: logging.LogRecord) -> str:
         from pipeline.common.shell import terminal_lines

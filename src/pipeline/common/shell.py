@@ -1,7 +1,7 @@
 """Shell text that is safe to run as printed: every word quoted on one physical line, every comment one line.
 
-``render`` prints the exact lines to run, and a swept value is user text: a newline in it ended a ``# run ...``
-comment and the next line ran as a command (issue 60, item 1). bash ends a line (and a comment) only at ``\\n``;
+``render`` prints the exact lines to run, and a swept value is user text: a newline in it would end a
+``# run ...`` comment and the next line would run as a command. bash ends a line (and a comment) only at ``\\n``;
 a terminal also moves on at ``\\r``, ``\\v``, ``\\f`` and Unicode line separators, which would hide what runs. So:
 a word with any control or line-separating character is written in ANSI-C quoting (``$'...'``, bash's own), and a
 comment has those characters escaped. Standard library only (isambard_sbatch and the planner use it)."""
@@ -58,7 +58,7 @@ def one_line(text: str) -> str:
 def terminal_lines(text: str) -> str:
     """``text`` with every control character escaped as :func:`one_line` escapes it, except the newlines (and tabs)
     that lay it out in lines: a log message or a printed summary that carries a user's or a file's text (an ESC
-    sequence, a CR that rewrites the line) shows it, never obeys it (issue 60, hostile pass O1)."""
+    sequence, a CR that rewrites the line) shows it, never obeys it."""
     return "".join(_escape(ch) if _unsafe(ch) and ch not in "\n\t" else ch for ch in text)
 
 

@@ -161,8 +161,8 @@ def read_record(path: str | os.PathLike, max_bytes: int = RECORD_MAX_BYTES, *, a
     :func:`load` bounds them. ``as_written``: read with PyYAML's own (YAML 1.1) resolvers, as ``yaml.safe_dump``
     wrote it; else with the suite's core schema. Raises OSError (unreadable, not a regular file, too big),
     ``yaml.YAMLError`` (not YAML, nested too deeply, an alias bomb) or UnicodeDecodeError (a ValueError): a huge or
-    deeply nested config.yaml in a run folder crashed render, status, csv and the launcher with RecursionError or
-    MemoryError (issue 60, hostile pass T5-T6)."""
+    deeply nested config.yaml in a run folder must not crash render, status, csv and the launcher with RecursionError
+    or MemoryError."""
     text = read_regular(path, max_bytes).decode("utf-8")
     data = load(text, yaml.SafeLoader if as_written else Loader)
     stack = [(data, 1)]

@@ -178,7 +178,7 @@ def template_matches_transformers(chat_template: str, special: dict, messages: l
     refusal by one of the two only is a mismatch. Imports only ``transformers.utils.chat_template_utils`` (~0.6 s,
     no torch); run in a worker. The verdict is a function of its inputs, this module and the transformers and jinja2
     versions: it is kept per machine under ``<cache_dir>/template_checks/`` keyed by their hash, so a later run on
-    the same template and versions skips the import (issue 36: it was ~4% of the stage's time at 2 workers)."""
+    the same template and versions skips the import (the import was ~4% of the stage's time at 2 workers)."""
     key = _check_key(chat_template, special, messages)
     path = _check_path(key) if key else None
     if path is not None:
@@ -684,7 +684,7 @@ def locate_spans(text: str, messages: list[dict[str, Any]], eot: str, render_fn
     return text, spans
 
 
-# Reply-blind templates: one render per conversation (issue 36). Decided per template (cached by its hash and its
+# Reply-blind templates: one render per conversation, not two. Decided per template (cached by its hash and its
 # special tokens, per process) by two tests that must both pass; a template failing either keeps the two renders.
 _REPLY_BLIND: dict[str, bool] = {}
 _UNDECIDED = object()  # substitute_spans: this conversation needs the two renders

@@ -10,7 +10,7 @@ and word2number, is built into a wheel there), then ``pip install --no-deps --no
 rank 0 of every node; it runs ``make -C <megatron/core/datasets>`` and exits 1 when make fails. The 0.19.2 wheels ship
 the prebuilt ``helpers_cpp`` library but no Makefile, so ``complete`` places ``3rdparty/megatron-core-datasets.mk``
 there (read its header): make then finds the prebuilt library up to date, or builds it for another Python. Every
-place that installs megatron-core calls it, with the folder it installed into (decision 90):
+place that installs megatron-core calls it, with the folder it installed into:
 
     python src/pipeline/env/overlay.py install TARGET [PINS]   # the overlay step (in the container), the twin
     python src/pipeline/env/overlay.py complete SITE           # the Bridge harness, the GPU ready check's wheels

@@ -126,11 +126,11 @@ def visible(cfg: RuntimeConfig, path: str | os.PathLike) -> bool:
     if not under(p, [Path(os.path.abspath(d)) for _, d in pairs]):
         return False
     # and where it leads: a symlink under a bind that points outside every bind is a dangling link in the container
-    # (issue 60, item 8: <bound>/link/ck passed, the same folder named directly was refused). The host's real path
+    # (<bound>/link/ck must not pass where the same folder named directly is refused). The host's real path
     # is compared with each bind's real source (a bind whose source is itself a link is mounted where it leads).
     # A bind SRC:DST with SRC != DST shows the host's SRC at DST: the path the container names is SRC/rest on the
     # host, and a link resolved there to SRC/... (an absolute target) is not at that name in the container; only a
-    # bind mounted at its own name (SRC == DST) keeps a host link's target visible (hostile pass of 60, W8).
+    # bind mounted at its own name (SRC == DST) keeps a host link's target visible.
     host = p
     for src, dst in sorted(pairs, key=lambda sd: len(sd[1]), reverse=True):
         d = Path(os.path.abspath(dst))

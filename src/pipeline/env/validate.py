@@ -251,7 +251,8 @@ HELPERS_PROBE = ("import megatron.core.datasets as d, os; from megatron.core.dat
 
 def check_dataset_helpers() -> str:
     """Bridge's first setup step on every node: megatron-core's compile_helpers() (``make -C
-    megatron/core/datasets``) succeeds with the overlay's megatron-core, and its helpers import (decision 90)."""
+    megatron/core/datasets``) succeeds with the overlay's megatron-core, and its helpers import (the wheels
+    ship no Makefile: overlay.py places one)."""
     _container_only("megatron-core's dataset helpers")
     import subprocess
 

@@ -238,7 +238,7 @@ def overwrite_problem(cfg: EvalRun, fix: str = FORCE_FIX) -> str | None:
     summary = old["summary"]
     model = summary.get("model")
     if isinstance(model, str) and _model_key(model) != _model_key(cfg.model):
-        # another model's results: the settings matching says nothing (issue 60, item 4: they were replaced)
+        # another model's results: the settings matching says nothing, and they must not be replaced
         return (f"{cfg.out_file} holds results of {'+'.join(cfg.task_names)} for another model ({model}); this run "
                 f"evaluates {cfg.model}: {fix}")
     recorded = summary.get("settings") if isinstance(summary.get("settings"), dict) else \

@@ -52,7 +52,7 @@ def read_lock(path: Path) -> dict | None:
                         "submit --relock") from None
     if not isinstance(body, dict) or not isinstance(body.get("phases"), dict):
         raise UserError(f"lock file {path} is not a lock (no phases): re-lock with submit --relock")
-    for name, entry in body["phases"].items():  # hand-edited `phases: {train: 5}` crashed render (hostile pass, T6)
+    for name, entry in body["phases"].items():  # a hand-edited `phases: {train: 5}` must not crash render
         if not isinstance(entry, dict) or not isinstance(entry.get("config", {}), dict) \
                 or not isinstance(entry.get("args", []), list):
             raise UserError(f"lock file {path}: phase {str(name)[:60]!r} is not a phase record (a mapping with kind "

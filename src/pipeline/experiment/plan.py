@@ -175,8 +175,8 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
               after=src.phase if src else None)
     from pipeline.slurm.sbatch_options import check_signal_lead
 
-    try:  # every phase's time limit against the pre-limit save signal, before any is queued (hostile pass, W1:
-        # a later phase's --time=5 was refused by isambard_sbatch after the first phase had been queued)
+    try:  # every phase's time limit against the pre-limit save signal, before any is queued (else
+        # a later phase's --time=5 is refused by isambard_sbatch after the first phase has been queued)
         check_signal_lead(str(paths.repo_root() / TRAINING_SUBMIT), job.sbatch)
     except UserError as exc:
         job.problems.append(str(exc))
@@ -333,7 +333,7 @@ def plan_experiment(exp: Experiment, runs: list[Run] | None = None, allow_config
 def shared_saves(plans: list[RunPlan]) -> None:
     """Two training jobs (of two runs, or two phases) whose ``checkpoint.save`` resolves to one directory would
     overwrite each other, and the later would resume from the earlier's weights: a problem on each, in one line
-    naming both (issue 33; the launcher refuses the same through the save's owner record)."""
+    naming both (the launcher refuses the same through the save's owner record)."""
     first: dict[Path, tuple[str, Job]] = {}
     for rp in plans:
         for job in rp.jobs:
@@ -366,7 +366,7 @@ def render_lines(exp: Experiment, rp: RunPlan) -> list[str]:
         # one physical line whatever the values hold (common/shell.py)
         words = [shell.quote(w) for w in ["isambard_sbatch", "--parsable", *argv]]
         if dep:  # the dependency is the first option (Job.submit_argv); replaced by position, not by a text search
-            assert argv[0] == f"--dependency={job.dep_type}:DEP", argv[0]  # that rewrote a user's option too (S4)
+            assert argv[0] == f"--dependency={job.dep_type}:DEP", argv[0]  # a text search rewrites a user's option
             words[2] = f'"--dependency={job.dep_type}:{dep}"'
         line = " ".join(words)
         if job.pre_create is not None:

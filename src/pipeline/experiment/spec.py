@@ -228,7 +228,7 @@ def resolve_values(values: dict[str, Any], context: dict[str, Any], what: str = 
     _register_resolvers()
     try:
         conf = OmegaConf.create(mappings.deep_merge(context, nest(values)))
-    except OmegaConfBaseException as exc:  # a malformed ${...}: one line, not a traceback (hostile pass, T1)
+    except OmegaConfBaseException as exc:  # a malformed ${...}: one line, not a traceback
         key = getattr(exc, "full_key", None) or "?"
         raise UserError(f"{what} {key} does not parse: {str(exc).splitlines()[0]}") from None
     out = dict(values)
@@ -403,7 +403,7 @@ MAX_VALUE_CHARS = 32 * 1024  # one override on a command line; the kernel caps o
 def _refuse_unpassable(value: Any, where: str) -> None:
     """A value no command line can carry: a NUL (bash cuts the word there: the job got another value, and submit
     failed with a traceback after its preflight said PASS), or text past MAX_VALUE_CHARS ("Argument list too long"
-    after the preflight). Hostile pass of issue 60, S1, T2, T3."""
+    after the preflight)."""
     if isinstance(value, dict):
         for v in value.values():
             _refuse_unpassable(v, where)
@@ -441,7 +441,7 @@ def load(path: str | Path, root: Path | None = None) -> Experiment:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise UserError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    except UnicodeDecodeError:  # was a traceback (hostile pass, issue 34)
+    except UnicodeDecodeError:  # one line, not a traceback
         raise UserError(f"{path}: not a text file (invalid UTF-8); expected a YAML experiment file") from None
     except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
         raise UserError(f"{path}: a value cannot be read: {str(exc)[:120]}") from None
@@ -496,16 +496,16 @@ def _with_phases(name: str, run: Run, phases: tuple[Phase, ...], context: dict) 
 
 
 def _refuse_phase_clashes(phases: tuple[Phase, ...], axes: list[_Axis], computed: dict[str, Any], path: Path) -> None:
-    """A phase may not set what an axis sweeps (issue 60, items 5-6): its value replaced the swept one in every run,
-    which went on being labelled, listed and exported to CSV with the value it did not run. So a phase override of
+    """A phase may not set what an axis sweeps: its value would replace the swept one in every run, which
+    would go on being labelled, listed and exported to CSV with the value it did not run. So a phase override of
     a swept key is refused, and so is ``tokens:`` (it sets train.train_iters) on a phase that does not continue
     another training, when train.train_iters is swept (a continuing phase counts on from its start: the axis then
     sizes the phase it continues)."""
     swept = {k.lstrip("+~"): f"{ax.where} sweeps" for ax in axes for k in ax.keys}
-    # a computed value is listed and exported to CSV as the run's own: a phase setting it ran another (S3)
+    # a computed value is listed and exported to CSV as the run's own: a phase setting it would run another
     swept.update({k.lstrip("+~"): "computed sets" for k in computed if k.lstrip("+~") not in swept})
 
-    def clash(key: str) -> str | None:  # the key itself, a section above it or a key inside it (hostile pass, S2)
+    def clash(key: str) -> str | None:  # the key itself, a section above it or a key inside it
         key = key.lstrip("+~")
         return next((s for s in swept if s == key or s.startswith(key + ".") or key.startswith(s + ".")), None)
 
@@ -579,7 +579,7 @@ def _phases(raw: Any, path: Path) -> tuple[tuple[Phase, ...], bool]:
             raise UserError(f"{where}: init must be one of {', '.join(INITS)} (got {init!r})")
         tokens = p.get("tokens")
         if tokens is not None and (kind != "train" or not isinstance(tokens, int) or isinstance(tokens, bool)
-                                   or not 1 <= tokens < CALC_INT_LIMIT):  # 10**400 overflowed (hostile pass, T4)
+                                   or not 1 <= tokens < CALC_INT_LIMIT):  # 10**400 would overflow
             raise UserError(f"{where}: tokens is a positive integer token budget of a training phase")
         ua = p.get("upload_all")
         if ua is not None and kind != "train":
@@ -684,7 +684,7 @@ def _expand(name: str, base: Base, axes: list[_Axis], computed: dict[str, Any], 
         if len(f"{name}.{label}") > 180:
             label = f"{label[:150]}-{hashlib.sha1(label.encode()).hexdigest()[:8]}"
         if label != first:  # ${exp.label} in computed resolved with the label the run has, not the one it shared with
-            ov = resolve(values, label)  # another run (two runs saved into one folder: hostile pass of 60, S6)
+            ov = resolve(values, label)  # another run (else two runs save into one folder)
         diff = {k: ov[k] for k in values}
         diff.update({k: ov[k] for k in computed if k not in diff})
         if nodes is not None:

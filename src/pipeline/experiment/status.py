@@ -371,7 +371,7 @@ def _why(exc: BaseException) -> str:
 
 def last_loss(recs: list[dict]) -> float | None:
     """The loss of the last step that logged one, non-finite ones included (recorded as text: "nan"): a run whose
-    loss went NaN showed its last finite loss (issue 60, item 10)."""
+    loss went NaN must not show its last finite loss."""
     for r in reversed(recs):
         v = r.get("loss")
         if v is not None:
@@ -381,7 +381,7 @@ def last_loss(recs: list[dict]) -> float | None:
 
 def saves_into(run_dir: Path | None, save: Path) -> bool:
     """Whether ``save``'s checkpoints are this run's: its owner record names the run (or it has none yet). A run
-    refused at its save claim (the folder is another run's) showed the other run's checkpoint (issue 60, item 10)."""
+    refused at its save claim (the folder is another run's) must not show the other run's checkpoint."""
     try:
         owner = read_json(save / layout.OWNER_FILE)
     except (OSError, ValueError):
@@ -485,7 +485,7 @@ def board(exp: Experiment, statuses: list[RunStatus], plots: dict[str, Path] | N
             rows.append([s.label, r.phase, r.job_id or "-", state, step, _f(r.loss, ".4f"), _f(r.tokens_per_s, ".0f"),
                          _f(r.checkpoint), ",".join(map(str, r.exports)) or "-", coh_s,
                          f"{100 * good:.0f}%" if isinstance(good, (int, float)) else "-"])
-    rows = [[shell.one_line(str(x)) for x in row] for row in rows]  # a value's ESC or CR printed raw (O1)
+    rows = [[shell.one_line(str(x)) for x in row] for row in rows]  # a value's ESC or CR never printed raw
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     lines = [f"experiment {exp.name} ({exp.path})"]
     lines += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head, *rows]]

@@ -86,7 +86,7 @@ def rendezvous(alloc: Allocation, base_port: int) -> tuple[str, int]:
     """Master address (first node's NodeAddr) and a per-job port (jobs can share a node): ``base_port`` plus the
     job id modulo the ports left below the kernel's ephemeral range (29500-32767 for the default base), so that
     no process that bound port 0 can hold it: the store's bind then fails, every node waits as a client and the
-    rendezvous times out (decision 89). A base at or above that range keeps up to 20,000 ports above it."""
+    rendezvous times out. A base at or above that range keeps up to 20,000 ports above it."""
     host = node_address(alloc.node_list[0]) if alloc.node_list else "127.0.0.1"
     span = EPHEMERAL_PORTS_START - base_port if base_port < EPHEMERAL_PORTS_START else min(20000, 65536 - base_port)
     port = base_port + (int(alloc.job_id) % span if alloc.job_id and alloc.job_id.isdigit() else 0)

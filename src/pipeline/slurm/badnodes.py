@@ -15,7 +15,7 @@ they change, keep ``#`` comments and lines they cannot parse byte-for-byte in pl
 group (and owner when allowed), and do not touch the file at all when nothing changes. A log without write
 permission is refused before anything is written. The log, its ``.lock`` and a directory made for them are created
 group-writable whatever the creator's umask, so every member of the directory's group can mark, update, unmark and
-prune (docs/cluster.md, "A team on one cluster"; decision 97).
+prune (docs/cluster.md, "A team on one cluster").
 
 Entries dated in the future (clock skew, a hand edit) count as active: excluding a node by mistake costs a
 little capacity, while dropping a report of a faulty node costs jobs. But they could never expire, so they
@@ -180,7 +180,7 @@ class BadNodeLog:
 
     def _read(self) -> bytes:
         self._require_regular()
-        try:  # bounded: a log linked to a huge file was read whole into memory (issue 60, hostile pass T7)
+        try:  # bounded: a log linked to a huge file must not be read whole into memory
             return read_regular(self.target, LOG_MAX_BYTES)
         except FileNotFoundError:
             return b""

@@ -302,7 +302,7 @@ def gpus_per_node_asked(opts: list[str], script: str | None, nodes: int) -> tupl
             return total, f"{option}={value}"
         raise UserError(f"--gpus={value} is a total over the job's {nodes} nodes, which Slurm may place unevenly; "
                         f"the plan counts GPUs per node: use --gpus-per-node=N")
-    if option == "--tres-per-node":  # passed through unread, beside the profile's --gpus-per-node (hostile pass)
+    if option == "--tres-per-node":  # else passed through unread, beside the profile's --gpus-per-node
         raise UserError(f"{option}={value}: the plan does not read GPUs asked for as a trackable resource; use "
                         "--gpus-per-node=N")
     raise UserError(f"{option}={value}: GPUs per task or socket do not say how many GPUs each node gets, and the plan "
@@ -352,7 +352,7 @@ def check_signal_lead(script: str, opts: list[str]) -> None:
     over, each attempt reporting a PASS."""
     # as sbatch reads them: the command line, then its input environment (SBATCH_TIMELIMIT, SBATCH_SIGNAL), then
     # the script's header; --time-min lets Slurm lower the limit to it, so the shortest limit the job may get counts
-    # (issue 60, item 9: both bypassed the check), and a limit of 0 is Slurm's "no limit", not 0 s.
+    # (neither may bypass the check), and a limit of 0 is Slurm's "no limit", not 0 s.
     signal = submitted_value(opts, script, "--signal", env="SBATCH_SIGNAL")
     lead = signal_lead_seconds(signal) if signal else None
     if lead is None:

@@ -119,8 +119,8 @@ class Clock:
 # ---- the split ----------------------------------------------------------------------------------------------
 def read_events(run_dir: Path) -> list[dict]:
     """The run's timeline, lines that are not an event skipped. A file that is not a regular one, past
-    EVENTS_MAX_BYTES or unreadable is a UserError (one line): it was read whole into memory, and blocked on a FIFO
-    (issue 60, hostile pass T7, T9)."""
+    EVENTS_MAX_BYTES or unreadable is a UserError (one line): it is never read whole into memory, nor blocks on a
+    FIFO."""
     path = Path(run_dir) / EVENTS
     if not os.path.lexists(path):
         return []

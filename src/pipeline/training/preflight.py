@@ -171,9 +171,9 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     per_node = "gpus_per_node" if cluster.has_gpus else "procs_per_node"  # megatron-core's rules: config/parallel.py
     plan.problems += lay.problems(f" = nodes({nodes}) * {per_node}({gpn})", f"the total (--nodes x {per_node})")
     dp = max(1, lay.dp)  # the batch is checked against dp 1 when the world does not divide (a problem above)
-    if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py, decision #41)
+    if cluster.has_gpus:  # every TP, CP and expert group inside one node (config/parallel.py)
         plan.problems += node_local_problems(lay, gpn, f"on '{cluster.name}'")
-    # heads, KV heads, experts and layers against tp, cp, ep and pp (config/parallel.py, decision #80)
+    # heads, KV heads, experts and layers against tp, cp, ep and pp (config/parallel.py)
     extra_model = cfg.extra.get("model")
     stages: dict = extra_model if isinstance(extra_model, dict) else {}
     first, last = (stages.get(f"num_layers_in_{k}_pipeline_stage") for k in ("first", "last"))
@@ -258,7 +258,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
                              "directory when no checkpoint directory exists)")
     if not local and not cfg.checkpoint.save and (ft_launcher or cfg.ft.enable_ft_package):
         # Bridge's fault_tolerance.setup raises "checkpointing save dir must be set to enable fault tolerance" on
-        # every rank, after the queue; under ft_launcher each restart does it again (issue 47)
+        # every rank, after the queue; under ft_launcher each restart does it again
         why = (f"ft_launcher, the launcher of cluster profile '{cluster.name}'" if ft_launcher
                else "ft.enable_ft_package=true")
         off = "pass --disable-ft (plain torchrun)" if ft_launcher else "set ft.enable_ft_package=false"
@@ -459,7 +459,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
 
     if not spec.is_local and not peft and recipe_mode(mode) == "pretrain":
         # Bridge pretraining and CPT read indexed .bin/.idx prefixes (+dataset.data_path, a blend), checked by
-        # _check_pretraining_data; dataset_root is not a field of GPTDatasetConfig (issue 59, item 2)
+        # _check_pretraining_data; dataset_root is not a field of GPTDatasetConfig
         pass
     elif root is None:
         fix = ("pipeline_data_prepare.py tokenize ... for an indexed corpus" if mode != "sft" else
@@ -673,7 +673,7 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
 
 # megatron-core's DistributedOptimizer steps with TE's or Apex's FusedAdam; without either it falls back to torch's
 # Adam, whose state_dict asserts one Adam step across a still-empty state (distrib_optimizer.py:839), which Bridge's
-# checkpoint load builds before the first step (pipeline.bridge.NO_FUSED_ADAM, decision 90): the run trains and
+# checkpoint load builds before the first step (pipeline.bridge.NO_FUSED_ADAM): the run trains and
 # saves, and every resume dies. Bridge's recipes turn the distributed optimizer on.
 DIST_OPT = "the distributed optimizer (optimizer.use_distributed_optimizer, on in Bridge's recipes)"
 DIST_OPT_OFF = "optimizer.use_distributed_optimizer=false ddp.use_distributed_optimizer=false"
@@ -698,7 +698,7 @@ def venv_optimizer_note(cfg: TrainingConfig, spec: ModelSpec, cluster: ClusterPr
 def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> list[str]:
     """The paths the job reads or writes, as the container will see them: one outside the checkout and every bind
     of the runtime (the profile's binds, PIPELINE_BINDS, the log and cache roots) is one line naming the bind to
-    add (decision #55 "binds as a profile fact"); nothing for the venv runtime."""
+    add (the binds are a fact of the cluster profile); nothing for the venv runtime."""
     from pipeline.env.runtimes import invisible_paths
 
     specs = cfg.dataset.offline_packing_specs

@@ -1,4 +1,4 @@
-"""Profiling a training run (issue 35): the step window both engines record, the local engine's capture, and the
+"""Profiling a training run: the step window both engines record, the local engine's capture, and the
 reading of a trace (``pipeline_training_profile.py``; the guide is docs/profiling.md).
 
 The config is Megatron Bridge 0.6.2's ``ProfilingConfig`` (``profiling.*``, typed in config/schema.py). Its
@@ -245,7 +245,7 @@ def load_trace(path: Path) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"trace {path} does not exist")
-    try:  # bounded, compressed and not: a gzip bomb was inflated whole into memory (issue 60, hostile pass T7)
+    try:  # bounded, compressed or not: a gzip bomb must not be inflated whole into memory
         raw = read_regular(path, TRACE_MAX_BYTES)
         if path.suffix == ".gz":
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:

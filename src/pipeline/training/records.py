@@ -222,7 +222,7 @@ def check_save_owner(save: str | Path | None, run_dir: Path, cfg: TrainingConfig
     use = ("give this run its own checkpoint.save (or another run name); to start from that run's weights set "
            "checkpoint.load or checkpoint.pretrained_checkpoint to it")
     if (owner_file.exists() or owner_file.is_symlink()) and not owner_file.is_file():
-        # a FIFO there blocked the launch for ever after its preflight (issue 60, item 13)
+        # a FIFO there would block the launch for ever after its preflight
         raise UserError(f"checkpoint.save {save} has an owner record {owner_file} that is not a regular file: remove "
                         f"it (this suite writes it), or {use}")
     if owner_file.is_file():
@@ -500,7 +500,7 @@ def read_progress(run_dir: Path | None) -> list[dict]:
     # a regular file, read up to PROGRESS_MAX_BYTES (a FIFO swapped in after the check never blocks the reader)
     for line in read_regular(path, PROGRESS_MAX_BYTES).decode("utf-8", "replace").splitlines():
         if not line.startswith("{"):  # a record is an object: blank lines and junk skipped without a parse (a file
-            continue                  # of blank lines took 20 s per 4 MiB: hostile pass of issue 60, H1)
+            continue                  # of blank lines would take 20 s per 4 MiB)
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):  # a line cut by a kill mid-write; an int past 4300 digits; too deep
