@@ -29,10 +29,10 @@ _ITER_RE = re.compile(r"^iter_(\d{7})$")
 # The training that owns a checkpoint.save (training/records.py claim_save) records itself here, its run directory
 # named: the save's readers (upload-all's poller) find the run's records through it.
 OWNER_FILE = ".pipeline_owner.json"
+OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked and written (claim_save)
 # upload-all's markers beside the iterations (checkpoint/poll.py): one per converted iteration, one per evaluation
 DONE_DIR = "converted_checkpoints"
 EVAL_DIR = "evaluated_checkpoints"
-OWNER_LOCK = ".pipeline_owner.lock"  # held while the owner record is checked and written (claim_save)
 
 
 def iteration_of(path: Path | str) -> int | None:
