@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipeline.checkpoint.plan import plan_export
+from pipeline.checkpoint.plan import ExportJob, plan_export
 from pipeline.cli.coherence import plan_from_argv as coherence_plan
 from tests.helpers import ROOT, megatron_checkpoint, run
 from tests.unit.test_gpu_job_plans import (  # noqa: F401  (isambard: the autouse fixture)
@@ -55,7 +55,8 @@ def test_the_references_megatron_coherence_layout_nearest_that_runs_plans_16_ran
 
 @pytest.mark.parametrize("hf_model, export_gb", [(NANO, 26.1), (SUPER, 77.8)])
 def test_nano_and_super_exports_plan_ep4_on_one_node_and_fit(hf_model, export_gb):
-    plan = plan_export(ROOT / "no-such-run", hf_model, inputs_later=True, strict=False)  # planned before training wrote it
+    # planned before training wrote it
+    plan = plan_export(ExportJob(ROOT / "no-such-run", hf_model, inputs_later=True, strict=False))
     d = plan.as_dict()
     assert (d["world_size"], d["nodes"], d["procs_per_node"], d["tp"], d["pp"], d["ep"]) == (4, 1, 4, 1, 1, 4)
     assert plan.ok, plan.problems

@@ -134,20 +134,20 @@ def test_training_passes_with_the_dataset_inside_the_binds(tmp_path, monkeypatch
 
 
 def test_an_export_plan_refuses_a_checkpoint_outside_the_binds(tmp_path):
-    from pipeline.checkpoint.plan import plan_export
+    from pipeline.checkpoint.plan import ExportJob, plan_export
 
     ckpt = tmp_path / "run" / "checkpoints"
-    plan = plan_export(ckpt, NANO_HF, cluster="isambard_gh200", nodes=1)
+    plan = plan_export(ExportJob(ckpt, NANO_HF, cluster="isambard_gh200", nodes=1))
     line = (f"checkpoint directory {ckpt} is not visible in the container (apptainer): bind it for your jobs with "
             f"export PIPELINE_BINDS={ckpt.parent} (comma-separated SRC[:DST]), or for every user add it (or a folder "
             "above it) to the cluster profile's binds (configs/cluster/isambard_gh200.yaml)")
     assert line in plan.problems, plan.problems
-    inside = plan_export(ckpt, NANO_HF, cluster=site_profile(tmp_path, str(tmp_path)), nodes=1)
+    inside = plan_export(ExportJob(ckpt, NANO_HF, cluster=site_profile(tmp_path, str(tmp_path)), nodes=1))
     assert not any("not visible" in p for p in inside.problems), inside.problems
-    shipped = plan_export(Path(f"{GH}/checkpoints/runs/x"), NANO_HF,
-                          cluster="isambard_gh200", nodes=1)
+    shipped = plan_export(ExportJob(Path(f"{GH}/checkpoints/runs/x"), NANO_HF,
+                                    cluster="isambard_gh200", nodes=1))
     assert not any("not visible" in p for p in shipped.problems), shipped.problems
-    local = plan_export(ckpt, "tiny-qwen3-moe", cluster="local_cpu", nodes=1)
+    local = plan_export(ExportJob(ckpt, "tiny-qwen3-moe", cluster="local_cpu", nodes=1))
     assert not any("not visible" in p for p in local.problems)
 
 

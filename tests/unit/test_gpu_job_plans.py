@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pipeline.checkpoint.plan import import_target, plan_export, plan_import
+from pipeline.checkpoint.plan import ExportJob, import_target, plan_export, plan_import
 from pipeline.cli import sbatch as sbatch_cli
 from pipeline.cli.checkpoint import plan_from_argv as checkpoint_plan
 from pipeline.cli.coherence import plan_from_argv as coherence_plan
@@ -37,7 +37,7 @@ def isambard(monkeypatch):
 
 
 def test_a_single_process_super_export_is_refused_with_the_layout_that_fits():
-    plan = plan_export(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1, inputs_later=True, strict=False)
+    plan = plan_export(ExportJob(ROOT / "no-such-run", SUPER, tp=1, pp=1, ep=1, inputs_later=True, strict=False))
     assert plan.problems == ["estimated 247.0 GB per GPU > 95 GB on 'isambard_gh200' (export 247.0, verify_megatron "
                              "245.0, verify_hf 65.0): use --tp 1 --pp 1 --ep 4 (77.8 GB)"]
 
@@ -105,7 +105,7 @@ def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks(
 
 def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
-    plan = plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id, inputs_later=True)
+    plan = plan_export(ExportJob(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id, inputs_later=True))
     assert plan.ok and plan.engine == "local" and plan.world_size == 1 and plan.launch[0] == "python"
 
 
@@ -158,7 +158,7 @@ def test_a_plan_with_more_ranks_than_the_nodes_gpus_is_refused(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "nid001")
     monkeypatch.setenv("SLURM_GPUS_ON_NODE", "1")
-    plan = plan_export(ROOT / "no-such-run", NANO, inputs_later=True)
+    plan = plan_export(ExportJob(ROOT / "no-such-run", NANO, inputs_later=True))
     assert plan.problems == ["the plan places 4 ranks on each node, and the allocation has 1 GPU(s) per node: "
                              "submit with --gpus-per-node=4"]
     assert coherence_plan([NANO]).ok
@@ -239,8 +239,8 @@ def test_every_gpu_jobs_plan_sets_the_cluster_profiles_env(tmp_path, monkeypatch
         "coherence-hf": lambda: coherence_plan([NANO]),
         "coherence-megatron-4-nodes": lambda: coherence_plan(["/c", "--backend", "megatron", "--hf-model", SUPER,
                                                               "--tp", "4", "--pp", "4", "--ep", "4"], 4),
-        "export-local": lambda: plan_export(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id,
-                                            inputs_later=True),
+        "export-local": lambda: plan_export(ExportJob(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id,
+                                                      inputs_later=True)),
     }[job]()
     assert plan.ok, plan.problems
     assert plan.env == PROBE_ENV and plan.as_dict()["env"] == PROBE_ENV

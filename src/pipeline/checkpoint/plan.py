@@ -291,97 +291,161 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
     return "local" if local else "megatron"
 
 
-def plan_export(ckpt_dir: Path, hf_model: str, *, tp: int | None = None, pp: int | None = None,
-                ep: int | None = None, iteration: int | None = None, nodes: int | None = None,
-                cluster: str | None = None, job: str = "export", argv: list[str] | None = None,
-                inputs_later: bool = False, strict: bool = True, push_to_hub: bool = False) -> JobPlan:
+@dataclass(frozen=True)
+class ExportJob:
+    """An export or upload-all command as its planner reads it (``cli/checkpoint.ConvertRequest.export_job``):
+    which checkpoint, into which Hugging Face model, on which layout, nodes and cluster. ``argv``: the command line
+    the planned job runs; ``inputs_later``: the job waits for the training that writes ``ckpt_dir``; ``strict``: no
+    --not-strict."""
+
+    ckpt_dir: Path
+    hf_model: str
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    iteration: int | None = None
+    nodes: int | None = None
+    cluster: str | None = None
+    job: str = "export"
+    argv: tuple[str, ...] = ()
+    inputs_later: bool = False
+    strict: bool = True
+    push_to_hub: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ckpt_dir", Path(self.ckpt_dir))
+        object.__setattr__(self, "argv", tuple(self.argv))
+        for flag, v in (("--tp", self.tp), ("--pp", self.pp), ("--ep", self.ep)):
+            if v is not None and v < 1:
+                raise UserError(f"{flag} {v} must be >= 1")
+
+    @property
+    def layout_given(self) -> bool:
+        return any(v is not None for v in (self.tp, self.pp, self.ep))
+
+    @property
+    def module(self) -> list[str]:
+        return ["-m", "pipeline.cli.checkpoint", *self.argv]
+
+
+def plan_export(req: ExportJob) -> JobPlan:
     """One iteration to Hugging Face on one node, verified: Megatron exports run one rank per GPU with the
-    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. ``strict``: no
-    --not-strict, refused for a model with MTP layers (SFT and LoRA train none)."""
-    profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
-    spec = spec_for(hf_model)
-    for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
-        if v is not None and v < 1:
-            raise UserError(f"{flag} {v} must be >= 1")
+    model's reference layout (EP = the node's GPUs for an MoE) unless --tp/--pp/--ep are given. A strict export
+    (no --not-strict) is refused for a model with MTP layers (SFT and LoRA train none)."""
+    profile, n_nodes, _ = cluster_and_nodes(req.nodes, req.cluster)
+    spec = spec_for(req.hf_model)
     notes: list[str] = []
     found: list[str] = []
-    engine = _engine(Path(ckpt_dir), iteration, spec, profile, notes, found,
-                     strict=job == "export" and not inputs_later)
-    found += invisible_paths(profile, [("checkpoint directory", ckpt_dir),
-                                       *([("--hf-model", hf_model)] if local_path(hf_model) else [])])
-    if push_to_hub:
+    engine = _engine(req.ckpt_dir, req.iteration, spec, profile, notes, found,
+                     strict=req.job == "export" and not req.inputs_later)
+    found += invisible_paths(profile, [("checkpoint directory", req.ckpt_dir),
+                                       *([("--hf-model", req.hf_model)] if local_path(req.hf_model) else [])])
+    _hub_lines(req, profile, notes, found)
+    if engine == "local":
+        return _plan_local_export(req, profile, notes, found)
+    peft = _peft_iteration(req.ckpt_dir, req.iteration) if engine == "megatron" else None
+    lay = _export_layout(req, spec, profile, peft, notes, found)
+    gpn = profile.ranks_per_node
+    plan = JobPlan(req.job, req.hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found, env=job_env(profile.env))
+    plan.problems += _export_layout_problems(req, spec, profile, lay, n_nodes)
+    plan.launch = ["python", *req.module] if lay.world == 1 else \
+        ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", *req.module]
+    check_gpus_on_node(plan)
+    if spec is None:
+        plan.notes.append(f"{req.hf_model} is not in the model registry: no size facts, memory not estimated")
+        return plan
+    if peft is not None:
+        return _plan_lora_export(plan, spec, profile, peft.iter_path, req.hf_model, _export_need(spec, profile))
+    return _size_export(plan, spec, profile)
+
+
+def _hub_lines(req: ExportJob, profile: ClusterProfile, notes: list[str], problems: list[str]) -> None:
+    """--push-to-hub refused where the hub is unreachable, else said where each iteration goes; upload-all without
+    it says it pushes nothing (the reference's "Upload all iterations": here the hub is opt-in)."""
+    if req.push_to_hub:
         hub_problem = hub_offline_problem(profile)
         if hub_problem:
-            found.append(hub_problem)
+            problems.append(hub_problem)
         else:
             notes.append(f"--push-to-hub: each iteration goes to <token's user>/"
-                         f"{hub_repo_name(Path(ckpt_dir), 'iter_NNNNNNN')} (private); the token and its write access "
+                         f"{hub_repo_name(req.ckpt_dir, 'iter_NNNNNNN')} (private); the token and its write access "
                          "are checked before converting")
-    elif job == "upload-all":  # the reference's "Upload all iterations": here the hub is opt-in
+    elif req.job == "upload-all":
         notes.append("upload-all converts each iteration to <iteration>/hf/ on this filesystem and pushes nothing "
                      "to the Hugging Face Hub: add --push-to-hub to upload each one")
-    argv = list(argv or [])
-    module = ["-m", "pipeline.cli.checkpoint", *argv]
-    peft = _peft_iteration(Path(ckpt_dir), iteration) if engine == "megatron" else None
-    if engine == "local":
-        plan = JobPlan(job, hf_model, profile.name, 1, 1, Layout(1), engine="local", problems=found,
-                       env=job_env(profile.env),
-                       launch=["python", *module], notes=notes + ["local-engine checkpoint: one process, CPU"])
-        if any(v not in (None, 1) for v in (tp, pp, ep)):
-            plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {ckpt_dir} is a local-engine "
-                                 "checkpoint")
-        return plan
+
+
+def _plan_local_export(req: ExportJob, profile: ClusterProfile, notes: list[str], found: list[str]) -> JobPlan:
+    """A local-engine checkpoint: one process on the CPU, no parallel layout."""
+    plan = JobPlan(req.job, req.hf_model, profile.name, 1, 1, Layout(1), engine="local", problems=found,
+                   env=job_env(profile.env),
+                   launch=["python", *req.module], notes=notes + ["local-engine checkpoint: one process, CPU"])
+    if any(v not in (None, 1) for v in (req.tp, req.pp, req.ep)):
+        plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {req.ckpt_dir} is a local-engine "
+                             "checkpoint")
+    return plan
+
+
+def _export_layout(req: ExportJob, spec: ModelSpec | None, profile: ClusterProfile, peft, notes: list[str],
+                   problems: list[str]) -> Layout:
+    """The layout a Megatron export runs: one process for a LoRA iteration, the flags given, else the reference's
+    (experts over the node's GPUs, no tensor or pipeline split)."""
+    tp, pp, ep = req.tp, req.pp, req.ep
     gpn = profile.ranks_per_node
-    given = any(v is not None for v in (tp, pp, ep))
     if peft is not None:  # one process: Bridge's export_adapter_ckpt and peft's merge (export.py refuses more)
         asked = Layout(job_world(tp or 1, pp or 1, ep or 1), tp=tp or 1, pp=pp or 1, ep=ep or 1, etp=1)
         if asked.world > 1:
-            found.append(f"{peft.iter_path} is a LoRA iteration, which exports in one process: {layout_flags(asked)} "
-                         f"(world {asked.world}) cannot run it; drop --tp/--pp/--ep")
+            problems.append(f"{peft.iter_path} is a LoRA iteration, which exports in one process: "
+                            f"{layout_flags(asked)} (world {asked.world}) cannot run it; drop --tp/--pp/--ep")
         tp, pp, ep = 1, 1, 1
         notes.append(f"{peft.what}: it exports in one process (Bridge's export_adapter_ckpt, then peft's merge into "
-                     f"{hf_model} in float32 on the host), verified on one GPU")
-    elif given or spec is None:
+                     f"{req.hf_model} in float32 on the host), verified on one GPU")
+    elif req.layout_given or spec is None:
         tp, pp, ep = tp or 1, pp or 1, ep or 1
-    else:  # the reference's export layout: experts over the node's GPUs, no tensor or pipeline split
+    else:
         tp, pp, ep = 1, 1, (gpn if spec.expert_params_b and gpn > 0 else 1)
         notes.append(f"layout: the model's default for an export on '{profile.name}' (ep {ep} on one node); "
                      "--tp/--pp/--ep change it")
-    lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
-    plan = JobPlan(job, hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
-                   memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found, env=job_env(profile.env))
+    return Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
+
+
+def _export_layout_problems(req: ExportJob, spec: ModelSpec | None, profile: ClusterProfile, lay: Layout,
+                            n_nodes: int) -> list[str]:
+    """What keeps a Megatron export from running on its layout: no GPUs, Megatron's rules, the node-local rule,
+    the model's shape, more ranks than one node holds, more than one node, a strict export of MTP layers."""
+    gpn = profile.ranks_per_node
+    out: list[str] = []
     if not profile.has_gpus:
-        plan.problems.append(f"a Megatron checkpoint exports on GPUs; cluster profile '{profile.name}' has none "
-                             "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
-    plan.problems += lay.problems()
-    plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")
-    plan.problems += shape_problems_with_fix(spec, lay, profile, lambda cand: max(_export_phases(
-        spec, cand, profile).values()) if spec else 0.0, max_world=max(gpn, 1))
+        out.append(f"a Megatron checkpoint exports on GPUs; cluster profile '{profile.name}' has none "
+                   "(select a GPU profile: PIPELINE_CLUSTER=isambard_gh200)")
+    out += lay.problems()
+    out += node_local_problems(lay, gpn, f"on '{profile.name}'")
+    out += shape_problems_with_fix(spec, lay, profile, _export_need(spec, profile), max_world=max(gpn, 1))
     if profile.has_gpus and lay.world > gpn:
-        plan.problems.append(f"an export runs on one node: world {lay.world} (tp {tp} x pp {pp} with ep {ep}) > "
-                             f"{gpn} GPUs per node on '{profile.name}'")
+        out.append(f"an export runs on one node: world {lay.world} (tp {lay.tp} x pp {lay.pp} with ep {lay.ep}) > "
+                   f"{gpn} GPUs per node on '{profile.name}'")
     if n_nodes > 1:
-        plan.problems.append(f"an export runs on one node, and {n_nodes} were asked for: submit it with --nodes=1 "
-                             "(the other nodes would idle)")
-    if strict and spec is not None and spec.mtp_layers:
-        plan.problems.append(f"{hf_model} has MTP layers, which SFT and LoRA do not train: a strict export drops "
-                             "the shards holding the MTP keys, lm_head.weight with them (fatal for generation): "
-                             "add --not-strict")
-    plan.launch = ["python", *module] if lay.world == 1 else \
-        ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={lay.world}", *module]
-    check_gpus_on_node(plan)
-    if spec is None:
-        plan.notes.append(f"{hf_model} is not in the model registry: no size facts, memory not estimated")
-        return plan
+        out.append(f"an export runs on one node, and {n_nodes} were asked for: submit it with --nodes=1 "
+                   "(the other nodes would idle)")
+    if req.strict and spec is not None and spec.mtp_layers:
+        out.append(f"{req.hf_model} has MTP layers, which SFT and LoRA do not train: a strict export drops "
+                   "the shards holding the MTP keys, lm_head.weight with them (fatal for generation): "
+                   "add --not-strict")
+    return out
 
-    def need(candidate: Layout) -> float:
-        return max(_export_phases(spec, candidate, profile).values())
 
-    if peft is not None:
-        return _plan_lora_export(plan, spec, profile, peft.iter_path, hf_model, need)
-    plan.memory_gb = _export_phases(spec, lay, profile)
+def _export_need(spec: ModelSpec | None, profile: ClusterProfile):
+    """GB per GPU an export needs on a candidate layout: the largest of its phases (they run one after another)."""
+    return lambda cand: max(_export_phases(spec, cand, profile).values()) if spec else 0.0
+
+
+def _size_export(plan: JobPlan, spec: ModelSpec, profile: ClusterProfile) -> JobPlan:
+    """The export's memory by phase, and a layout that fits one node when the plan's does not."""
+    need = _export_need(spec, profile)
+    plan.memory_gb = _export_phases(spec, plan.layout, profile)
     if profile.memory_budget_gb and plan.memory_per_gpu_gb > profile.memory_budget_gb:
-        fit = fitting_layout(spec, profile, need, max_world=max(gpn, 1))
+        fit = fitting_layout(spec, profile, need, max_world=max(profile.ranks_per_node, 1))
         fix = f": use {layout_flags(fit)} ({need(fit):.1f} GB)" if fit else " and no one-node layout fits"
         plan.problems.append(f"estimated {plan.memory_per_gpu_gb:.1f} GB per GPU > {profile.memory_budget_gb:g} GB "
                              f"on '{profile.name}' ({_phases(plan.memory_gb)}){fix}")

@@ -218,9 +218,10 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
         return jobs.plan_import(req.hf_id, req.output, nodes=nodes, argv=rest, tp=req.tp, pp=req.pp, ep=req.ep,
                                 force=req.force)
     assert req.ckpt_dir is not None  # export and upload-all: a required positional
-    plan = jobs.plan_export(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep, iteration=req.iteration,
-                            nodes=nodes, job=req.action, argv=rest, inputs_later=inputs_later,
-                            strict=not req.not_strict, push_to_hub=req.push_to_hub)
+    plan = jobs.plan_export(jobs.ExportJob(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep,
+                                           iteration=req.iteration, nodes=nodes, job=req.action, argv=tuple(rest),
+                                           inputs_later=inputs_later, strict=not req.not_strict,
+                                           push_to_hub=req.push_to_hub))
     skipped = earlier_failures(req.ckpt_dir, exported=_exported) \
         if req.action == "upload-all" and req.ckpt_dir.is_dir() else {}
     plan.problems += hf_output_problems(req, skipped)
