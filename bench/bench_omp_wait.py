@@ -25,9 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("alone/default", "alone/passive", "pair/default", "pair/passive")
 
 
@@ -35,7 +33,6 @@ def child(model_name: str, steps: int, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    sys.path.insert(0, str(ROOT / "src"))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.config.models import build_tiny_config, get_model, require_local_model

@@ -22,9 +22,14 @@ harness (``tests/bridge/``) runs ``build_config`` on Bridge's real recipe and ov
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import importlib
 import logging
 import os
+import shutil
+import socket
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,8 +294,6 @@ def data_source_groups(dataset) -> list[tuple[str, ...]]:
     validation proportion, rewrite: what its ``validate()`` calls the HF "split and materialization settings");
     its GPT config has ``data_path``, ``blend`` and ``blend_per_split`` (``finalize()`` reads ``blend`` first, so a
     recipe's blend would win over our ``data_path`` without a word). A field the class does not have is no group."""
-    import dataclasses
-
     names = [f.name for f in dataclasses.fields(dataset)]
     single = ("dataset_root", "data_path", "blend", "blend_per_split")
     groups: list[tuple[str, ...]] = [(n,) for n in single if n in names]
@@ -299,8 +302,6 @@ def data_source_groups(dataset) -> list[tuple[str, ...]]:
 
 
 def _field_default(dataset, name: str):
-    import dataclasses
-
     f = next(f for f in dataclasses.fields(dataset) if f.name == name)
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -654,8 +655,6 @@ def _destroy_model_parallel() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -743,8 +742,6 @@ def import_from_hf(hf_id: str, output: Path, *, tp: int = 1, pp: int = 1, ep: in
     checkpoint, which any layout loads (torch_dist reshards). Our own seeded groups first
     (:func:`_init_model_parallel`): without a process group Bridge's provider makes one with ``torch.cuda.set_device``
     + NCCL, which a machine without CUDA cannot."""
-    import shutil
-
     import torch.distributed as dist
 
     AutoBridge = _import(_AB, "AutoBridge")
@@ -851,8 +848,6 @@ class MegatronCausalLM:
         return outs[0] if ps.is_pipeline_last_stage() else None
 
     def __call__(self, input_ids, labels=None):
-        import types
-
         import torch
 
         ids = input_ids.to(_device())
@@ -884,8 +879,6 @@ class MegatronCausalLM:
 
     def release(self) -> None:
         """Drop the Megatron model and return its GPU memory, so the export can be loaded on the same GPUs."""
-        import gc
-
         import torch
 
         self.models = []

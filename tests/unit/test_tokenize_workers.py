@@ -120,7 +120,7 @@ def test_tokenizer_files_match_the_full_tokenizer(tokenizer):
 
 def test_a_template_mismatch_falls_back_to_transformers_with_the_same_bytes(tmp_path, monkeypatch):
     # One worker: the check runs in this process, so it can be forced to fail here.
-    monkeypatch.setattr("pipeline.data.chat.template_matches_transformers", lambda *a: False)
+    monkeypatch.setattr("pipeline.data.workers.template_matches_transformers", lambda *a: False)
     ref, fallback = tmp_path / "ref", tmp_path / "fallback"
     prepare(chat_opts(fallback, 1))
     monkeypatch.undo()

@@ -19,13 +19,17 @@ be, and the export exits non-zero: no ``hf/`` directory that looks finished is e
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import bridge
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
 from pipeline.checkpoint.verify import (
     FAILED,
@@ -38,6 +42,7 @@ from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
 from pipeline.common.procs import barrier
+from pipeline.config.models import REGISTRY, require_local_model
 from pipeline.config.parallel import Layout
 
 log = logging.getLogger(__name__)
@@ -172,8 +177,6 @@ _RESULT_FILES = {"eval/": ("*.json",), "coherence/": ("coherence_*.json", "coher
 def _foreign_results(folder: Path, kind: str) -> list[str]:
     """What a results folder of an export holds that the suite does not write there (its own files and atomic
     temporaries aside)."""
-    import fnmatch
-
     out = []
     for p in sorted(folder.iterdir()):
         ours = p.is_file() and not p.is_symlink() and any(fnmatch.fnmatch(p.name, g) for g in _RESULT_FILES[kind])
@@ -193,7 +196,6 @@ def _listed(out: Path) -> set[str]:
         return set()
     if legacy and isinstance(legacy, dict):  # a record of before every file was listed: its weights only, so the
         # Hugging Face files an export writes beside them are the export's too
-        import fnmatch
 
         hf = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
               "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
@@ -203,8 +205,6 @@ def _listed(out: Path) -> set[str]:
 
 
 def file_digest(path: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):
@@ -262,8 +262,6 @@ def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
     rank, world = _rank()
     base = None
     if engine == "megatron":
-        from pipeline import bridge
-
         peft = bridge.peft_iteration(iter_path)
         if peft is not None:
             base = lora_base(peft, hf_model)  # refuses in one line where the adapters cannot be merged
@@ -296,8 +294,6 @@ def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
     (iter_path / FAILED).unlink(missing_ok=True)
     with atomic_path(out) as tmp:
         if engine == "megatron":
-            from pipeline import bridge
-
             if base is not None:
                 _export_lora(iter_path, tmp, hf_model=hf_model)
             else:
@@ -328,8 +324,6 @@ def lora_base(peft, hf_model: str) -> Path:
     ``hf_model`` must hold the very weights the run started from (``checkpoint.pretrained_checkpoint``): either that
     checkpoint is Bridge's import of ``hf_model`` (its run_config.yaml: ``model.hf_model_id``, no ``train:``), or
     ``hf_model`` is that checkpoint's own verified export (``<base iteration>/hf``)."""
-    from pipeline import bridge
-
     if not peft.is_lora:
         raise UserError(f"{peft.what}; only LoRA adapters can be merged (Bridge's export_adapter_ckpt writes LoRA "
                         "only): merge it into its base with Bridge's own tools, then export the merged checkpoint")
@@ -383,13 +377,9 @@ def _export_lora(iter_path: Path, out: Path, *, hf_model: str) -> None:
     HF-PEFT adapter (a temporary sibling of ``out``, not kept: an ``adapter_config.json`` in ``hf/`` would make
     transformers load it as an adapter), peft merges it into ``hf_model`` in float32
     (``PeftModel.from_pretrained(base, adapter).merge_and_unload()``), saved in the base's dtype with its tokenizer."""
-    import tempfile
-
     import torch
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline import bridge
 
     with tempfile.TemporaryDirectory(prefix=".adapter.", dir=out.parent) as adapter:
         bridge.export_lora_adapter(iter_path, Path(adapter), hf_model=hf_model)
@@ -471,15 +461,11 @@ def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False, 
     every torchrun rank with the plan's layout). Local engine: ``<output>/iter_0000000/`` holding the HF weights,
     usable as ``checkpoint.pretrained_checkpoint``."""
     if megatron:
-        from pipeline import bridge
-
         check_import_target(output, force=force)
         bridge.require_bridge(f"importing {hf_id} as a Megatron checkpoint")
         return bridge.import_from_hf(hf_id, output, tp=tp, pp=pp, ep=ep)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline.config.models import REGISTRY, require_local_model
 
     spec = REGISTRY.get(hf_id)
     src = require_local_model(spec) if spec is not None and spec.is_local else Path(hf_id)

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.common import paths
+from pipeline import bridge
+from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import folder_problem
 from pipeline.common.layout import output_folder_problem
@@ -48,6 +51,7 @@ from pipeline.config.parallel import (
     weight_gb_per_gpu,
 )
 from pipeline.env.runtimes import invisible_paths
+from pipeline.slurm.allocation import current, planned_nodes, rendezvous
 
 GATHER_GB = 2.0  # export: the largest tensor gathered to one rank before it is written
 VERIFY_TOKENS = 64  # the verification prompts are a few short sentences
@@ -122,8 +126,6 @@ class JobPlan:
 
 def print_plan(plan: JobPlan, as_json: bool) -> int:
     """The dry run's output; 2 when the plan has problems (each also an ``error:`` line on stderr)."""
-    import sys
-
     print(json.dumps(plan.as_dict(), indent=2) if as_json else plan.format())
     for p in plan.problems:
         print(f"error: {p}", file=sys.stderr)
@@ -132,8 +134,6 @@ def print_plan(plan: JobPlan, as_json: bool) -> int:
 
 def refuse(plan: JobPlan) -> None:
     """Exit 2 with one ``error:`` line per problem of a plan that cannot run (before anything starts)."""
-    import sys
-
     if plan.problems:
         for p in plan.problems[:-1]:
             print(f"error: {p}", file=sys.stderr)
@@ -148,8 +148,6 @@ def local_path(name: str) -> bool:
 def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[ClusterProfile, int, bool]:
     """The cluster profile (--cluster, else PIPELINE_CLUSTER, else local_cpu), the node count (--nodes, else the
     allocation's) and whether the count was given (outside an allocation it stands for Slurm's --nodes)."""
-    from pipeline.slurm.allocation import current, planned_nodes
-
     try:
         alloc = current()
     except ValueError as exc:  # SLURM_JOB_NUM_NODES=abc, a broken SLURM_JOB_NODELIST
@@ -161,8 +159,6 @@ def cluster_and_nodes(nodes: int | None, cluster: str | None = None) -> tuple[Cl
 def check_gpus_on_node(plan: JobPlan) -> None:
     """Inside an allocation: a plan that places more ranks on a node than it has GPUs is refused (local rank N
     would have no device), as training refuses a profile that disagrees with the allocation."""
-    from pipeline.slurm.allocation import current
-
     gpus = current().gpus_on_node
     if gpus is not None and plan.world_size > 1 and plan.procs_per_node > gpus:
         plan.problems.append(f"the plan places {plan.procs_per_node} ranks on each node, and the allocation has "
@@ -268,8 +264,6 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
     """The checkpoint's engine; one not written yet (a job that waits for training) is the model's engine: the
     local engine for a registry local model or on a profile without GPUs, else Megatron. ``strict`` (an export
     that runs now): a checkpoint that cannot be exported is a problem, not a note."""
-    from pipeline.common import layout
-
     why = f"{ckpt_dir} does not exist yet"
     if ckpt_dir.exists() and not ckpt_dir.is_dir():
         problems.append(f"checkpoint directory {ckpt_dir} is not a directory")
@@ -455,9 +449,6 @@ def _size_export(plan: JobPlan, spec: ModelSpec, profile: ClusterProfile) -> Job
 def _peft_iteration(ckpt_dir: Path, iteration: int | None):
     """The PEFT facts (``bridge.PeftIteration``) of the iteration an export would read, or None: a whole checkpoint,
     or none to read yet (a job waiting for training; the export itself refuses a world above 1 then)."""
-    from pipeline import bridge
-    from pipeline.common import layout
-
     try:
         return bridge.peft_iteration(layout.resolve_iteration(ckpt_dir, iteration)) if ckpt_dir.is_dir() else None
     except (UserError, OSError, ValueError):
@@ -502,8 +493,6 @@ def _plan_lora_export(plan: JobPlan, spec: ModelSpec, profile: ClusterProfile, i
 def hub_offline_problem(profile: ClusterProfile) -> str | None:
     """--push-to-hub where the hub is not reachable (HF_HUB_OFFLINE=1 exported, else the profile's hub_offline)
     is refused at planning, not after the conversion."""
-    import os
-
     env = os.environ.get("HF_HUB_OFFLINE")
     offline = env.strip().lower() in ("1", "true", "yes", "on") if env is not None else profile.hub_offline
     if not offline:
@@ -564,7 +553,6 @@ def torchrun_line(module: list[str], world: int, nodes: int, procs: int, argv: l
     node (each node's torchrun gives its processes a contiguous block of global ranks)."""
     if nodes == 1:
         return ["torchrun", "--standalone", "--nnodes=1", f"--nproc-per-node={world}", *module, *argv]
-    from pipeline.slurm.allocation import current, rendezvous
 
     alloc = current()
     host, rdzv_port = rendezvous(alloc, port)

@@ -33,6 +33,7 @@ from pathlib import Path
 from pipeline.checkpoint.lock import Lock, iteration_lock_path
 from pipeline.common import layout
 from pipeline.common.io import read_json, read_regular, write_json
+from pipeline.common.log import progress_interval
 
 log = logging.getLogger(__name__)
 DONE_DIR, EVAL_DIR = layout.DONE_DIR, layout.EVAL_DIR
@@ -175,7 +176,6 @@ def upload_all(ckpt: Path, convert: Callable[[Path], dict], *, poll: bool, inter
     without its export or evaluation by an earlier failure (:func:`earlier_failures`, each logged with why)."""
     all_conv, all_failed = [], []
     last_new = last_status = time.time()
-    from pipeline.common.log import progress_interval
 
     status_every = progress_interval()
     while True:

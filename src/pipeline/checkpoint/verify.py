@@ -20,6 +20,7 @@ The verdict and every number are returned as a dict (written next to the export 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline import bridge
 from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
@@ -406,8 +408,6 @@ class ExportSettings(Protocol):
 
 def free_gpu_memory() -> None:
     """Return freed CUDA memory to the device (after a model is dropped), where CUDA is available."""
-    import gc
-
     import torch
 
     gc.collect()
@@ -421,7 +421,6 @@ def megatron_source_logits(iter_path: Path, hf_dir: Path, *, hf_model: str, tp: 
     (collective: every rank calls it) and freed before returning, so the export can then use the same GPUs."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from pipeline import bridge
     source = bridge.MegatronCausalLM(iter_path, hf_model, AutoConfig.from_pretrained(hf_dir), tp=tp, pp=pp, ep=ep,
                                      lora_base=lora_base)
     try:

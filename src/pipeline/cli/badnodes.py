@@ -11,6 +11,8 @@ Standard library only: isambard_sbatch runs on login nodes without the pipeline 
 
 from __future__ import annotations
 
+import datetime as dt
+
 from pipeline.common.errors import UserError
 from pipeline.slurm.badnodes import BadNodeLog, is_future, printable
 
@@ -29,8 +31,6 @@ def mark(log: BadNodeLog, rest: list[str]) -> None:
 
 
 def list_bad(log: BadNodeLog) -> None:
-    import datetime as dt
-
     now = dt.datetime.now(dt.UTC)
     entries = log.entries()
     print(f"# {log.path} (TTL {log.ttl_days:g} days; * = excluded now, ! = dated in the future)")

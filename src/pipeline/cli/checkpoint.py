@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,9 @@ from pipeline.common.io import read_json
 from pipeline.common.log import setup_logging
 from pipeline.config.cluster import apply_job_env, job_environ, resolve_profile
 from pipeline.config.parallel import Layout
+from pipeline.evaluation.run import EvalRun, overwrite_problem
+from pipeline.evaluation.run import run as run_eval
+from pipeline.evaluation.tasks import check_tasks
 
 SECONDS = bounded_float(0.001, 7 * 86400, "a number of seconds")  # --interval/--idle-timeout, checked by the plan
 
@@ -188,7 +192,6 @@ class ConvertRequest:
         """upload-all's evaluation of one export (``--eval TASKS``), None without --eval."""
         if self.eval is None:
             return None
-        from pipeline.evaluation.run import EvalRun
 
         return EvalRun(model=str(hf), tasks=self.eval, tasks_path=self.eval_tasks_path,
                        num_fewshot=self.eval_num_fewshot, batch_size=self.eval_batch_size, limit=self.eval_limit,
@@ -229,7 +232,6 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
         plan.notes.append(f"{layout.iter_dirname(it)} is skipped: {why}")
     cfg = req.eval_run(layout.iter_dir(req.ckpt_dir, 0) / "hf")
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
-        from pipeline.evaluation.tasks import check_tasks
 
         check_eval(cfg)
         plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile())
@@ -280,8 +282,6 @@ def earlier_results(req: ConvertRequest) -> list[str]:
     """Iterations whose exports hold results of these tasks measured with other settings (or of another model):
     the job's evaluation would refuse each and mark it failed, so the plan says so first, once, with upload-all's
     option (else the dry run says OK, and the job marks every iteration .failed and exits 1)."""
-    from pipeline.evaluation.run import overwrite_problem
-
     assert req.ckpt_dir is not None
     if not req.ckpt_dir.is_dir():
         return []
@@ -318,8 +318,6 @@ def export_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) ->
 def _export_in_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) -> dict:
     """upload-all of a Megatron checkpoint on several GPUs: the poller stays one process and each iteration is
     exported by its own torchrun on the node's GPUs (the plan's layout), holding the poller's lock."""
-    import subprocess
-
     cmd, env = export_torchrun(iter_path, req, plan)
     print("launching: " + " ".join(cmd), flush=True)
     rc = subprocess.run(cmd, env=env).returncode
@@ -411,8 +409,6 @@ def main(argv: list[str] | None = None) -> int:
                         "--poll waits for the first one)")
     evaluate = None
     if req.eval:
-        from pipeline.evaluation.run import run as run_eval
-
         def evaluate(iter_path: Path) -> dict:
             cfg = req.eval_run(iter_path / "hf")
             return run_eval(cfg, UPLOAD_ALL_EVAL_FIX) if cfg is not None else {}

@@ -30,6 +30,8 @@ from pipeline.cli.parser import Parser, name_arg, path_arg, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
+from pipeline.config.cluster import effective_knobs, resolve_profile
+from pipeline.config.models import REGISTRY, get_model
 
 
 def _print_summary(summary: dict) -> None:
@@ -129,8 +131,6 @@ def _corpus_arg(text: str) -> str:
 
 
 def _registry_names() -> set[str]:
-    from pipeline.config.models import REGISTRY
-
     return set(REGISTRY)
 
 
@@ -174,8 +174,6 @@ def check_submission(argv: list[str], inputs_later: bool = False) -> None:
 
 def _tokenizer_of_config(tok_model_name: str, config: Path) -> str:
     """The registry model whose tokenizer a config's offline_packing_specs.tokenizer_model_name names."""
-    from pipeline.config.models import REGISTRY
-
     for spec in REGISTRY.values():
         if not spec.tokenizer_from and spec.hf_id.replace("/", "--") == tok_model_name:
             return spec.name
@@ -229,8 +227,6 @@ def _resolve_prepare(args, environ=None) -> dict:
     """The prepare action's dataset, root, sequence length, tokenizer and pad multiple: from --config, else the
     command with the profile's data root and the model's tokenizer and pad multiple. On a GPU profile a command
     that names no model (nor --tokenizer) is refused: it would pack with the local quickstart's SmolLM2."""
-    from pipeline.config.cluster import effective_knobs, resolve_profile
-    from pipeline.config.models import REGISTRY, get_model
     from pipeline.data.sources import dataset_dirname
 
     profile = resolve_profile(args.cluster, environ=environ)
@@ -292,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.data import prepare as prep
 
     if args.action == "prepare":
-        from pipeline.config.models import get_model
-
         tokenizer_given = args.tokenizer is not None
         opts, planned = plan_prepare(args)
         if not tokenizer_given and opts.tokenizer in _registry_names():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -32,8 +33,6 @@ def _limit(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        import argparse
-
         raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
 
 
@@ -48,8 +47,6 @@ def add_eval_options(p: Parser) -> None:
 
 def device_arg(value: str) -> str:
     """``cpu``, ``cuda`` or ``cuda:N``: another word would run the evaluation on the CPU and exit 0."""
-    import re
-
     # ASCII digits without a leading zero: \d would take non-ASCII digits ("cuda:١") and cuda:00
     if not re.fullmatch(r"cpu|cuda(:(0|[1-9][0-9]{0,2}))?", value):
         raise argparse.ArgumentTypeError(f"{value!r} is not a device: use cpu, cuda or cuda:N")

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.cli import submission
 from pipeline.cli.parser import Parser, watch_seconds
 from pipeline.common import paths, shell
 from pipeline.common.errors import UserError, cli_main
@@ -53,6 +54,7 @@ from pipeline.common.mappings import drop_unset
 from pipeline.experiment import locks, spec
 from pipeline.experiment import plan as planning
 from pipeline.experiment import status as board
+from pipeline.experiment.plots import write_eval_plots, write_plots
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,8 +119,6 @@ def plan_gpu_jobs(plans: list[planning.RunPlan]) -> None:
     queued (``submission.gpu_job_plan``: its layout, nodes, memory and the model's conversion rules); their inputs
     are an earlier job's outputs, so their paths are left to the job. What a plan refuses becomes that job's
     problems: render shows them, and submit queues a chain whole or not at all."""
-    from pipeline.cli import submission
-
     for rp in plans:
         for job in rp.jobs:
             if job.kind not in GPU_JOB_KINDS or not job.args or job.problems:
@@ -259,8 +259,6 @@ def cmd_status(exp: spec.Experiment, only: list[str] | None, watch: float | None
             statuses += board.removed_runs(exp, plans)
         plots = {}
         if not no_plots:
-            from pipeline.experiment.plots import write_eval_plots, write_plots
-
             plots = write_plots(exp, plans)
             plots.update(write_eval_plots(exp, statuses))
         text = board.board(exp, statuses, plots)

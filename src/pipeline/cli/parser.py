@@ -4,6 +4,8 @@ a usage mistake is one line ``error: ... (see --help)`` with exit code 2 (throug
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 
 from pipeline.common.errors import UserError
 
@@ -33,8 +35,6 @@ def positive_int(text: str) -> int:
 def path_arg(text: str):
     """An argparse ``type`` for a path the command writes or reads as a root: an empty one is refused (``Path("")`` is
     the current directory: ``--dataset-root ""`` overwrote an unrelated training.jsonl there, exit 0)."""
-    from pathlib import Path
-
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path is the current directory; name the directory (e.g. '.')")
     if "\0" in text:
@@ -64,8 +64,6 @@ WATCH_MAX_SECONDS = 86400.0
 def watch_seconds(text: str) -> float:
     """An argparse ``type`` for a refresh interval: a finite number of seconds, 1 to one day (inf and 1e300 made
     time.sleep raise, a negative one was taken as 1)."""
-    import math
-
     try:
         value = float(text)
     except ValueError:
@@ -78,8 +76,6 @@ def watch_seconds(text: str) -> float:
 def bounded_float(low: float, high: float, what: str):
     """An argparse ``type``: a finite number in [low, high] (NaN compares false with everything, so ``--atol nan``
     made the verification unable to fail; inf and 1e308 are not tolerances either)."""
-    import math
-
     def parse(text: str) -> float:
         try:
             value = float(text)

@@ -23,8 +23,11 @@ collective on that node) - not for OOM, bad YAML or parallelism mistakes.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,7 @@ from pipeline.cli.badnodes import run_command
 from pipeline.cli.submission import JobCheck, check_job, run_job_name, submission_profile
 from pipeline.common import shell
 from pipeline.common.errors import UserError, cli_main
+from pipeline.common.io import write_text
 from pipeline.common.paths import TRAINING_SUBMIT
 from pipeline.config.cluster import profile_sbatch_options  # pure; shared with the dry run
 from pipeline.slurm.badnodes import from_env
@@ -55,8 +59,6 @@ OWN_FLAGS = ("--no-preflight", "--dry-run")  # isambard_sbatch's options among s
 def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | None) -> Path | None:
     """Where the job's output goes: the user's --output, else the script's ``#SBATCH --output``, else sbatch's
     default; relative to --chdir when given; %j %A %x %u %% substituted (%a stays: one file per array task)."""
-    import getpass
-
     pattern = option_value(opts, "--output", "-o") or directive_value(script, "--output", "-o") or "slurm-%j.out"
     name = job_name or option_value(opts, "--job-name", "-J") or directive_value(script, "--job-name", "-J") \
         or (Path(script).name if script else "wrap")
@@ -68,8 +70,6 @@ def log_path(opts: list[str], script: str | None, job_id: str, job_name: str | N
 
 def cluster_nodes() -> set[str] | None:
     """Node names Slurm knows (sbatch rejects an --exclude naming an unknown node), or None if unknown."""
-    import subprocess
-
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -86,7 +86,6 @@ def render_exclude(nodes: list[str], spill_dir: Path = Path("logs/slurm"), write
     expr = compress(nodes)
     if len(expr) <= MAX_EXCLUDE_ARG:
         return expr
-    from pipeline.common.io import write_text
 
     path = spill_dir.resolve() / f"exclude.{os.getpid()}.hostlist"
     if write:
@@ -213,14 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("sbatch") is None:
         raise UserError("sbatch not found on PATH (is this a Slurm login node?)")
     sys.stdout.flush()
-    import subprocess
 
     res = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(res.stdout)
     sys.stderr.write(res.stderr)
     if res.returncode != 0:
         return res.returncode
-    import re
 
     m = re.search(r"(\d+)", res.stdout)
     if m:

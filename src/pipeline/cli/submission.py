@@ -10,7 +10,9 @@ their existence is then checked by the job itself, and only the shape of the arg
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from pipeline.common.paths import (
     EVAL_SUBMIT,
     TRAINING_SUBMIT,
 )
+from pipeline.config.cluster import DEFAULT_PROFILE, load_cluster
 from pipeline.slurm.sbatch_options import (  # check_signal_lead: its home is the slurm layer (experiments plan it)
     check_signal_lead,
     gpus_per_node_asked,
@@ -142,8 +145,6 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
     job would make it: a layout that cannot run, a node count the job cannot use or a model that does not fit is
     refused (UserError, one line per problem) before the queue wait. Needs the pipeline venv or the login node's
     planner, as the training preflight does."""
-    import importlib
-
     nodes = node_count(opts, script)
     try:
         cli = importlib.import_module(GPU_JOB_SCRIPTS[Path(script).name])
@@ -231,8 +232,6 @@ def training_preflight(script_args: list[str], opts: list[str], required: bool =
 def run_job_name(run_name: str | None, config: str) -> str:
     """The Slurm job name of a training run: ``training-<run>``. The auto-requeue chain's singleton key is the
     job name, so two runs' chains never block each other."""
-    import re
-
     base = run_name or Path(config).stem
     return "training-" + (re.sub(r"[^A-Za-z0-9._-]", "_", base)[:100] or "run")
 
@@ -242,10 +241,6 @@ def submission_profile(script: str | None, script_args: list[str]):
     login node without the planner; a planned training job takes its plan's profile), in the training launcher's
     order: a training job's ``--cluster NAME``, else PIPELINE_CLUSTER (which pipeline_env_config.env's knobs came
     from), else a training config's ``pipeline.cluster`` (read without YAML: there is no venv), else local_cpu."""
-    import re
-
-    from pipeline.config.cluster import DEFAULT_PROFILE, load_cluster
-
     given = flag_values(script_args, "--cluster")  # the last one wins, as in the launcher's parser
     name = (given[-1] if given else None) or os.environ.get("PIPELINE_CLUSTER")
     if not name and script is not None and Path(script).name == TRAINING_SUBMIT and script_args:

@@ -26,16 +26,19 @@ import argparse
 import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 import yaml
 
 from pipeline.cli.parser import Parser, name_arg, run_dir_arg
+from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.common.mappings import drop_unset
 from pipeline.config.cluster import env_words, job_environ
 from pipeline.config.kinds import MODES
+from pipeline.config.models import REGISTRY, recipe_mode
 from pipeline.training import records
 from pipeline.training.launch import (
     LaunchPlan,
@@ -129,9 +132,6 @@ SHIPPED_CONFIG_DIRS = ("quickstart", "smoke", "cluster_runs", "local")
 
 def listing() -> list[str]:
     """What --list prints: models, modes and shipped configs, one line each."""
-    from pipeline.common import paths
-    from pipeline.config.models import REGISTRY, recipe_mode
-
     out = ["models:"]
     for spec in REGISTRY.values():
         if spec.recipe_module:
@@ -145,7 +145,6 @@ def listing() -> list[str]:
     out += [f"  {m:<20} {MODE_HELP.get(m, '')}" for m in MODES]
     out.append("shipped configs (bash pipeline_training_launch.sh CONFIG --model M --mode MODE --dry-run ...):")
     root = paths.repo_root()
-    import textwrap
 
     for sub in SHIPPED_CONFIG_DIRS:
         for f in sorted((root / "configs" / sub).glob("*.yaml")):

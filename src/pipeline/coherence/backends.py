@@ -16,12 +16,14 @@ import signal
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from pipeline.common.eos import end_ids
 from pipeline.common.errors import UserError
+from pipeline.config.models import spec_for
 
 log = logging.getLogger(__name__)
 Generation = tuple  # (str, int, bool) or (str, int, bool, int | None, int | None)
@@ -92,8 +94,6 @@ def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning:
 
 def model_bytes(model_path: str) -> float | None:
     """The BF16 size of a model: a local folder's safetensors, else the registry's parameter count."""
-    from pipeline.config.models import spec_for
-
     p = Path(model_path)
     if p.is_dir():
         size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
@@ -148,8 +148,6 @@ def read_discovery_file(path: Path) -> str:
 
 def check_url(url: str, where: str = "endpoint URL") -> str:
     """An http(s) URL with a host and a valid port, or one line naming what is wrong."""
-    import urllib.parse
-
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline import bridge
 from pipeline.checkpoint.plan import (
     JobPlan,
     check_gpus_on_node,
@@ -28,6 +29,8 @@ from pipeline.checkpoint.plan import (
 )
 from pipeline.checkpoint.plan import torchrun_line as jobs_torchrun_line
 from pipeline.coherence.backends import discovery_file_problem, model_bytes
+from pipeline.coherence.run import megatron_iteration, wandb_run_name, wandb_target
+from pipeline.common.errors import UserError
 from pipeline.config.cluster import job_env, resolve_profile
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
@@ -111,8 +114,6 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
     profile = resolve_profile(cluster)
     plan.problems += invisible_paths(profile, checked)
     if not cfg.no_wandb:
-        from pipeline.coherence.run import wandb_run_name, wandb_target
-
         project, entity = wandb_target(cfg, profile)
         shown = entity or "(the W&B key's default)"
         plan.notes.append(f"W&B: project {project}, entity {shown}, run "
@@ -183,10 +184,6 @@ def _peft_refusal(cfg) -> str | None:
     """A PEFT (LoRA) iteration holds only adapter weights: the megatron backend cannot generate from it (the line
     names the export that merges them, and coherence on its hf/). None where the iteration is whole or cannot be
     resolved yet (a job waiting for another; the run resolves it again and ``bridge.generate`` refuses too)."""
-    from pipeline import bridge
-    from pipeline.coherence.run import megatron_iteration
-    from pipeline.common.errors import UserError
-
     try:
         peft = bridge.peft_iteration(megatron_iteration(cfg.model, cfg.iteration))
     except (UserError, OSError, ValueError):
@@ -197,9 +194,6 @@ def _peft_refusal(cfg) -> str | None:
 def _checkpoint_problem(cfg) -> str | None:
     """Why the iteration the megatron backend would generate from cannot be read (a missing directory, no complete
     iteration, a missing --iteration): the plan had passed them and the job failed on every rank."""
-    from pipeline.coherence.run import megatron_iteration
-    from pipeline.common.errors import UserError
-
     try:
         megatron_iteration(cfg.model, cfg.iteration)
     except UserError as exc:

@@ -6,6 +6,7 @@ Markdown report (and W&B), print the summary. ``pipeline_coherence_test.py`` (:m
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import math
 import os
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import bridge
+from pipeline.checkpoint.plan import hub_repo_name
 from pipeline.coherence import backends
 from pipeline.coherence.metrics import score, summarize
 from pipeline.coherence.prompts import load_prompts
 from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_json, write_text
+from pipeline.config.cluster import resolve_profile, wandb_key_present
+from pipeline.slurm.badnodes import printable
 
 BACKENDS = ("hf", "endpoint", "megatron")
 
@@ -141,8 +145,6 @@ def run_model(cfg: CoherenceRun, model: str, prompts: list[str]) -> dict[str, An
 def _escaped(s: str) -> str:
     """Control characters (terminal escapes among them) shown escaped: a model's or an endpoint's reply is never
     replayed into the terminal of whoever reads the report with cat (the bad-node log's rule)."""
-    from pipeline.slurm.badnodes import printable
-
     return printable(s)
 
 
@@ -179,8 +181,6 @@ def wandb_target(cfg: CoherenceRun, profile=None) -> tuple[str, str | None]:
     (``COHERENCE_WANDB_PROJECT``, ``WANDB_ENTITY``: an export wins), else the cluster profile's
     (``coherence_wandb_project``, ``wandb_entity``)."""
     if profile is None:
-        from pipeline.config.cluster import resolve_profile
-
         profile = resolve_profile()
     project = cfg.wandb_project or os.environ.get("COHERENCE_WANDB_PROJECT") or profile.coherence_wandb_project
     entity = cfg.wandb_entity or os.environ.get("WANDB_ENTITY") or profile.wandb_entity or None
@@ -191,14 +191,10 @@ def _iteration_name(path: Path) -> tuple[str, str | None]:
     """(the run's name, ``iter_NNNNNNN`` or None) of a local model: an export's ``hf/`` from its
     ``pipeline_export.json`` (the Megatron iteration it came from), else from a ``.../<run>/[checkpoints/]iter_N[/hf]``
     path; any other folder is its own name."""
-    from pipeline.checkpoint.plan import hub_repo_name
-
     meta = path / "pipeline_export.json"
     src = None
     if meta.is_file():
         try:
-            import json
-
             data = json.loads(meta.read_text())
             src = Path(data["source"]) if isinstance(data, dict) and data.get("source") else None
         except (OSError, ValueError):
@@ -235,8 +231,6 @@ def wandb_run_name(cfg: CoherenceRun) -> str:
 
 def log_wandb(report: dict, project: str, name: str, entity: str | None = None) -> str | None:
     import wandb
-
-    from pipeline.config.cluster import wandb_key_present
 
     mode = os.environ.get("WANDB_MODE") or ("online" if wandb_key_present() else "offline")
     run = wandb.init(project=project, entity=entity, name=name, mode=mode, job_type="coherence",

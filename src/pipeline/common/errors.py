@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import TypeVar
+
+from pipeline.common.shell import terminal_lines
 
 F = TypeVar("F", bound=Callable[..., int | None])
 
@@ -31,8 +35,6 @@ HINT_CUTOFF = 0.75
 
 def close_matches(word: str, choices: Iterable[str], n: int = 1) -> list[str]:
     """The ``n`` known names closest to a mistyped ``word``, best first (none below HINT_CUTOFF)."""
-    import difflib
-
     return difflib.get_close_matches(word, list(choices), n=n, cutoff=HINT_CUTOFF)
 
 
@@ -50,17 +52,13 @@ def cli_main(fn: F) -> F:
         try:
             rc = fn(*args, **kwargs)
         except UserError as exc:
-            from pipeline.common.shell import terminal_lines  # a path's ESC or CR shown, not obeyed
-
             for line in str(exc).splitlines() or [""]:
-                print(f"error: {terminal_lines(line)}", file=sys.stderr)
+                print(f"error: {terminal_lines(line)}", file=sys.stderr)  # a path's ESC or CR shown, not obeyed
             return exc.exit_code
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130
         except BrokenPipeError:  # output piped into `head` and the like: stop quietly
-            import os
-
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 141
         return 0 if rc is None else rc

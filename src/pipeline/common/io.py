@@ -348,8 +348,6 @@ def write_output_text(path: str | os.PathLike, text: str) -> Path:
 
 def write_output_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """:func:`write_output_text` for bytes (the profile's memory PNG must not replace a FIFO, nor /dev/full)."""
-    from pipeline.common.errors import UserError
-
     p = Path(path)
     if str(p) in DIRECT_OUTPUTS:
         with open(p, "wb") as f:

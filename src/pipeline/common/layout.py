@@ -12,9 +12,12 @@ and its directory holds its engine's completion files - never a directory still 
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
 import shutil
+import struct
 from pathlib import Path
 
 from pipeline.common.errors import UserError
@@ -125,8 +128,6 @@ MEGATRON_ENTRIES = ("*.distcp", ".metadata", "common.pt", "metadata.json", "run_
 
 
 def _megatron_entry(name: str) -> bool:
-    import fnmatch
-
     return bool(_ADDED_LATER.match(name)) or any(fnmatch.fnmatch(name, g) for g in MEGATRON_ENTRIES)
 
 
@@ -174,9 +175,6 @@ def is_complete_dir(d: Path) -> bool:
 def safetensors_complete(path: Path) -> bool:
     """The file is a whole safetensors file: its JSON header parses and the file is exactly as long as the header
     says (a truncated copy or a save cut short fails this)."""
-    import json
-    import struct
-
     try:
         with open(path, "rb") as f:
             head = f.read(8)

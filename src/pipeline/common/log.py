@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import sys
+import time
+
+from pipeline.common.errors import UserError
+from pipeline.common.shell import terminal_lines
 
 
 class TerminalSafeFormatter(logging.Formatter):
@@ -13,8 +18,6 @@ class TerminalSafeFormatter(logging.Formatter):
     shows its ESC sequences and CRs rather than obeying them."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from pipeline.common.shell import terminal_lines
-
         return terminal_lines(super().format(record))
 
 
@@ -35,10 +38,6 @@ def setup_logging(name: str = "pipeline", quiet: bool = False) -> logging.Logger
 
 def progress_interval() -> float:
     """PIPELINE_PROGRESS_INTERVAL in seconds (default 30); a value that is not a finite number >= 0 is one line."""
-    import math
-
-    from pipeline.common.errors import UserError
-
     raw = os.environ.get("PIPELINE_PROGRESS_INTERVAL", "30")
     try:
         value = float(raw)
@@ -59,8 +58,6 @@ class Progress:
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "it", quiet: bool = False,
                  interval: float | None = None, logger: logging.Logger | None = None):
-        import time
-
         self.desc, self.total, self.unit, self.quiet = desc, total, unit, quiet
         self.interval = progress_interval() if interval is None else interval
         self.log = logger or logging.getLogger("pipeline.progress")
@@ -73,8 +70,6 @@ class Progress:
             self.bar = tqdm(total=total, desc=desc, unit=unit)
 
     def update(self, k: int = 1, **extra) -> None:
-        import time
-
         self.n += k
         if self.bar is not None:
             self.bar.update(k)
@@ -97,8 +92,6 @@ class Progress:
         return ", ".join(parts)
 
     def close(self) -> None:
-        import time
-
         if self.bar is not None:
             self.bar.close()
         elif not self.quiet and self.n:

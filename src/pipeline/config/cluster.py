@@ -17,6 +17,7 @@ here by hand, so the same parser serves the shell (no PyYAML on a login node) an
 from __future__ import annotations
 
 import dataclasses
+import netrc
 import os
 import re
 import shlex
@@ -57,8 +58,6 @@ WANDB_HOST = "api.wandb.ai"
 def wandb_key_present(environ: Mapping[str, str] | None = None) -> bool:
     """A W&B key is there: WANDB_API_KEY, or an entry for api.wandb.ai in the netrc that ``wandb login`` writes
     (NETRC, else ~/.netrc)."""
-    import netrc
-
     environ = os.environ if environ is None else environ
     if environ.get("WANDB_API_KEY"):
         return True

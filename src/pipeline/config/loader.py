@@ -6,6 +6,7 @@ lists ``[1,2]``, quoted strings). Unknown keys fail with a hint naming the close
 
 from __future__ import annotations
 
+import getpass
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 
 from pipeline.common import yamlio
 from pipeline.common.errors import UserError, did_you_mean
+from pipeline.common.mappings import drop_unset
 from pipeline.config.schema import TrainingConfig, schema_dict
 
 
@@ -177,8 +179,6 @@ def resolve_interpolations(cfg: dict) -> dict:
     """Resolve OmegaConf interpolations (``${oc.env:VAR,default}``, ``${model.seq_length}``). ``${oc.env:USER}`` (a
     shipped config's per-user save folder) resolves where a batch or CI environment sets no USER: the process's
     login name, as the shell launchers export it (common/lib.sh)."""
-    import getpass
-
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -192,8 +192,6 @@ def resolve_interpolations(cfg: dict) -> dict:
 
 def strip_suite_only(cfg: TrainingConfig) -> dict:
     """The config for Megatron Bridge: no suite-only keys and no unset (None) values or empty sections."""
-    from pipeline.common.mappings import drop_unset
-
     out = cfg.to_dict()
     out.pop("pipeline", None)
     out["dataset"].pop("dataset_name", None)

@@ -8,6 +8,7 @@ random-initialised MoE models built from a transformers config for fast tests.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,6 @@ class ModelSpec:
         return self.recipe_function.format(mode=recipe_mode(mode, peft))
 
     def recipe_defaults(self, mode: str, peft: str | None = None) -> dict[str, Any]:
-        import copy
-
         return copy.deepcopy(self.recipes.get(recipe_mode(mode, peft), {}))
 
 

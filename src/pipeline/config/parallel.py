@@ -17,6 +17,7 @@ torch: the login-node planner imports it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 MAX_WORLD = 65536  # more ranks than any cluster job; a larger layout is refused before any group is built
@@ -306,8 +307,6 @@ def model_shape_problems(spec, layout: Layout, *, sequence_parallel: bool | None
 def shape_fixes(spec, layout: Layout) -> list[Layout]:
     """Layouts near ``layout`` that keep megatron-core's shape rules: each broken factor replaced by one of its nearest
     valid values, nearest first (the smaller on a tie). The caller keeps the first its other checks accept."""
-    import itertools
-
     findings = [(f, v) for _, f, v in _shape_findings(spec, layout, None, None, None) if f]
     if not findings:
         return []

@@ -13,17 +13,24 @@ the encodings' offsets.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import itertools
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.common.errors import UserError
+from pipeline.common.io import write_json
+from pipeline.common.paths import cache_dir
+from pipeline.config.models import REGISTRY, tokenizer_path
+from pipeline.data.sources import loads
 
 ENCODE_SUB_BATCH = 2048
 
@@ -31,8 +38,6 @@ ENCODE_SUB_BATCH = 2048
 def load_tokenizer(name_or_path: str | Path):
     """A Hugging Face fast tokenizer from a registry model name, a local directory or a hub id."""
     from transformers import AutoTokenizer
-
-    from pipeline.config.models import REGISTRY, tokenizer_path
 
     spec = REGISTRY.get(str(name_or_path))
     path: str | Path
@@ -45,8 +50,6 @@ def load_tokenizer(name_or_path: str | Path):
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # any failure to load is the user's to fix (path, cache, hub)
-        import os
-
         hint = ""
         if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(str(path)).exists():
             home = os.environ.get("HF_HOME", "~/.cache/huggingface")
@@ -63,8 +66,6 @@ def load_tokenizer(name_or_path: str | Path):
 
 def tokenizer_model_name(name_or_path: str | Path) -> str:
     """Name used in packed paths, as Megatron Bridge derives it: ``hf_org/hf_model`` -> ``hf_org--hf_model``."""
-    from pipeline.config.models import REGISTRY
-
     spec = REGISTRY.get(str(name_or_path))
     if spec is not None:
         if spec.tokenizer_from:  # tiny models borrow another model's tokenizer
@@ -96,8 +97,6 @@ def compile_template(chat_template: str):
     globals ``raise_exception``, ``strftime_now``, ``dict`` and ``namespace``. Importing transformers for this
     costs ~0.6 s per process; jinja2 alone a few milliseconds. Whether the result renders what
     ``apply_chat_template`` renders is checked once per run (:func:`template_matches_transformers`)."""
-    import datetime
-
     import jinja2
     import jinja2.ext
     import jinja2.nodes
@@ -189,8 +188,6 @@ def template_matches_transformers(chat_template: str, special: dict, messages: l
     verdict = _template_matches_transformers(chat_template, special, messages)
     if path is not None:
         try:
-            from pipeline.common.io import write_json
-
             write_json(path, {"matches": verdict})
         except OSError:  # a read-only cache: checked again next time
             pass
@@ -198,8 +195,6 @@ def template_matches_transformers(chat_template: str, special: dict, messages: l
 
 
 def _check_key(chat_template: str, special: dict, messages: list[dict[str, Any]]) -> str | None:
-    from importlib import metadata
-
     try:
         versions = [metadata.version("transformers"), metadata.version("jinja2")]
         code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
@@ -210,8 +205,6 @@ def _check_key(chat_template: str, special: dict, messages: list[dict[str, Any]]
 
 
 def _check_path(key: str) -> Path | None:
-    from pipeline.common.paths import cache_dir
-
     try:
         return cache_dir() / "template_checks" / f"{key}.json"
     except (OSError, ValueError):
@@ -243,8 +236,6 @@ def tokenizer_files(name_or_path: str | Path) -> dict | None:
     local directory in the plain layout (``tokenizer.json``, ``tokenizer_config.json`` with string special tokens,
     ``chat_template.jinja`` or a string ``chat_template``, no legacy ``special_tokens_map.json``): then the caller
     loads the full tokenizer (:func:`load_tokenizer`)."""
-
-    from pipeline.config.models import REGISTRY, tokenizer_path
 
     spec = REGISTRY.get(str(name_or_path))
     try:
@@ -601,8 +592,6 @@ def token_byte_lengths(backend) -> np.ndarray | None:
     """Each token id's length in bytes, for a tokenizer whose pipeline keeps the text's bytes (:func:`_keeps_bytes`);
     None for any other, or where any token is not byte-level text, or where the lengths do not give the tokenizer's
     own ``char_to_token`` on every character of :data:`BYTE_CHECK_TEXTS` (then masks come from the offsets)."""
-    from pipeline.data.sources import loads
-
     try:
         spec = loads(backend.to_str().encode())
     except (AttributeError, ValueError):

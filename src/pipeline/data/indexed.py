@@ -28,6 +28,11 @@ import numpy as np
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, write_json
 from pipeline.common.locks import exclusive_lock
+from pipeline.common.log import Progress
+from pipeline.data import workers as wk
+from pipeline.data.chat import load_tokenizer
+from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
+from pipeline.data.sources import input_identity, iter_texts
 
 log = logging.getLogger(__name__)
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -99,8 +104,6 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
                     ) -> dict:
     """``workers``: processes that encode parts (default every usable CPU); the files do not depend on it.
     ``glob``: the files of a corpus folder to read (default: every file with a common text suffix)."""
-    from pipeline.data.sources import input_identity
-
     check_output_name(output_name)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -117,12 +120,6 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
                      limit, force, quiet, workers, glob) -> dict:
-    from pipeline.common.log import Progress
-    from pipeline.data import workers as wk
-    from pipeline.data.chat import load_tokenizer
-    from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
-    from pipeline.data.sources import iter_texts
-
     prefix = out_dir / f"{output_name}_text_document"
     count_path = out_dir / "token_count.json"
     finished = all(p.exists() for p in (count_path, _with(prefix, ".bin"), _with(prefix, ".idx")))

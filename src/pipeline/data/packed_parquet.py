@@ -11,7 +11,9 @@ This module is the only writer and reader of that format in the suite.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +88,6 @@ def write(tables: Iterable, path: Path) -> None:
     """Write packs given as consecutive Tables (each a multiple of ROW_GROUP_SIZE rows but the last): the same
     bytes as one ``pq.write_table(all, row_group_size=ROW_GROUP_SIZE)``, without holding every pack at once. A
     thread encodes each Table (pyarrow releases the GIL) while the caller's iterator builds the next."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import pyarrow.parquet as pq
 
     with atomic_path(path) as tmp, pq.ParquetWriter(str(tmp), schema()) as w, ThreadPoolExecutor(1) as ex:
@@ -124,8 +124,6 @@ def check_packed(paths: dict[str, Path], seq_length: int, pad_seq_to_mult: int) 
     pyarrow: a 0-byte or truncated file fails here, not on the GPU node) with rows and the three columns, and the
     metadata file (``<S>_metadata.jsonl``) and the pack summary beside it (``<S>_summary.json``) must say the packs'
     sequence length and pad multiple are the config's."""
-    import json
-
     import pyarrow.parquet as pq
 
     problems: list[str] = []

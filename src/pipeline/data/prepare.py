@@ -26,6 +26,8 @@ from pathlib import Path
 
 from pipeline.common.errors import UserError
 from pipeline.common.locks import exclusive_lock
+from pipeline.data.chat import load_tokenizer, tokenizer_files, tokenizer_model_name
+from pipeline.data.sources import input_files
 from pipeline.data.stage_base import SPLIT_FILES, Timer
 from pipeline.data.stage_export import ExportOptions, export_fingerprint, stage_export
 from pipeline.data.stage_pack import PackOptions, check_pack_args, stage_pack
@@ -74,8 +76,6 @@ class PrepareOptions:
         if self.seed < 0:
             problems.append(f"--seed must be >= 0, got {self.seed}")
         if self.dataset_root.exists() and self.dataset_root.is_dir():
-            from pipeline.data.sources import input_files
-
             outputs = {(self.dataset_root / f).resolve() for f in SPLIT_FILES.values()}
             problems += [f"--dataset-root {self.dataset_root} would overwrite the dataset's own {f.name}; choose "
                          "another --dataset-root" for f in input_files(self.dataset) if f.resolve() in outputs]
@@ -113,8 +113,6 @@ class PrepareOptions:
 def prepare(opts: PrepareOptions) -> dict:
     """Export, tokenize, pack. When the tokenize stage has work and the tokenizer's files are in the plain
     layout, its workers start before the export (no transformers import in this process at all)."""
-    from pipeline.data.chat import load_tokenizer, tokenizer_files, tokenizer_model_name
-
     opts.validate()
     timer = Timer()
     tok_name = tokenizer_model_name(opts.tokenizer)

@@ -15,15 +15,18 @@ left. A file that cannot be read at all (corrupt Parquet, no permission) is one 
 from __future__ import annotations
 
 import collections
+import fnmatch
 import hashlib
 import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from pipeline.common.errors import UserError, exc_line
 
@@ -59,8 +62,6 @@ def input_identity(dataset: str, exclude: Path | None = None, glob: str | None =
     dataset's folder, which is not part of the input; ``glob``: the files of a text corpus folder (see
     :func:`text_files`)."""
     if dataset in BUILTIN:
-        from importlib import metadata
-
         try:
             version = metadata.version("chatterbot-corpus")
         except metadata.PackageNotFoundError:
@@ -97,7 +98,6 @@ def input_identity(dataset: str, exclude: Path | None = None, glob: str | None =
 
 def _chatterbot_rows() -> Iterator[dict]:
     import chatterbot_corpus
-    import yaml
 
     d = Path(chatterbot_corpus.__file__).parent / "data" / "english"
     for f in sorted(d.glob("*.yml")):
@@ -268,8 +268,6 @@ def text_files(path: Path, exclude: Path | None = None, glob: str | None = None)
     is every Python file and ``docs/*.md`` the Markdown under docs/), sorted, except those under ``exclude`` (an
     output folder inside it). One list for reading and for the fingerprint, so a changed corpus is always tokenized
     again (the fingerprint of a text folder used to cover no file at all)."""
-    import fnmatch
-
     skip = exclude.resolve() if exclude is not None else None
     out = []
     for f in sorted(path.rglob("*")):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.common.log import Progress
+
 log = logging.getLogger("pipeline.data.prepare")  # every stage logs under this one name
 SPLITS = ("train", "validation")
 SPLIT_FILES = {"train": "training.jsonl", "validation": "validation.jsonl"}
@@ -54,8 +56,6 @@ class Timer:
 
 def progress(it: Iterable, quiet: bool, desc: str, unit: str, total: int) -> Iterator:
     """A bar on a terminal; a line every PIPELINE_PROGRESS_INTERVAL seconds in a log file."""
-    from pipeline.common.log import Progress
-
     with Progress(desc, total=total, unit=unit, quiet=quiet, logger=log) as p:
         for x in it:
             yield x

@@ -11,7 +11,9 @@ import numpy as np
 
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_bytes, write_json
-from pipeline.data.fingerprint import FINGERPRINT_VERSION, reuse_if_current
+from pipeline.data import workers as wk
+from pipeline.data.fingerprint import FINGERPRINT_VERSION, read_marker, reuse_if_current
+from pipeline.data.sources import export_line, input_identity, jsonl_files, load_conversations, unread_files
 from pipeline.data.stage_base import SPLIT_FILES, Timer, log, progress, slices
 
 
@@ -30,8 +32,6 @@ class ExportOptions:
 
 def export_fingerprint(opts: ExportOptions) -> dict:
     """What the export was made from: the input's identity and the options that change it."""
-    from pipeline.data.sources import input_identity
-
     return {"version": FINGERPRINT_VERSION, "input": input_identity(opts.dataset, exclude=opts.dataset_root),
             "limit": opts.limit, "seed": opts.seed, "val_fraction": opts.val_fraction}
 
@@ -40,9 +40,6 @@ def _export_rows(opts: ExportOptions, pool) -> tuple[list[bytes], collections.Co
     """The usable rows as JSON lines (UTF-8, no newline), and the counts (``rows_in``, ``dropped_<reason>``). A
     dataset of JSONL files is read by ``pool``'s workers, a byte range each, in order; any other source row by row
     here."""
-    from pipeline.data import workers as wk
-    from pipeline.data.sources import export_line, jsonl_files, load_conversations
-
     files = jsonl_files(opts.dataset) if pool is not None else None
     stats: collections.Counter = collections.Counter()
     if not files:
@@ -86,8 +83,6 @@ def stage_export(opts: ExportOptions, timer: Timer, fp: dict | None = None, pool
             return old
     _refuse_foreign_splits(root, stats_path)
     with timer.stage("export"):
-        from pipeline.data.sources import unread_files
-
         unread = unread_files(opts.dataset)
         if unread:
             log.info("stage export: not reading %s in %s (an earlier export's splits, or not regular files)",
@@ -122,8 +117,6 @@ def _refuse_foreign_splits(root: Path, stats_path: Path) -> None:
     export marker beside it (``export_stats.json``, written before the splits and rewritten after them) is someone
     else's file, and is refused in one line (``--dataset-root ""`` overwrote an unrelated training.jsonl in the
     current directory, exit 0)."""
-    from pipeline.data.fingerprint import read_marker
-
     if read_marker(stats_path) is not None:
         return
     for name in SPLIT_FILES.values():

@@ -13,6 +13,7 @@ import numpy as np
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_json, write_text
 from pipeline.data import packed_parquet
+from pipeline.data.chat import load_tokenizer, tokenizer_files
 from pipeline.data.fingerprint import as_recorded, fingerprint_diff, read_marker
 from pipeline.data.packing import check_pad_multiple, pack_order
 from pipeline.data.stage_base import SPLITS, Timer, log, tokenized_dir
@@ -208,8 +209,6 @@ def stage_pack(opts: PackOptions, timer: Timer, pad_id: int | None = None, kept:
         if files_there:
             log.info("stage pack: redoing, %s (%s)", diff, paths["train"].parent)
     if pad_id is None:
-        from pipeline.data.chat import load_tokenizer, tokenizer_files
-
         files = tokenizer_files(opts.tokenizer)
         pad_id = files["eos_id"] if files else load_tokenizer(opts.tokenizer).eos_token_id
     metas, out = [], {}

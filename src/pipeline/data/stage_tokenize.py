@@ -16,7 +16,8 @@ import numpy as np
 from pipeline.common.errors import UserError, exc_line
 from pipeline.common.io import atomic_path, write_json
 from pipeline.data import packed_parquet
-from pipeline.data.chat import DROP_REASONS
+from pipeline.data import workers as wk
+from pipeline.data.chat import DROP_REASONS, ChatEncoder, load_tokenizer
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
 from pipeline.data.stage_base import SPLIT_FILES, SPLITS, Timer, log, progress, slices, tokenized_dir
 
@@ -105,9 +106,6 @@ def tokenize_pending(opts: TokenizeOptions, fp: dict) -> bool:
 def start_pool(opts: TokenizeOptions, files: dict):
     """The tokenize workers, their encoder made from the tokenizer's files (:func:`tokenizer_files`), started now:
     their start-up overlaps the rest of this process's set-up, and they read the export stage's input."""
-    from pipeline.data import workers as wk
-    from pipeline.data.chat import ChatEncoder
-
     n = wk.resolve_workers(opts.workers)
     if n > 1:
         return wk.OrderedPool(n, wk.init_chat, (ChatEncoder.files_payload(files, opts.tokenizer),)).start()
@@ -141,9 +139,6 @@ def stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer=None, export: 
 
 def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict | None, pool,
                     keep: dict | None) -> dict:
-    from pipeline.data import workers as wk
-    from pipeline.data.chat import ChatEncoder, load_tokenizer
-
     if export is None:
         export = read_marker(opts.dataset_root / "export_stats.json") or {}
     fp = tokenize_fingerprint(opts, export)

@@ -22,18 +22,24 @@ Task functions:
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
+import logging
+import multiprocessing as mp
 import os
+import signal
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.common.errors import UserError
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future, ProcessPoolExecutor
+from pipeline.common.io import atomic_path
+from pipeline.data import sources
+from pipeline.data.chat import ChatEncoder, template_matches_transformers
+from pipeline.data.sources import loads
 
 WORKER_DIED = ("a tokenize worker process died (killed, or out of memory?); finished chunks are kept: re-run to "
                "resume, with fewer --workers if memory is short")
@@ -57,8 +63,6 @@ def resolve_workers(workers: int | None) -> int:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UserError(f"--workers must be an integer >= 1, got {workers!r}")
     if workers > cpus:
-        import logging
-
         logging.getLogger(__name__).warning("--workers %d is more than the %d usable CPU(s) of this process; using %d",
                                             workers, cpus, cpus)
         return cpus
@@ -68,9 +72,6 @@ def resolve_workers(workers: int | None) -> int:
 def _die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the process that started it dies."""
     try:
-        import ctypes
-        import signal
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -96,9 +97,6 @@ class OrderedPool:
         self.workers = workers
         self._ex: ProcessPoolExecutor | None = None
         if workers > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
             threads = max(1, usable_cpus() // workers)
             self._ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                            initializer=_worker_start, initargs=(os.getpid(), threads, init, initargs))
@@ -117,7 +115,6 @@ class OrderedPool:
         """One task outside the ordered stream: a future (already done with one worker)."""
         if self._ex is not None:
             return self._submit(self._ex, fn, *args)
-        from concurrent.futures import Future
 
         fut: Future = Future()
         fut.set_result(fn(*args))
@@ -143,8 +140,6 @@ class OrderedPool:
 
     @staticmethod
     def _submit(ex: ProcessPoolExecutor, fn: Callable, *args) -> Future:
-        from concurrent.futures.process import BrokenProcessPool
-
         try:
             return ex.submit(fn, *args)
         except BrokenProcessPool:  # a worker died before this task was handed out
@@ -152,8 +147,6 @@ class OrderedPool:
 
     @staticmethod
     def _result(fut):
-        from concurrent.futures.process import BrokenProcessPool
-
         try:
             return fut.result()
         except BrokenProcessPool:
@@ -177,8 +170,6 @@ def _noop() -> None:
 
 # ---- chat conversations (prepare's tokenize stage) -------------------------------------------------------
 def init_chat(payload: dict) -> None:
-    from pipeline.data.chat import ChatEncoder
-
     _STATE["chat"] = ChatEncoder.from_payload(payload)
 
 
@@ -189,8 +180,6 @@ def set_chat(encoder) -> None:
 def template_check(conversations: list[list[dict]]) -> bool:
     """The one-time check that this worker's direct render equals transformers' on every conversation given
     (see ``ChatEncoder.from_files``)."""
-    from pipeline.data.chat import template_matches_transformers
-
     enc = _STATE["chat"]
     if enc.template is None:
         return False
@@ -204,16 +193,13 @@ def read_lines(path: Path, start: int, end: int) -> list[dict]:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    from pipeline.data.sources import loads
 
     return [loads(line) for line in data.split(b"\n") if line.strip()]
 
 
 def export_slice(task: tuple) -> tuple[list[bytes], list[tuple[int, str]], int]:
     """The export stage's task: see :func:`pipeline.data.sources.export_slice`."""
-    from pipeline.data.sources import export_slice as run
-
-    return run(*task)
+    return sources.export_slice(*task)
 
 
 def chat_slice(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
@@ -314,8 +300,6 @@ def encode_documents(backend, texts: list[str], eod: int, dtype: np.dtype) -> tu
 
 def text_part(task: tuple) -> int:
     """Encode one part's documents and write ``part_bin`` and ``part_len`` atomically; returns the document count."""
-    from pipeline.common.io import atomic_path
-
     texts, part_bin, part_len = task
     backend, eod, dtype = _STATE["text"]
     tokens, lens = encode_documents(backend, texts, eod, dtype)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import email.parser
+import importlib.metadata as md
 import json
 import os
 import subprocess
@@ -40,6 +41,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
+from pipeline.common.io import write_text
 
 ROOT = paths.repo_root()
 IMAGE_LIST = ROOT / "3rdparty" / "image-packages.txt"
@@ -265,8 +267,6 @@ def _parse_requires(dists) -> dict[str, list[Requirement]]:
 
 def installed_requires(paths_: list[str]) -> dict[str, list[Requirement]]:
     """Requires-Dist of every distribution found on ``paths_`` (first one of a name wins, as for imports)."""
-    import importlib.metadata as md
-
     return _parse_requires((d.metadata["Name"], d.requires) for d in md.distributions(path=paths_))
 
 
@@ -320,8 +320,6 @@ def image_record(sif: str | None = None) -> Path | None:
 
 def record_image(packages: dict[str, Version], where: Path, image: str) -> Path:
     """Write ``packages`` as ``where`` (pip freeze lines, sorted; atomically), headed by the image it was read in."""
-    from pipeline.common.io import write_text
-
     lines = [f"# The packages of {image}, recorded by pipeline.env.validate (image-packages) inside the container;",
              "# python -m pipeline.env.closure reads this record in place of 3rdparty/image-packages.txt."]
     lines += [f"{name}=={version}" for name, version in sorted(packages.items())]

@@ -30,6 +30,7 @@ shim where Transformer Engine is missing) and its own timeout.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
+from pipeline.config.cluster import resolve_profile
 
 TRAIN_ITERS, STOP_AT, SAVE_INTERVAL = 6, 3, 2
 CHECKS = ("bridge-train-resume", "export-verify", "megatron-generate", "bridge-sft-resume")
@@ -196,8 +198,6 @@ def _progress(run_dir: Path) -> list[dict]:
 
 
 def check_sft_resume(work: Path, gpus: int, timeout: float) -> str:
-    import importlib.util
-
     if importlib.util.find_spec("transformer_engine") is None:
         raise CheckSkip("no Transformer Engine in this Python: packed (THD) attention is its fused kernel (the "
                         "cluster's image has it; the megatron_cpu tier runs this job on CPU processes)")
@@ -243,8 +243,6 @@ def gpu_profile(work: Path, gpus: int) -> dict[str, str]:
     """The environment the checks' CLIs need: where the selected cluster profile has no GPUs (a bare GPU machine
     outside the cluster), a profile written for this node (its GPU count and memory; venv, torchrun, offline)."""
     import torch
-
-    from pipeline.config.cluster import resolve_profile
 
     if resolve_profile().has_gpus:
         return {}

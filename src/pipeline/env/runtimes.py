@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from pipeline.common import paths
+from pipeline.config.cluster import effective_knobs
 
 RUNTIMES = ("venv", "apptainer", "charliecloud")
 # Environment passed into a container explicitly (apptainer runs with --cleanenv).
@@ -148,8 +149,6 @@ def job_runtime(profile, environ: dict[str, str] | None = None) -> RuntimeConfig
     """The runtime a job of this cluster profile starts in: ``environ`` (default: this process's) with the
     profile's knobs (runtime, log/cache dirs, binds; an exported value wins), as pipeline_env_config.env sets
     them for the launchers."""
-    from pipeline.config.cluster import effective_knobs
-
     e = dict(os.environ if environ is None else environ)
     e.update(effective_knobs(profile, e))
     return RuntimeConfig.from_env(e)

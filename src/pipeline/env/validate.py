@@ -10,19 +10,28 @@ are reported as SKIP with the reason. Exit code 0 when nothing failed, 1 otherwi
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import importlib
 import importlib.metadata
 import os
+import platform
 import re
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline import bridge
 from pipeline.common import paths
 from pipeline.common.errors import cli_main
 from pipeline.config.cluster import apply_job_env, resolve_profile
+from pipeline.config.models import get_model, require_local_model
+from pipeline.env import closure, device_check
+from pipeline.env.assets import smollm2_gguf_dir
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 SETUP = f"bash {ROOT}/pipeline_env_setup.sh"
@@ -122,8 +131,6 @@ def check_binds() -> str:
 
 
 def check_nccl_plugin() -> str:
-    import ctypes
-
     import torch
 
     if not torch.cuda.is_available():
@@ -147,8 +154,6 @@ def _allreduce_worker(rank: int, world: int, backend: str, port: int, out) -> No
 
 
 def _allreduce(backend: str, world: int) -> str:
-    import socket
-
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -228,7 +233,6 @@ def _container_only(what: str) -> None:
 def check_import_in_container(module: str) -> Callable[[], str]:
     def fn() -> str:
         _container_only(f"import {module}")
-        from pipeline import bridge
 
         return bridge.import_version(module)
 
@@ -254,7 +258,6 @@ def check_dataset_helpers() -> str:
     megatron/core/datasets``) succeeds with the overlay's megatron-core, and its helpers import (the wheels
     ship no Makefile: overlay.py places one)."""
     _container_only("megatron-core's dataset helpers")
-    import subprocess
 
     res = subprocess.run([sys.executable, "-c", HELPERS_PROBE], capture_output=True, text=True, timeout=600)
     out = (res.stdout + res.stderr).strip().splitlines()
@@ -270,7 +273,6 @@ def check_gpu_packages() -> str:
     causal-conv1d for the Mamba layers, the MoE dispatcher's backend) imports in this image; read from the recipes
     Bridge builds (pipeline.bridge.recipe_gpu_packages), each with the recipes that need it."""
     _container_only("the GPU packages of the recipes")
-    from pipeline import bridge
 
     try:
         packages = bridge.recipe_gpu_packages()
@@ -291,7 +293,6 @@ def check_image_packages() -> str:
     """Records what the running image really holds beside its SIF (``closure.image_record``; the closure check reads
     it there), and compares it with the repository's list (3rdparty/image-packages.txt)."""
     _container_only("the image's package set")
-    from pipeline.env import closure
 
     actual = closure.installed_image()
     record = closure.image_record()
@@ -308,9 +309,6 @@ def check_overlay_closure() -> str:
     """Every requirement of the overlay's packages is met by the running image + overlay, no pin is stale, and no
     overlay pin breaks an image package."""
     _container_only("the overlay's closure over the image")
-    import platform
-
-    from pipeline.env import closure
 
     overlay_dir = os.environ.get("PIPELINE_OVERLAY", "")
     pins = closure.read_overlay(closure.OVERLAY)
@@ -332,7 +330,6 @@ def check_bridge_training() -> str:
     if not torch.cuda.is_available():
         raise Skip("no GPU on this machine: the Megatron Bridge engine needs CUDA (the quickstart runs the local "
                    "engine on CPU)")
-    from pipeline.env import device_check
 
     work = Path(tempfile.mkdtemp(prefix="device-check-", dir=os.environ.get("PIPELINE_RUNS_DIR") or None))
     passed, failed, lines = device_check.run_checks(work, gpus=torch.cuda.device_count(), say=lambda _: None)
@@ -350,8 +347,6 @@ def check_gpu_smoke_plan() -> str:
     (the config's own, isambard_gh200, unless ``PIPELINE_CLUSTER`` names another); paths checked inside the cluster's
     container only, where the data and the base checkpoint it reads are bound. A process of its own: the training
     layer sits above this one."""
-    import subprocess
-
     argv = [sys.executable, "-m", "pipeline.cli.train", str(ROOT / SMOKE_CONFIG), "--model", "nano", "--mode", "sft",
             "--disable-ft", "--dry-run", "--nodes", "4"]
     if os.environ.get("PIPELINE_CLUSTER"):
@@ -375,8 +370,6 @@ def check_gpu_smoke_plan() -> str:
 
 
 def check_ft_launcher() -> str:
-    import shutil
-
     _container_only("ft_launcher")
     path = shutil.which("ft_launcher")
     _require(path, "ft_launcher is not on PATH (nvidia-resiliency-ext missing from the image/overlay)")
@@ -385,14 +378,12 @@ def check_ft_launcher() -> str:
 
 def check_smollm2_package() -> str:
     _local_only("the SmolLM2 package")
-    from pipeline.env.assets import smollm2_gguf_dir
 
     return str(smollm2_gguf_dir())
 
 
 def check_base_model() -> str:
     _local_only("the SmolLM2 base model")
-    from pipeline.config.models import get_model, require_local_model
 
     return str(require_local_model(get_model("smollm2-135m")))
 

@@ -13,6 +13,7 @@ from pipeline.config.cluster import job_env, resolve_profile
 from pipeline.config.models import spec_for
 from pipeline.config.parallel import Layout
 from pipeline.env.runtimes import invisible_paths
+from pipeline.evaluation.run import overwrite_problem
 from pipeline.evaluation.tasks import check_tasks, harness_installed
 
 MODULE = ["-m", "pipeline.cli.evaluation"]
@@ -42,7 +43,6 @@ def plan_evaluate(cfg, *, nodes: int | None = None, cluster: str | None = None, 
         if not harness_installed():
             plan.notes.append("lm-eval is not installed here (the login node's planner): the job checks that its "
                               "tasks' data is reachable before it loads the model")
-    from pipeline.evaluation.run import overwrite_problem
 
     problem = overwrite_problem(cfg)  # earlier results of other settings: refused before the job is queued
     if problem:

@@ -16,6 +16,7 @@ checkpoint directory, resumed by every evaluation of it, so the headline metric 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -27,7 +28,8 @@ from typing import Any
 from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
-from pipeline.evaluation.tasks import parse_tasks, results_name
+from pipeline.config.cluster import wandb_key_present
+from pipeline.evaluation.tasks import local_tasks_dir, parse_tasks, results_name
 
 HEADLINE = ("acc", "acc_norm", "exact_match", "f1", "bleu", "mcc", "word_perplexity", "perplexity")
 
@@ -64,9 +66,6 @@ class EvalRun:
         """upload-all's marker name for this evaluation: the task list and a digest of every setting that changes its
         result (:attr:`settings`), so a rerun with other settings evaluates again, and a failure under one set of
         settings does not stand for another's."""
-        import hashlib
-        import json
-
         digest = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:10]
         return f"{results_name(self.task_names).removesuffix('.json')}.{digest}"
 
@@ -144,8 +143,6 @@ def evaluate(cfg: EvalRun) -> dict[str, Any]:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from pipeline.evaluation.tasks import local_tasks_dir
-
     device = _device(cfg)
     import torch
 
@@ -168,11 +165,7 @@ def evaluate(cfg: EvalRun) -> dict[str, Any]:
 def log_wandb(summary: dict, project: str) -> str | None:
     """The headline metric per task as a series over iteration (one W&B run per checkpoint directory, resumed by
     each evaluation) and a table of every metric of this iteration."""
-    import hashlib
-
     import wandb
-
-    from pipeline.config.cluster import wandb_key_present
 
     mode = os.environ.get("WANDB_MODE") or ("online" if wandb_key_present() else "offline")
     model = Path(summary["model"]).resolve()

@@ -12,6 +12,7 @@ lm-eval version (cached under the cache folder).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError, close_matches
+from pipeline.common.io import read_json, write_json
 
 LOCAL_TASKS_DIR = Path("configs/eval/tasks")
 SMOKE_TASK = "pipeline_smoke"
@@ -81,8 +83,6 @@ def builtin_entries() -> dict[str, dict]:
     reads ~10k YAML files: a minute on a busy CPU; a login node's dry run should not pay it each time)."""
     import lm_eval
 
-    from pipeline.common.io import read_json, write_json
-
     version = getattr(lm_eval, "__version__", "") or "unknown"
     cache = paths.cache_dir() / "lm_eval" / f"task_index-{version}.json"
     try:
@@ -116,8 +116,6 @@ def _source(name: str, index: dict, local_folders: list[Path], seen: frozenset =
 
 def harness_installed() -> bool:
     """lm-eval is importable here (the venv and the container; not the login node's planner)."""
-    import importlib.util
-
     return importlib.util.find_spec("lm_eval") is not None
 
 

@@ -20,6 +20,7 @@ from pipeline.common.errors import UserError
 from pipeline.common.io import write_text
 from pipeline.experiment.plan import RunPlan, lock_dir
 from pipeline.experiment.spec import Experiment
+from pipeline.training.records import config_diff, git_state
 
 
 def lock_path(exp: Experiment, label: str) -> Path:
@@ -27,8 +28,6 @@ def lock_path(exp: Experiment, label: str) -> Path:
 
 
 def lock_body(exp: Experiment, rp: RunPlan) -> dict[str, Any]:
-    from pipeline.training.records import git_state
-
     phases: dict[str, Any] = {}
     for job in rp.jobs:
         entry: dict[str, Any] = {"kind": job.kind, "script": job.script}
@@ -62,8 +61,6 @@ def read_lock(path: Path) -> dict | None:
 
 def lock_diff(lock: dict, current: dict) -> dict[str, tuple[Any, Any]]:
     """``{"<phase>:<key>": (locked, now)}`` for every difference between a lock and the current plan."""
-    from pipeline.training.records import config_diff
-
     out: dict[str, tuple[Any, Any]] = {}
     old, new = lock.get("phases") or {}, current.get("phases") or {}
     for phase in sorted(set(old) | set(new)):

@@ -20,6 +20,7 @@ as ``upload-all --poll`` with ``--dependency=after:<job>`` (it starts when train
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,11 @@ from pipeline.common.argv import flag_value, has_flag
 from pipeline.common.errors import UserError
 from pipeline.common.paths import CHECKPOINT_SUBMIT, COHERENCE_SUBMIT, TRAINING_SUBMIT
 from pipeline.config.kinds import JobKind
+from pipeline.config.models import get_model
 from pipeline.experiment.spec import Experiment, Phase, Run, render_override
+from pipeline.slurm.sbatch_options import check_signal_lead, script_directives
+from pipeline.training.launch import LaunchRequest, plan_launch
+from pipeline.training.records import check_run_identity
 
 STATE_DIR = "_experiments"  # $PIPELINE_RUNS_DIR/_experiments/<experiment>/: submissions, plots, results
 
@@ -109,8 +114,6 @@ def _merge_opts(*groups: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def _directives(script: str) -> list[str]:
-    from pipeline.slurm.sbatch_options import script_directives
-
     return script_directives(str(paths.repo_root() / script))
 
 
@@ -165,15 +168,11 @@ def _train_argv(exp: Experiment, overrides: dict[str, Any], name: str) -> list[s
 
 
 def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_config_change: bool) -> Job:
-    from pipeline.training.launch import LaunchRequest, plan_launch
-    from pipeline.training.records import check_run_identity
-
     name = exp.run_name(run, phase)
     ov = {**run.overrides, **run.phase_overrides.get(phase.name, {})}  # spec.py resolved ${exp.*} in them
     job = Job(phase=phase.name, kind="train", script=TRAINING_SUBMIT, args=[], run_name=name,
               sbatch=_merge_opts([f"--nodes={run.node_count(exp.base)}"], exp.base.sbatch, phase.sbatch),
               after=src.phase if src else None)
-    from pipeline.slurm.sbatch_options import check_signal_lead
 
     try:  # every phase's time limit against the pre-limit save signal, before any is queued (else
         # a later phase's --time=5 is refused by isambard_sbatch after the first phase has been queued)
@@ -250,8 +249,6 @@ def _train_job(exp: Experiment, run: Run, phase: Phase, src: Job | None, allow_c
 
 
 def _hf_reasoning(exp: Experiment, args: tuple[str, ...]) -> list[str]:
-    from pipeline.config.models import get_model
-
     out = []
     if not has_flag(args, "--hf-model"):
         out += ["--hf-model", get_model(exp.base.model).hf_id]
@@ -313,14 +310,10 @@ class _at_root:
     """Relative config paths are relative to the repository root, as in every pipeline command."""
 
     def __enter__(self):
-        import os
-
         self.prev = os.getcwd()
         os.chdir(paths.repo_root())
 
     def __exit__(self, *exc):
-        import os
-
         os.chdir(self.prev)
 
 

@@ -11,6 +11,7 @@ written by ``submit`` into ``$PIPELINE_RUNS_DIR/_experiments/<experiment>/``.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -18,12 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.common import layout, shell
+import yaml
+
+from pipeline.common import layout, shell, yamlio
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
+from pipeline.evaluation.run import read_results
 from pipeline.experiment.plan import Job, RunPlan, state_dir
 from pipeline.experiment.spec import Experiment
 from pipeline.training import goodput
+from pipeline.training.records import read_progress, read_summary
 
 FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 DONE_STATES = ("COMPLETED", *FAILED_STATES)
@@ -135,15 +140,11 @@ def _jobcomp_file() -> Path | None:
 # ---- run records -------------------------------------------------------------------------------------------
 def progress(run_dir: Path | None) -> list[dict]:
     """progress.ndjson, one record per step, lines with wrong field types skipped (the records module reads it)."""
-    from pipeline.training.records import read_progress
-
     return read_progress(run_dir)
 
 
 def summary(run_dir: Path | None) -> dict:
     """metrics_summary.json with its fields of a wrong type left out (the records module reads it)."""
-    from pipeline.training.records import read_summary
-
     return read_summary(run_dir)
 
 
@@ -206,8 +207,6 @@ def run_evals(rp: RunPlan) -> list[dict]:
     """The lm-eval results of a run's checkpoints (``iter_N/hf/eval/*.json``, written by ``upload-all --eval`` or
     ``pipeline_eval_harness.py``), oldest first; each with its phase and ``step`` (the iteration offset by the
     phase's start, the loss curves' axis)."""
-    from pipeline.evaluation.run import read_results
-
     out, seen = [], set()
     for job in rp.jobs:
         if job.kind != "train" or job.save is None or job.save.resolve() in seen:
@@ -308,8 +307,6 @@ def run_rows(root: Path) -> list[tuple[str, str, int | None, float | None, str, 
     """(run, state, step, last loss, Slurm job, latest complete checkpoint, owner) for every run directory under
     ``root`` (a folder holding a run's records), however it was submitted; a folder the reader may not read is
     listed as such, never skipped."""
-    import pwd
-
     def manifest(d: Path) -> dict:
         try:
             m = read_json(d / "manifest.json")
@@ -396,10 +393,6 @@ def saves_into(run_dir: Path | None, save: Path) -> bool:
 
 def _run_save(run_dir: Path) -> Path | None:
     """The run's checkpoint.save from its config of record (config.yaml); None where it has none."""
-    import yaml
-
-    from pipeline.common import yamlio
-
     try:
         cfg = yamlio.read_record(run_dir / "config.yaml")
     except (OSError, ValueError, yaml.YAMLError):

@@ -6,8 +6,10 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import time
 
 from pipeline.common.errors import UserError
+from pipeline.slurm.hostlist import expand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +37,6 @@ def expand_hostlist(hostlist: str) -> list[str]:
             return out.split()
         except (subprocess.SubprocessError, OSError):
             pass
-    from pipeline.slurm.hostlist import expand
 
     return expand(hostlist)
 
@@ -106,8 +107,6 @@ class JobTimes:
 
 
 def _slurm_time(value: str | None) -> float | None:
-    import time
-
     if not value or value in ("Unknown", "None", "N/A"):
         return None
     try:

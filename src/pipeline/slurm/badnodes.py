@@ -29,8 +29,10 @@ import dataclasses
 import datetime as dt
 import errno
 import getpass
+import grp
 import math
 import os
+import pwd
 import re
 import socket
 import stat
@@ -87,9 +89,6 @@ def printable(text: str) -> str:
 
 def _owner(st: os.stat_result) -> str:
     """``user:group`` of a stat, by name where this host knows them."""
-    import grp
-    import pwd
-
     try:
         user = pwd.getpwuid(st.st_uid).pw_name
     except KeyError:

@@ -5,6 +5,10 @@ Standard library only: isambard_sbatch runs on login nodes without the pipeline 
 from __future__ import annotations
 
 import functools
+import os
+import re
+import shlex
+import subprocess
 from pathlib import Path
 
 from pipeline.common.errors import UserError
@@ -49,9 +53,6 @@ UNLISTED_FLAGS = {"--test-only", "--exclusive", "--parsable"}
 def sbatch_option_table() -> tuple[frozenset[str], frozenset[str]] | None:
     """(options taking a value, options taking none) as the installed sbatch describes them in --help and
     --usage; None when sbatch is not installed (then the built-in table is used and nothing is refused)."""
-    import re
-    import subprocess
-
     texts = []
     for flag in ("--help", "--usage"):
         try:
@@ -189,8 +190,6 @@ def option_value(opts: list[str], *names: str) -> str | None:
 def submitted_value(opts: list[str], script: str | None, *names: str, env: str | None = None) -> str | None:
     """An option's value as the job gets it: the command line's (last one) over the input environment variable
     sbatch reads for it (``env``, e.g. SBATCH_TIMELIMIT: it overrides the script) over the script's #SBATCH header's."""
-    import os
-
     value = option_value(opts, *names)
     if value is None and env is not None:
         value = os.environ.get(env) or None
@@ -200,8 +199,6 @@ def submitted_value(opts: list[str], script: str | None, *names: str, env: str |
 def time_limit_seconds(value: str) -> int | None:
     """Slurm's --time in seconds (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``); None for a value
     it does not read that way (``infinite``, ``UNLIMITED``, or one sbatch itself will refuse)."""
-    import re
-
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
     if not m:
         return None
@@ -216,8 +213,6 @@ def time_limit_seconds(value: str) -> int | None:
 
 def signal_lead_seconds(value: str) -> int | None:
     """The seconds before the limit at which ``--signal=[{R|B}:]SIG[@TIME]`` fires (Slurm's default 60)."""
-    import re
-
     m = re.fullmatch(r"(?:[RB]{1,2}:)?[A-Za-z0-9]+(?:@(\d+))?", value.strip())
     if not m:
         return None
@@ -228,8 +223,6 @@ def node_count(opts: list[str], script: str | None = None) -> int:
     """The node count sbatch allocates (``--nodes``/``-N``, command line over header, last wins; 1 when unset). A
     range (``2-4``) lets Slurm pick the count when the job starts, after every plan was made for one count: refused
     unless both ends agree; anything else that is not a positive count is refused."""
-    import re
-
     raw = submitted_value(opts, script, "--nodes", "-N")
     if raw is None:
         return 1
@@ -311,8 +304,6 @@ def gpus_per_node_asked(opts: list[str], script: str | None, nodes: int) -> tupl
 
 def script_directives(script: str | None) -> list[str]:
     """The options of a batch script's #SBATCH header (sbatch reads them up to the first command)."""
-    import shlex
-
     if script is None or not Path(script).is_file():
         return []
     out: list[str] = []

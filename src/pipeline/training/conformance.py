@@ -22,8 +22,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pipeline.bridge import BRIDGE_API
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
+from pipeline.config.models import REGISTRY
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 
@@ -133,8 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", type=Path, help="an unpacked megatron-bridge source tree (default: the pinned wheel)")
     args = p.parse_args(argv)
-    from pipeline.bridge import BRIDGE_API
-    from pipeline.config.models import REGISTRY
 
     root = args.source or fetch_wheel_source(pinned_version(), ROOT / ".cache" / "wheels")
     problems = check(root, BRIDGE_API) + check_recipe_facts(root, REGISTRY)

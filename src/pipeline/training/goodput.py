@@ -39,6 +39,7 @@ from typing import Any
 
 from pipeline.common.errors import UserError
 from pipeline.common.io import append_line, read_regular
+from pipeline.slurm.allocation import job_times
 
 EVENTS = "events.ndjson"
 EVENTS_MAX_BYTES = 2**30  # ~5M events of ~200 bytes
@@ -58,8 +59,6 @@ def process_start_time() -> float:
 
 def record_job(run_dir: Path, job_id: str | None, restart_count: int) -> None:
     """The ``job`` event (node 0's launcher): Slurm's times for a batch job, else this launcher's start."""
-    from pipeline.slurm.allocation import job_times
-
     t = time.time()
     times = job_times(job_id)
     if times is not None and times.batch:

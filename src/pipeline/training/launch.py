@@ -28,7 +28,8 @@ from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
 from pipeline.slurm.allocation import Allocation, current, planned_nodes, rendezvous
 from pipeline.slurm.sbatch_options import directive_value, script_directives
-from pipeline.training.preflight import Plan, run_preflight, unwritable_dir
+from pipeline.training.preflight import Plan, continues_from, run_preflight, unwritable_dir
+from pipeline.training.records import check_run_identity, check_save_owner
 from pipeline.training.views import RunView, build_view
 
 
@@ -115,7 +116,6 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     if problem:
         raise UserError(f"run directory {run_dir} {problem} (--run-dir, or PIPELINE_RUNS_DIR)")
     cfg = finalize_config(cfg, spec, run_dir, req.config)
-    from pipeline.training.records import check_run_identity, check_save_owner
 
     check_run_identity(run_dir, cfg, allow_change=req.allow_config_change,  # another config never resumes a run,
                        launch={"model": spec.name, "mode": req.mode, "peft": req.peft})  # nor another model
@@ -174,7 +174,6 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
             logger.wandb_project = os.environ.get("WANDB_PROJECT", "pipeline-local")
         if logger.wandb_save_dir is None:
             logger.wandb_save_dir = os.environ.get("WANDB_DIR") or str(paths.repo_root())
-    from pipeline.training.preflight import continues_from
 
     sched = cfg.scheduler
     if continues_from(cfg) is not None and sched.override_opt_param_scheduler is None \

@@ -24,17 +24,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.common import layout
 from pipeline.common.errors import UserError, did_you_mean
-from pipeline.config.cluster import ClusterProfile
+from pipeline.common.layout import TRACKER, iter_dir, iter_dirname, iteration_of, list_iterations, read_tracker
+from pipeline.common.mappings import flatten
+from pipeline.common.paths import ENV_SUBMIT, IMAGE_RECORD_SUFFIX
+from pipeline.config.cluster import ClusterProfile, effective_knobs
 from pipeline.config.kinds import Engine, Mode
-from pipeline.config.models import ModelSpec
+from pipeline.config.loader import strip_suite_only
+from pipeline.config.models import ModelSpec, recipe_mode
 from pipeline.config.parallel import OVERHEAD_GB, Layout, model_shape_problems, node_local_problems
-from pipeline.config.schema import TrainingConfig
+from pipeline.config.schema import TrainingConfig, field_types, in_schema
+from pipeline.data.chat import tokenizer_model_name
+from pipeline.data.packed_parquet import check_packed, packed_paths
 from pipeline.data.packing import check_pad_multiple
+from pipeline.env.runtimes import invisible_paths
 from pipeline.training import profiling
 
 GB = 1e9
@@ -83,8 +92,6 @@ def _count(cfg: TrainingConfig, key: str, value: int | None, plan: Plan) -> int:
 
 
 def packed_data_paths(cfg: TrainingConfig, tokenizer_name: str) -> dict[str, Path] | None:
-    from pipeline.data.packed_parquet import packed_paths
-
     ds, specs = cfg.dataset, cfg.dataset.offline_packing_specs
     root = ds.dataset_root
     seq = specs.packed_sequence_size or ds.seq_length or cfg.model.seq_length
@@ -303,8 +310,6 @@ BRIDGE_FIELDS = Path(__file__).resolve().parents[1] / "config" / "bridge_fields.
 
 @functools.lru_cache(maxsize=1)
 def _bridge_fields() -> dict:
-    import json
-
     return json.loads(BRIDGE_FIELDS.read_text())
 
 
@@ -316,8 +321,6 @@ def _check_pretraining_data(cfg: TrainingConfig, spec: ModelSpec, mode: str, pef
     """Pretraining (and CPT) on Megatron Bridge reads indexed ``.bin/.idx`` data named by ``+dataset.data_path`` (or a
     blend); a recipe names none, and Bridge then trains on its mock dataset (random tokens) without a word. With path
     checks, each prefix of a data_path list must have its ``.bin`` and ``.idx``."""
-    from pipeline.config.models import recipe_mode
-
     if spec.is_local or peft or recipe_mode(mode) != "pretrain":
         return
     raw = cfg.extra.get("dataset")
@@ -357,9 +360,6 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
     current), so this check runs on the login node without Bridge. The values of the schema's own fields were typed
     at load (their types agree with this table: tests/unit/test_config.py); here the table types the pass-through
     ``+key`` values and says which keys the recipe's classes have at all."""
-    from pipeline.config.loader import strip_suite_only
-    from pipeline.config.models import recipe_mode
-
     table = _bridge_fields()
     # The local engine reads the same section and field names (our schema mirrors Bridge's): its values are
     # type-checked against the Nano recipe's fields; unknown '+' keys are only warned about there (it ignores them).
@@ -369,8 +369,6 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
     if sections is None:
         return
     classes = table["classes"]
-
-    from pipeline.config.schema import in_schema
 
     def walk(node: dict, fields: dict, where: str, owner: str) -> None:
         for k, v in node.items():
@@ -415,9 +413,6 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
 
 def _check_suite_keys(cfg: TrainingConfig, plan: Plan) -> None:
     """A ``+pipeline...`` key that is not a field: the suite-only section never reaches an engine, so it is a typo."""
-    from pipeline.common.mappings import flatten
-    from pipeline.config.schema import field_types
-
     known = [k for k in field_types() if k.startswith("pipeline.")]
     for key in flatten({"pipeline": cfg.extra["pipeline"]} if "pipeline" in cfg.extra else {}):
         hint = did_you_mean(key, known) or f" (its keys: {', '.join(known)})"
@@ -446,8 +441,6 @@ def _hazards(cfg: TrainingConfig, plan: Plan, local: bool) -> None:
 
 
 def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, peft: str | None) -> None:
-    from pipeline.data.chat import tokenizer_model_name
-
     save = cfg.checkpoint.save
     if save is not None:
         problem = unwritable_dir(Path(str(save)))
@@ -455,7 +448,6 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
             plan.problems.append(f"checkpoint.save {save} {problem}")
     root = cfg.dataset.dataset_root
     pad = cfg.dataset.offline_packing_specs.pad_seq_to_mult or 1
-    from pipeline.config.models import recipe_mode
 
     if not spec.is_local and not peft and recipe_mode(mode) == "pretrain":
         # Bridge pretraining and CPT read indexed .bin/.idx prefixes (+dataset.data_path, a blend), checked by
@@ -480,8 +472,6 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
                                  f"pipeline_data_prepare.py pack {root} <tokenizer> {plan.seq_length} "
                                  f"{pad}")
         elif paths:
-            from pipeline.data.packed_parquet import check_packed
-
             bad = check_packed(paths, plan.seq_length, pad)
             plan.problems += bad
             packs = None if bad else _note_epochs(paths["train"], plan)
@@ -495,7 +485,6 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
                 plan.problems += _validation_batch_problems(cfg, paths, plan)
     pre = cfg.checkpoint.pretrained_checkpoint
     if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
-        from pipeline.common.layout import TRACKER
 
         p = Path(str(pre))
         if not p.exists():
@@ -515,8 +504,6 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
             plan.problems.append(f"checkpoint {ckpt} does not exist: import it with pipeline_checkpoint_convert.sh "
                                  f"import {spec.import_hf_id}, or fix checkpoint.pretrained_checkpoint")
         elif not _holds_megatron_checkpoint(Path(ckpt)):
-            from pipeline.common.layout import TRACKER
-
             plan.problems.append(f"checkpoint {ckpt} holds no Megatron checkpoint (no {TRACKER}, no iter_NNNNNNN "
                                  "folder with files: an empty folder, or an import that never finished): import it "
                                  f"with pipeline_checkpoint_convert.sh import {spec.import_hf_id} --output {ckpt}, "
@@ -545,8 +532,6 @@ def _nodes_that_fit(spec: ModelSpec, plan: Plan, recompute, sp: bool, peft: str 
 def _holds_megatron_checkpoint(path: Path) -> bool:
     """What Bridge can load from: a checkpoints folder with its tracker or an iteration folder, or an iteration
     folder itself, holding files (an empty folder passed the preflight and failed on every rank after the queue)."""
-    from pipeline.common.layout import TRACKER, iter_dir, iteration_of, list_iterations
-
     if not path.is_dir():
         return False
     if (path / TRACKER).is_file():
@@ -559,8 +544,6 @@ def _tracker_problems(cfg: TrainingConfig) -> list[str]:
     """A checkpoints folder the run resumes from or starts from whose ``latest_checkpointed_iteration.txt`` is not an
     iteration number, or names an iteration that is not there: every start reads it, so a corrupt one passed the
     preflight and then failed in every restart."""
-    from pipeline.common.layout import TRACKER, iter_dir, iter_dirname, list_iterations, read_tracker
-
     out, seen = [], set()
     ck = cfg.checkpoint
     for key, value in (("checkpoint.save", ck.save), ("checkpoint.load", ck.load),
@@ -593,7 +576,6 @@ def continues_from(cfg: TrainingConfig) -> Path | None:
 
 def _check_continued(cfg: TrainingConfig, plan: Plan) -> None:
     """A run continuing another's save (``checkpoint.load`` != ``save``): the iteration it continues is there."""
-    from pipeline.common import layout
     src, step = continues_from(cfg), cfg.checkpoint.ckpt_step
     if src is None:
         return
@@ -611,8 +593,6 @@ def _check_continued(cfg: TrainingConfig, plan: Plan) -> None:
 def gpu_packages_needed(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: str | None) -> list[str]:
     """The GPU packages this job's model selects (the recipe's, :attr:`ModelSpec.gpu_packages`), DeepEP decided by the
     config's own ``model.moe_token_dispatcher_type`` where it sets one."""
-    from pipeline.config.models import recipe_mode
-
     need = list(spec.gpu_packages.get(recipe_mode(mode, peft), ()))
     dispatcher = cfg.model.moe_token_dispatcher_type
     if dispatcher is not None:
@@ -635,9 +615,6 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
     without a needed package, is one line here; before, the first Nano run failed in ``MambaMixer.__init__`` on
     every rank after the allocation. Read as ``name==version`` lines with the standard library (the login node's
     planner has no ``packaging``)."""
-    from pipeline.common.paths import ENV_SUBMIT, IMAGE_RECORD_SUFFIX
-    from pipeline.config.cluster import effective_knobs
-
     need = gpu_packages_needed(cfg, spec, mode, peft)
     if spec.is_local or cluster.runtime == "venv" or not need:
         return []
@@ -699,8 +676,6 @@ def _invisible_in_container(cfg: TrainingConfig, cluster: ClusterProfile) -> lis
     """The paths the job reads or writes, as the container will see them: one outside the checkout and every bind
     of the runtime (the profile's binds, PIPELINE_BINDS, the log and cache roots) is one line naming the bind to
     add (the binds are a fact of the cluster profile); nothing for the venv runtime."""
-    from pipeline.env.runtimes import invisible_paths
-
     specs = cfg.dataset.offline_packing_specs
     return invisible_paths(cluster, [
         ("dataset.dataset_root", cfg.dataset.dataset_root),

@@ -29,6 +29,7 @@ import io
 import json
 import math
 import os
+import pickle
 import re
 import time
 from dataclasses import dataclass, field
@@ -197,8 +198,6 @@ class Recorder:
         rec: dict[str, Any] = {"rank": c.rank, "steps": [self.steps[0], self.steps[-1]], "trace": str(c.trace),
                                "memory": "profile_memory" if c.memory else None}
         if c.snapshot is not None:
-            import pickle
-
             c.snapshot.parent.mkdir(parents=True, exist_ok=True)
             with open(c.snapshot, "wb") as f:
                 pickle.dump(torch.cuda.memory._snapshot(), f)

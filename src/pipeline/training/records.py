@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -47,6 +48,8 @@ from pipeline.common.mappings import flatten
 from pipeline.common.procs import pid_alive
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import goodput
+from pipeline.training.preflight import continues_from, plan_dict
+from pipeline.training.views import write_view
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 PACKAGES = ("torch", "transformers", "accelerate", "datasets", "pyarrow", "wandb", "hydra-core",
@@ -82,8 +85,6 @@ def package_versions() -> dict[str, str]:
 
 def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc, nodes, plan, command,
                          launch_cmd, view=None) -> None:
-    from pipeline.training.preflight import plan_dict
-
     runtime = os.environ.get("PIPELINE_RUNTIME", "venv")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -91,8 +92,6 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
                                          "cluster": cluster.name, "nodes": nodes})
     write_json(run_dir / "preflight.json", plan_dict(plan))
     if view is not None:
-        from pipeline.training.views import write_view
-
         write_view(run_dir, view)
     manifest_path = run_dir / "manifest.json"
     manifest: dict[str, Any] = read_json(manifest_path) if manifest_path.exists() else {"run_dir": str(run_dir),
@@ -201,8 +200,6 @@ OWNER_FILE, OWNER_LOCK = layout.OWNER_FILE, layout.OWNER_LOCK  # the save folder
 def config_identity(cfg: TrainingConfig) -> str:
     """A digest of the run's identity: its resolved config less the keys that may differ between launches
     (:data:`IDENTITY_IGNORED`), normalised through YAML as ``config.yaml`` stores it."""
-    import hashlib
-
     flat = flatten(yaml.safe_load(yaml.safe_dump(cfg.to_dict())) or {})
     kept = {k: v for k, v in flat.items() if not k.startswith(IDENTITY_IGNORED)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -600,7 +597,6 @@ class StartPoint:
 def start_point(cfg: TrainingConfig) -> StartPoint:
     """This attempt's :class:`StartPoint`; a continued checkpoint that is missing or incomplete is a UserError."""
     save = Path(str(cfg.checkpoint.save)) if cfg.checkpoint.save else None
-    from pipeline.training.preflight import continues_from
 
     src = continues_from(cfg)
     origin = 0

@@ -4,11 +4,17 @@ ft_launcher from ``pipeline_training_launch.sh``). Reads the run records and han
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import sys
 from pathlib import Path
 
 from pipeline.common.errors import cli_main
+from pipeline.common.log import setup_logging
+from pipeline.training import records
+from pipeline.training.engines.local import train as local_train
+from pipeline.training.engines.megatron_bridge import train as bridge_train
 
 _PARENT = os.getppid()  # at start: the launcher's agent that started this rank
 
@@ -18,11 +24,7 @@ def _die_with_launcher() -> None:
     ranks in their own session, so killing the launcher's process group left them training, and a relaunch then
     trained beside them. SIGKILL, not SIGTERM (which asks the local engine for a save-and-exit): the run directory's
     writer lock ends with the agent, so a rank must not outlive it by even one checkpoint."""
-    import signal
-
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
@@ -36,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    from pipeline.common.log import setup_logging
-    from pipeline.training import records
-
     log = setup_logging("pipeline.training")
     _die_with_launcher()
     run_dir = args.run_dir.resolve()
@@ -49,10 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     cfg, launch = records.load_run(run_dir)
     if launch["engine"] == "local":
-        from pipeline.training.engines.local import train
-
-        return train(run_dir, cfg, launch)
-    from pipeline.training.engines.megatron_bridge import train as bridge_train
+        return local_train(run_dir, cfg, launch)
 
     log.info("Megatron Bridge engine on rank %s", os.environ.get("RANK", "0"))
     return bridge_train(run_dir, cfg, launch)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import UserError
+from pipeline.common.io import write_json
 from pipeline.config.kinds import Mode
 from pipeline.config.models import ModelSpec
 from pipeline.config.parallel import Layout
@@ -118,8 +119,6 @@ def build_view(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, plan: Plan) -> 
 
 
 def write_view(run_dir: Path, view: RunView) -> None:
-    from pipeline.common.io import write_json
-
     write_json(Path(run_dir) / VIEW_FILE, view.to_dict())
 
 

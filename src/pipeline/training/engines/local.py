@@ -27,6 +27,8 @@ from pipeline.common.errors import UserError
 from pipeline.common.mappings import flatten
 from pipeline.config.models import ModelSpec, build_tiny_config, get_model, require_local_model
 from pipeline.config.schema import TrainingConfig
+from pipeline.data import packed_parquet
+from pipeline.data.indexed import read_index
 from pipeline.training import fault_tolerance, profiling, records
 from pipeline.training.faults import FaultHook
 from pipeline.training.views import RunView, read_view
@@ -45,8 +47,6 @@ class PackedSFTDataset:
     documents apart (``ModelSpec.isolates_packed``)."""
 
     def __init__(self, path: Path, unpack: bool = False):
-        from pipeline.data import packed_parquet
-
         self.rows = packed_parquet.read(path)
         if not self.rows:
             raise UserError(f"packed dataset {path} is empty")
@@ -78,8 +78,6 @@ class IndexedPretrainDataset:
     """Contiguous windows of ``seq_length`` tokens from Megatron ``.bin``/``.idx`` files."""
 
     def __init__(self, prefixes: list[Path], seq_length: int):
-        from pipeline.data.indexed import read_index
-
         chunks = []
         for p in prefixes:
             dtype, _, _, _ = read_index(p.with_suffix(".idx"))
@@ -299,7 +297,7 @@ def train(run_dir: Path, cfg: TrainingConfig, launch: dict) -> int:
     import torch
     import transformers
 
-    from pipeline.training.engines.local_trainer import (
+    from pipeline.training.engines.local_trainer import (  # noqa: PLC0415  (it imports torch and transformers)
         LocalTrainer,
         StopRequest,
         TrainerHooks,

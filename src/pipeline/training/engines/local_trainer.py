@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 from transformers.integrations import WandbCallback
 
 from pipeline.common import layout
+from pipeline.common.log import Progress
 from pipeline.common.procs import barrier
 from pipeline.config.models import ModelSpec
 from pipeline.training import profiling, records
@@ -46,9 +49,6 @@ class StopRequest:
 
 def all_ranks_any(flag: bool) -> bool:
     """True on every rank when it is True on one (an all-reduce under torch.distributed)."""
-    import torch
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor([1 if flag else 0])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -122,8 +122,6 @@ class ProgressLines(TrainerCallback):
         self.bar: Any = None
 
     def on_train_begin(self, args, st, control, **kw):
-        from pipeline.common.log import Progress
-
         if st.is_world_process_zero and not os.isatty(2):
             self.bar = Progress("train", total=st.max_steps, unit="step", logger=log)
             self.bar.n = self.bar.n0 = st.global_step
