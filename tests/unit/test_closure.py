@@ -154,3 +154,15 @@ def test_validates_record_of_the_image_is_what_the_closure_reads(tmp_path, monke
     assert record.read_text().startswith("# The packages of nvcr.io/nvidia/nemo:26.06, recorded by")
     diff = closure.diff_lists(closure.read_freeze(closure.IMAGE_LIST), closure.read_freeze(record))
     assert any("pyarrow" in d for d in diff)
+
+
+def test_the_harness_venv_has_the_suites_container_needs():
+    """The Bridge harness venv stands for the container (image + overlay): the suite's own needs there (orjson, which
+    the data modules the engine imports use) are in it at the overlay's pins, or every Bridge job dies on import."""
+    harness = {Requirement(line).name.lower(): Requirement(line) for line in
+               (ROOT / "tests" / "bridge" / "requirements.txt").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    overlay = {p.name: p for p in closure.read_overlay(closure.OVERLAY)}
+    for name in closure.SUITE_NEEDS:
+        assert name in harness, f"{name} is missing from tests/bridge/requirements.txt"
+        assert str(harness[name].specifier) == f"=={overlay[name].version}", name
