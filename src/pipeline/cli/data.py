@@ -11,6 +11,9 @@
   tokenize  DATASET_ROOT TOKENIZER OUTPUT_NAME
             pretraining corpus (text files, or JSONL/Parquet with a text field) -> Megatron .bin/.idx
             at DATASET_ROOT/OUTPUT_NAME/, with an exact token count in token_count.json
+  tokenize  ... --shard I/N     only shard I of N (a contiguous run of the corpus's files, balanced by size), into
+                                OUTPUT/.shards/: one per node, each resumable by itself
+  tokenize  ... --merge-shards N  the output from the N finished shards: byte for byte what one run writes
   pack      DATASET_ROOT TOKENIZER SEQ_LENGTH [PAD_SEQ_TO_MULT]
             pack an already tokenised export (the output of prepare's tokenize stage), CPU only
 
@@ -22,6 +25,7 @@ datasets with the same file name never share one. Bad input is one line "error: 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -32,6 +36,7 @@ from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.config.cluster import effective_knobs, resolve_profile
 from pipeline.config.models import REGISTRY, get_model
+from pipeline.data.shards import parse_shard
 
 
 def _print_summary(summary: dict) -> None:
@@ -106,6 +111,13 @@ def build_parser() -> Parser:
                         "'*' crosses folders, e.g. '*.py' or 'docs/*.md'; default: every file with a common text "
                         "suffix: .txt .md .py .rst ...); binary files are skipped and counted")
     t.add_argument("--limit", type=int)
+    split = t.add_mutually_exclusive_group()
+    split.add_argument("--shard", metavar="I/N", type=_shard_arg,
+                       help="tokenize only shard I of N (counted from 0): a contiguous run of the corpus's files, "
+                            "balanced by size, into OUTPUT/.shards/; run every shard, then --merge-shards N")
+    split.add_argument("--merge-shards", metavar="N", type=positive_int,
+                       help="write the output from the N finished shards (the same input and options), byte for "
+                            "byte what one run without --shard writes, and remove the shards")
     t.add_argument("--force", action="store_true")
     t.add_argument("--quiet", action="store_true")
 
@@ -128,6 +140,14 @@ def _corpus_arg(text: str) -> str:
     """tokenize's corpus: a path (not empty) or a hub id, kept as written."""
     path_arg(text)
     return text
+
+
+def _shard_arg(text: str) -> tuple[int, int]:
+    try:
+        return parse_shard(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--shard {text!r} ").removeprefix("--shard ")) \
+            from None
 
 
 def _registry_names() -> set[str]:
@@ -307,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.action == "tokenize":
-        from pipeline.data.indexed import tokenize_corpus
+        from pipeline.data.indexed import merge_shards, tokenize_corpus
 
         src = Path(args.dataset_root)
         if not src.exists() and not _is_hub_id(args.dataset_root):
@@ -317,9 +337,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None and args.limit < 1:
             raise UserError(f"--limit must be >= 1, got {args.limit}")
         out = args.output_dir or ((src if src.is_dir() else paths.data_root()) / args.output_name)
-        res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name, text_field=args.text_field,
-                              docs_per_part=args.docs_per_part, limit=args.limit, force=args.force, quiet=args.quiet,
-                              workers=args.workers, glob=args.glob)
+        if args.merge_shards is not None:
+            if args.limit is not None:
+                raise UserError("--limit takes the first N documents of the whole corpus: it cannot be split into "
+                                "shards, nor merged from them")
+            res = merge_shards(args.dataset_root, args.tokenizer, out, args.output_name, args.merge_shards,
+                               text_field=args.text_field, docs_per_part=args.docs_per_part, glob=args.glob,
+                               force=args.force)
+        else:
+            res = tokenize_corpus(args.dataset_root, args.tokenizer, out, args.output_name,
+                                  text_field=args.text_field, docs_per_part=args.docs_per_part, limit=args.limit,
+                                  force=args.force, quiet=args.quiet, workers=args.workers, glob=args.glob,
+                                  shard=args.shard)
         print(json.dumps(res, indent=2))
         return 0
 

@@ -22,6 +22,7 @@ import re
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from pipeline.common.log import Progress
 from pipeline.data import workers as wk
 from pipeline.data.chat import load_tokenizer
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
-from pipeline.data.sources import input_identity, iter_texts
+from pipeline.data.shards import SHARDS_DIR, Shard, check_count, shard_dir, split_files
+from pipeline.data.sources import corpus_files, input_identity, iter_texts
 
 log = logging.getLogger(__name__)
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -100,26 +102,54 @@ def check_output_name(output_name: str) -> None:
 
 def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name: str, *,
                     text_field: str = "text", docs_per_part: int = 2000, limit: int | None = None,
-                    force: bool = False, quiet: bool = False, workers: int | None = None, glob: str | None = None
-                    ) -> dict:
+                    force: bool = False, quiet: bool = False, workers: int | None = None, glob: str | None = None,
+                    shard: tuple[int, int] | None = None) -> dict:
     """``workers``: processes that encode parts (default every usable CPU); the files do not depend on it.
-    ``glob``: the files of a corpus folder to read (default: every file with a common text suffix)."""
+    ``glob``: the files of a corpus folder to read (default: every file with a common text suffix). ``shard``:
+    (I, N) tokenizes only shard I of N (``data/shards.py``) into its own folder; :func:`merge_shards` then writes the
+    output, byte for byte what one run without ``shard`` writes."""
     check_output_name(output_name)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"output {out_dir} exists and is not a directory")
     if glob is not None and not Path(source).is_dir():
         raise UserError(f"--glob chooses the files of a corpus folder, and {source} is not a folder")
-    fp = {"input": input_identity(source, exclude=out_dir, glob=glob), "tokenizer": tokenizer_name,
-          "text_field": text_field, "docs_per_part": docs_per_part, "limit": limit, "glob": glob}
-    with exclusive_lock(out_dir / ".tokenize.lock", f"output folder {out_dir}"):
-        return _tokenize_locked(source, tokenizer_name, out_dir, output_name, fp, text_field=text_field,
-                                docs_per_part=docs_per_part, limit=limit, force=force, quiet=quiet, workers=workers,
-                                glob=glob)
+    fp = _fingerprint(source, tokenizer_name, out_dir, text_field=text_field, docs_per_part=docs_per_part,
+                      limit=limit, glob=glob)
+    kw: dict[str, Any] = {"text_field": text_field, "docs_per_part": docs_per_part, "limit": limit, "force": force,
+                          "quiet": quiet, "workers": workers, "glob": glob}
+    if shard is None:
+        with exclusive_lock(out_dir / ".tokenize.lock", f"output folder {out_dir}"):
+            return _tokenize_locked(source, tokenizer_name, out_dir, output_name, fp, **kw)
+    index, count = shard
+    if limit:
+        raise UserError("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
+                        "split into shards")
+    piece = _corpus_shards(source, out_dir, glob, count)[index]
+    where = shard_dir(out_dir, index, count)
+    where.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(where / ".tokenize.lock", f"shard folder {where}"):
+        return _tokenize_locked(source, tokenizer_name, where, output_name, {**fp, "shard": [index, count]},
+                                files=piece.files, **kw)
+
+
+def _fingerprint(source: str, tokenizer_name: str, out_dir: Path, *, text_field, docs_per_part, limit, glob) -> dict:
+    return {"input": input_identity(source, exclude=out_dir, glob=glob), "tokenizer": tokenizer_name,
+            "text_field": text_field, "docs_per_part": docs_per_part, "limit": limit, "glob": glob}
+
+
+def _corpus_shards(source: str, out_dir: Path, glob: str | None, count: int) -> list[Shard]:
+    files = corpus_files(source, exclude=out_dir, glob=glob)
+    if files is None:
+        raise UserError(f"corpus '{source}' is not local data files (a hub id, a saved datasets folder, the built-in "
+                        "corpus or a file of another kind), so it cannot be split into shards: tokenize it on one node")
+    return split_files(files, count)
 
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
-                     limit, force, quiet, workers, glob) -> dict:
+                     limit, force, quiet, workers, glob, files: tuple[Path, ...] | None = None) -> dict:
+    """Tokenize into ``out_dir`` (resumable, see the module docstring); ``files``: a shard's run of the corpus's
+    files, which may hold no document (the other shards do)."""
     prefix = out_dir / f"{output_name}_text_document"
     count_path = out_dir / "token_count.json"
     finished = all(p.exists() for p in (count_path, _with(prefix, ".bin"), _with(prefix, ".idx")))
@@ -139,7 +169,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
         raise UserError(f"tokenizer '{tokenizer_name}' has no EOS token to separate documents")
     dtype = optimal_dtype(len(tok))
     skipped: dict = {}
-    texts = iter_texts(source, field=text_field, exclude=out_dir, glob=glob, counts=skipped)
+    texts = iter_texts(source, field=text_field, exclude=out_dir, glob=glob, counts=skipped, files=files)
     if limit:
         texts = itertools.islice(texts, limit)
     workers = wk.resolve_workers(workers)
@@ -168,13 +198,8 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
             for n_docs in pool.imap(wk.text_part, itertools.chain(head, todo)):
                 bar.update(n_docs)
     part = n_parts
-    if part == 0:
-        chat = Path(source).is_dir() and (Path(source) / "training.jsonl").exists()
-        hint = (f"; {source} looks like a prepared chat dataset (training.jsonl with 'messages'): tokenize makes a "
-                "pretraining corpus from text; for SFT data use prepare (or pack)") if chat else ""
-        if glob is not None:
-            hint += f" (the files --glob {glob!r} matches)"
-        raise UserError(f"corpus '{source}' has no documents (field '{text_field}'){hint}")
+    if part == 0 and files is None:
+        raise _no_documents(source, text_field, glob)
     lengths = []
     with atomic_path(_with(prefix, ".bin")) as tmp, open(tmp, "wb") as out:
         for p in range(part):
@@ -191,3 +216,89 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     log.info("tokenize: %d documents, %d tokens -> %s.{bin,idx} (count in %s)", result["documents"],
              result["tokens"], prefix, count_path)
     return result
+
+
+def _no_documents(source: str, text_field: str, glob: str | None) -> UserError:
+    chat = Path(source).is_dir() and (Path(source) / "training.jsonl").exists()
+    hint = (f"; {source} looks like a prepared chat dataset (training.jsonl with 'messages'): tokenize makes a "
+            "pretraining corpus from text; for SFT data use prepare (or pack)") if chat else ""
+    if glob is not None:
+        hint += f" (the files --glob {glob!r} matches)"
+    return UserError(f"corpus '{source}' has no documents (field '{text_field}'){hint}")
+
+
+def merge_shards(source: str, tokenizer_name: str, out_dir: Path, output_name: str, count: int, *,
+                 text_field: str = "text", docs_per_part: int = 2000, glob: str | None = None, force: bool = False
+                 ) -> dict:
+    """The output of ``count`` finished shards (``tokenize_corpus(shard=(I, count))`` for every I, with the same
+    input and options): their ``.bin`` files one after another and their sequence lengths joined, as
+    megatron-core's ``IndexedDatasetBuilder.add_index`` merges indexed datasets, and ``token_count.json`` summed:
+    byte for byte what one run writes. Refused, naming them, while any shard is unfinished or was made from another
+    input or options. The shard folders are removed once the output is written."""
+    check_output_name(output_name)
+    check_count(count)
+    out_dir = Path(out_dir)
+    fp = _fingerprint(source, tokenizer_name, out_dir, text_field=text_field, docs_per_part=docs_per_part,
+                      limit=None, glob=glob)
+    with exclusive_lock(out_dir / ".tokenize.lock", f"output folder {out_dir}"):
+        prefix = out_dir / f"{output_name}_text_document"
+        count_path = out_dir / "token_count.json"
+        if not force and all(p.exists() for p in (count_path, _with(prefix, ".bin"), _with(prefix, ".idx"))):
+            old = reuse_if_current(count_path, fp, "tokenize (merge)", prefix)
+            if old is not None:
+                return old
+        shards = [_finished_shard(out_dir, output_name, i, count, fp) for i in range(count)]
+        unfinished = [i for i, rec in enumerate(shards) if rec is None]
+        if unfinished:
+            raise UserError(f"cannot merge {count} shards into {prefix}: shard(s) {_ranges(unfinished)} are not "
+                            f"finished (or were made from another input or options): run tokenize --shard I/{count} "
+                            "for each, then merge")
+        records = [rec for rec in shards if rec is not None]
+        if len({(r["dtype"], r["eod_id"]) for r in records}) > 1:
+            raise UserError(f"the shards in {out_dir / SHARDS_DIR} disagree on the token dtype or EOD id: "
+                            "tokenize them again (--force)")
+        if sum(r["documents"] for r in records) == 0:
+            raise _no_documents(source, text_field, glob)
+        lengths = []
+        with atomic_path(_with(prefix, ".bin")) as tmp, open(tmp, "wb") as out:
+            for rec in records:
+                shard_prefix = Path(rec["prefix"])
+                with open(_with(shard_prefix, ".bin"), "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 24)
+                lengths.append(read_index(_with(shard_prefix, ".idx"))[1])
+        dtype = np.dtype(records[0]["dtype"])
+        lengths_arr = np.concatenate(lengths)
+        write_index(_with(prefix, ".idx"), dtype, lengths_arr)
+        skipped = {k: sum(int(r.get(k, 0)) for r in records) for k in records[0] if k.startswith("skipped_")}
+        result = {"documents": int(len(lengths_arr)), "tokens": int(lengths_arr.sum()),
+                  "tokens_without_eod": int(lengths_arr.sum() - len(lengths_arr)), "dtype": dtype.name,
+                  "eod_id": records[0]["eod_id"], "tokenizer": tokenizer_name, "prefix": str(prefix), **skipped,
+                  "fingerprint": fp}
+        write_json(count_path, result)
+        shutil.rmtree(out_dir / SHARDS_DIR)
+    log.info("tokenize: merged %d shards: %d documents, %d tokens -> %s.{bin,idx}", count, result["documents"],
+             result["tokens"], prefix)
+    return result
+
+
+def _finished_shard(out_dir: Path, output_name: str, index: int, count: int, fp: dict) -> dict | None:
+    """A shard's record when it finished from this input and these options, with its files present; else None."""
+    where = shard_dir(out_dir, index, count)
+    rec = read_marker(where / "token_count.json")
+    prefix = where / f"{output_name}_text_document"
+    if rec is None or fingerprint_diff(rec.get("fingerprint"), {**fp, "shard": [index, count]}) \
+            or Path(rec.get("prefix", "")) != prefix \
+            or not all(p.is_file() for p in (_with(prefix, ".bin"), _with(prefix, ".idx"))):
+        return None
+    return rec
+
+
+def _ranges(indices: list[int]) -> str:
+    """0, 2-5, 9: consecutive indices as ranges."""
+    out, start = [], None
+    for a, b in itertools.zip_longest(indices, indices[1:]):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(str(a) if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out)

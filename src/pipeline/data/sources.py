@@ -250,7 +250,11 @@ def _dir_rows(path: Path) -> Iterator[dict]:
     if not files:
         raise UserError(f"no .jsonl or .parquet files in {path}")
     for f in files:
-        yield from (_jsonl_rows(f) if f.suffix == ".jsonl" else _parquet_rows(f))
+        yield from _file_rows(f)
+
+
+def _file_rows(f: Path) -> Iterator[dict]:
+    return _parquet_rows(f) if f.suffix == ".parquet" else _jsonl_rows(f)
 
 
 # A text corpus folder (no .jsonl/.parquet in it): its text files, recursively (tokenize DIR).
@@ -383,19 +387,35 @@ def load_conversations(dataset: str, split: str = "train", limit: int | None = N
     return convs, stats
 
 
+def corpus_files(dataset: str, exclude: Path | None = None, glob: str | None = None) -> list[Path] | None:
+    """The files a pretraining corpus is read from, in the order :func:`iter_texts` reads them: a text folder's text
+    files (or those ``glob`` matches), a plain folder's ``.jsonl``/``.parquet`` files, or the file itself. None for a
+    corpus that is not local files (a hub id, a saved ``datasets`` folder, the built-in corpus)."""
+    p = Path(dataset)
+    if dataset in BUILTIN:
+        return None
+    if glob is not None or is_text_folder(p):
+        return text_files(p, exclude, glob)
+    if p.is_file():
+        return [p] if p.suffix in (".jsonl", ".parquet") or p.name.endswith(".json") else None
+    return _dir_files(p) if p.is_dir() and not _is_saved_dataset(p) else None
+
+
 def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude: Path | None = None,
-               glob: str | None = None, counts: dict | None = None) -> Iterable[str]:
+               glob: str | None = None, counts: dict | None = None,
+               files: Iterable[Path] | None = None) -> Iterable[str]:
     """Documents of a pretraining corpus: rows with a ``text`` field, or the text files of a folder
     (:func:`text_files`, or those ``glob`` matches; ``exclude``: an output folder inside it). Binary files (NUL
     bytes) and files that are not UTF-8 (a Latin-1 corpus: decoding with replacement turned every accented letter
     into U+FFFD, silently) are skipped, logged and counted in ``counts`` (``skipped_binary_files``,
-    ``skipped_non_utf8_files``)."""
+    ``skipped_non_utf8_files``). ``files``: read only these of the corpus's files (:func:`corpus_files`, a shard's
+    run of them), in their order."""
     p = Path(dataset)
     if glob is not None and not p.is_dir():
         raise UserError(f"--glob chooses the files of a corpus folder, and {dataset} is not a folder")
     if glob is not None or is_text_folder(p):
         binary, not_utf8 = 0, []
-        for f in text_files(p, exclude, glob):
+        for f in (text_files(p, exclude, glob) if files is None else files):
             data = f.read_bytes()
             if is_binary(data[:8192]):
                 binary += 1
@@ -416,6 +436,7 @@ def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude:
             counts["skipped_binary_files"] = binary
             counts["skipped_non_utf8_files"] = len(not_utf8)
         return
-    for row in iter_raw_rows(dataset, split):
+    rows = iter_raw_rows(dataset, split) if files is None else (r for f in files for r in _file_rows(f))
+    for row in rows:
         if isinstance(row, dict) and isinstance(row.get(field), str):
             yield row[field]
