@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
+from pipeline.training.conformance import fetch_wheel_source, pinned_version
 from tests import parallel
 from tests.helpers import ROOT
 from tests.parallel import (  # noqa: F401  (the workers' groups and their scheduler: hooks)
@@ -16,7 +20,15 @@ from tests.parallel import (  # noqa: F401  (the workers' groups and their sched
     pytest_unconfigure,
     pytest_xdist_make_scheduler,
 )
-from tests.tiers import FIXTURES_OF, NAMED_CASES, TIERS, TierError, gpu_exemption, required_tiers
+from tests.tiers import (
+    FIXTURES_OF,
+    NAMED_CASES,
+    TIERS,
+    TierError,
+    gpu_exemption,
+    required_tiers,
+    tier_unavailable,
+)
 
 os.environ.setdefault("PIPELINE_ROOT", str(ROOT))
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -146,3 +158,29 @@ def pytest_terminal_summary(terminalreporter, config):
     if workers and _STARTED:
         tr.write_line(f"tiers together: {sum(_SECONDS.values()):.1f} s of tests on {workers} workers in "
                       f"{time.monotonic() - _STARTED[0]:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def megatron_indexed_dataset():
+    """megatron-core's own ``megatron/core/datasets/indexed_dataset.py`` (reader and builder) from the pinned wheel:
+    its package __init__ pulls in the GPU stack (triton), the module itself needs only numpy and torch, so it is
+    loaded with the package __init__ files bypassed and ``megatron.core.utils.log_single_rank`` (a logging helper)
+    provided."""
+    try:
+        src = fetch_wheel_source(pinned_version("megatron-core"), ROOT / ".cache" / "wheels", "megatron-core")
+    except Exception as exc:
+        tier_unavailable("bridge", f"cannot download megatron-core from PyPI: {exc}")
+    saved = {k: v for k, v in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
+    for name, sub in [("megatron", ""), ("megatron.core", "core"), ("megatron.core.datasets", "core/datasets")]:
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(src / "megatron" / sub)]
+        sys.modules[name] = mod
+    utils = types.ModuleType("megatron.core.utils")
+    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg, *a)
+    sys.modules["megatron.core.utils"] = utils
+    try:
+        yield importlib.import_module("megatron.core.datasets.indexed_dataset")
+    finally:
+        for k in [k for k in sys.modules if k == "megatron" or k.startswith("megatron.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)

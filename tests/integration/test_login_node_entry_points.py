@@ -81,3 +81,18 @@ def test_entry_points_run_through_the_planner(planner_login):
               env=planner_login, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert any(line.startswith("error: ep(8) * etp(1) = 8 > ") for line in res.stderr.splitlines()), res.stderr
+
+
+def test_a_tokenize_across_nodes_without_the_planner_leaves_the_split_to_the_job(bare_login, tmp_path):
+    """No planner to read the corpus with: the submission's checks pass and the split is said to be made when the job
+    starts (the dry run prints the sbatch line; nothing is queued)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"d{i}.txt").write_text(f"document {i}")
+    env = {**bare_login, "BAD_NODES_LOG": str(tmp_path / "bad_nodes.txt")}
+    res = run(["./isambard_sbatch", "--dry-run", "--nodes=3", "pipeline_data_submit.sbatch", "tokenize", str(corpus),
+               "smollm2-135m", "web"], env=env)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert f"tokenize across 3 nodes: the split of {corpus} is made when the job starts" in res.stderr, res.stderr
+    assert res.stdout.startswith("sbatch --nodes=3 pipeline_data_submit.sbatch tokenize"), res.stdout

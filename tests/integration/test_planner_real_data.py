@@ -212,3 +212,28 @@ def test_isambard_sbatch_dry_run_prints_the_sbatch_line_and_queues_nothing(corpu
     assert res.returncode == 2 and res.stdout.strip() == "", res.stdout + res.stderr
     assert "has no .bin or .idx file" in res.stderr
     assert not (tmp_path / "sbatch-called").exists()
+
+
+def test_a_tokenize_across_nodes_dry_run_says_how_the_corpus_is_split(login, tmp_path):
+    """Issue 64: `isambard_sbatch --dry-run --nodes=4 pipeline_data_submit.sbatch tokenize ...` on the planner alone,
+    a corpus of several hundred files on the shared filesystem: the split (each shard's files and folder, then the
+    merge) is printed and nothing is queued."""
+    env, _, _ = login
+    no_venv_python(env)
+    corpus = tmp_path / "projects" / "a5k" / "public" / "data" / "web"
+    corpus.mkdir(parents=True)
+    for i in range(400):
+        (corpus / f"part-{i:05d}.jsonl").write_text(f'{{"text": "{"word " * (i % 37 + 1)}"}}\n' * (i % 5 + 1))
+    env = {**env, "BAD_NODES_LOG": str(tmp_path / "bad_nodes.txt")}
+    res = run(["./isambard_sbatch", "--dry-run", "--nodes=4", "pipeline_data_submit.sbatch", "tokenize", str(corpus),
+               "nano", "web"], env=env, timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "tokenize across 4 nodes: 400 file(s)" in res.stderr, res.stderr
+    shards = re.findall(r"shard (\d)/4: (\d+) file\(s\), [\d.]+ \w+ \((part-\d+\.jsonl) \.\. (part-\d+\.jsonl)\) -> "
+                        r"(\S+)", res.stderr)
+    assert [s[0] for s in shards] == ["0", "1", "2", "3"] and sum(int(s[1]) for s in shards) == 400, res.stderr
+    assert shards[0][2] == "part-00000.jsonl" and shards[-1][3] == "part-00399.jsonl"
+    assert shards[1][4] == str(corpus / "web" / ".shards" / "shard_00001_of_00004")
+    assert f"then the merge: {corpus / 'web' / 'web_text_document'}.{{bin,idx}}" in res.stderr
+    assert res.stdout.split() == ["sbatch", "--nodes=4", "--exclusive", "--gpus-per-node=4",
+                                  "pipeline_data_submit.sbatch", "tokenize", str(corpus), "nano", "web"], res.stdout

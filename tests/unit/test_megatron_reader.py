@@ -1,46 +1,14 @@
-"""Our indexed .bin/.idx are read correctly by Megatron-Core's own IndexedDataset (the pinned wheel's source).
+"""Our indexed .bin/.idx are read correctly by Megatron-Core's own IndexedDataset (the pinned wheel's source, loaded
+by the ``megatron_indexed_dataset`` fixture in tests/conftest.py)."""
 
-megatron-core's package __init__ pulls in the GPU stack (triton); the reader module itself needs only numpy
-and torch. The test loads ``megatron/core/datasets/indexed_dataset.py`` from the pinned wheel with the
-package __init__ files bypassed and ``megatron.core.utils.log_single_rank`` (a logging helper) provided.
-"""
-
-import importlib
-import sys
-import types
 
 import numpy as np
 import pytest
 
 from pipeline.data.indexed import merge_shards, tokenize_corpus
 from pipeline.data.shards import shard_dir
-from pipeline.training.conformance import fetch_wheel_source, pinned_version
-from tests.helpers import ROOT
-from tests.tiers import tier_unavailable
 
 pytestmark = pytest.mark.bridge
-
-
-@pytest.fixture(scope="module")
-def megatron_indexed_dataset():
-    try:
-        src = fetch_wheel_source(pinned_version("megatron-core"), ROOT / ".cache" / "wheels", "megatron-core")
-    except Exception as exc:
-        tier_unavailable("bridge", f"cannot download megatron-core from PyPI: {exc}")
-    saved = {k: v for k, v in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
-    for name, sub in [("megatron", ""), ("megatron.core", "core"), ("megatron.core.datasets", "core/datasets")]:
-        mod = types.ModuleType(name)
-        mod.__path__ = [str(src / "megatron" / sub)]
-        sys.modules[name] = mod
-    utils = types.ModuleType("megatron.core.utils")
-    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg, *a)
-    sys.modules["megatron.core.utils"] = utils
-    try:
-        yield importlib.import_module("megatron.core.datasets.indexed_dataset")
-    finally:
-        for k in [k for k in sys.modules if k == "megatron" or k.startswith("megatron.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
 
 
 def test_megatron_core_reads_our_indexed_dataset(megatron_indexed_dataset, tmp_path, tokenizer):

@@ -36,7 +36,7 @@ from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.config.cluster import effective_knobs, resolve_profile
 from pipeline.config.models import REGISTRY, get_model
-from pipeline.data.shards import parse_shard
+from pipeline.data.shards import describe, parse_shard
 
 
 def _print_summary(summary: dict) -> None:
@@ -159,12 +159,15 @@ def _is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith("/")
 
 
-def check_submission(argv: list[str], inputs_later: bool = False) -> None:
+def check_submission(argv: list[str], inputs_later: bool = False, nodes: int = 1) -> None:
     """isambard_sbatch's check of ``pipeline_data_prepare.py ARGS`` before queueing (UserError, one line): this parser,
     then the paths the job reads, then the packing arguments (data.prepare.check_pack_args, where numpy is there:
     a bare login node gets the parser's and the paths' checks). ``inputs_later``: the job waits for another,
-    whose outputs are its dataset root; that root is then checked by the job."""
+    whose outputs are its dataset root; that root is then checked by the job. ``nodes`` > 1: a tokenize job split
+    across nodes, whose split is printed (:func:`plan_split`)."""
     args = build_parser().parse_args(argv)
+    if nodes > 1 and args.action != "tokenize":
+        raise UserError(f"{args.action} runs on one node: only tokenize is split across nodes (submit with --nodes=1)")
     if args.action == "prepare":
         try:
             resolved = _resolve_prepare(args)
@@ -181,6 +184,8 @@ def check_submission(argv: list[str], inputs_later: bool = False) -> None:
             args.action == "tokenize" and _is_hub_id(str(args.dataset_root))):
         raise UserError(f"{args.action}: dataset root {args.dataset_root} does not exist")
     if args.action == "tokenize":
+        if nodes > 1:
+            plan_split(args, nodes, inputs_later)
         return
     try:
         from pipeline.data.prepare import check_pack_args
@@ -190,6 +195,39 @@ def check_submission(argv: list[str], inputs_later: bool = False) -> None:
                                args.tensor_parallel_size, args.sequence_parallel, args.seed)
     if problems:
         raise UserError(f"{args.action}: " + "; ".join(problems))
+
+
+def _tokenize_output(args) -> Path:
+    src = Path(args.dataset_root)
+    return args.output_dir or ((src if src.is_dir() else paths.data_root()) / args.output_name)
+
+
+def plan_split(args, nodes: int, inputs_later: bool) -> None:
+    """A tokenize job across ``nodes`` nodes (the batch script runs shard I of N on each, then the merge): what cannot
+    be split is refused in one line; the split is printed (stderr), or said to be made when the job starts where the
+    corpus is not there yet or this login node has no planner."""
+    if args.shard is not None or args.merge_shards is not None:
+        raise UserError("--shard and --merge-shards are the job's own steps: a submission across nodes splits and "
+                        "merges by itself (drop them, or submit with --nodes=1)")
+    if args.limit is not None:
+        raise UserError("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
+                        "split across nodes (submit with --nodes=1)")
+    if _is_hub_id(str(args.dataset_root)) and not Path(args.dataset_root).exists():
+        raise UserError(f"corpus {args.dataset_root} is a hub dataset, not local files, so it cannot be split across "
+                        "nodes: download it to a folder first, or submit with --nodes=1")
+    if inputs_later:
+        print(f"tokenize across {nodes} nodes: the split of {args.dataset_root} is made when the job starts (it "
+              "waits for the job that writes it)", file=sys.stderr)
+        return
+    try:
+        from pipeline.data.sources import corpus_shards
+    except ImportError:  # a bare login node: the job splits the corpus the same way when it starts
+        print(f"tokenize across {nodes} nodes: the split of {args.dataset_root} is made when the job starts (no "
+              "login-node planner here to read it)", file=sys.stderr)
+        return
+    out = _tokenize_output(args)
+    shards = corpus_shards(str(args.dataset_root), out, args.glob, nodes)
+    print("\n".join(describe(shards, Path(args.dataset_root), out, args.output_name)), file=sys.stderr)
 
 
 def _tokenizer_of_config(tok_model_name: str, config: Path) -> str:
@@ -336,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--docs-per-part must be >= 1, got {args.docs_per_part}")
         if args.limit is not None and args.limit < 1:
             raise UserError(f"--limit must be >= 1, got {args.limit}")
-        out = args.output_dir or ((src if src.is_dir() else paths.data_root()) / args.output_name)
+        out = _tokenize_output(args)
         if args.merge_shards is not None:
             if args.limit is not None:
                 raise UserError("--limit takes the first N documents of the whole corpus: it cannot be split into "

@@ -79,7 +79,8 @@ def check_job(script: str, script_args: list[str], opts: list[str], required: bo
     name = Path(script).name
     if name in PIPELINE_SCRIPTS:
         refuse_placement_options(script, opts)
-    submit_checks(script, script_args, inputs_later=inputs_later)
+    submit_checks(script, script_args, inputs_later=inputs_later,
+                  nodes=node_count(opts, script) if name == DATA_SUBMIT else 1)
     if name in GPU_JOB_SCRIPTS:
         gpu_job_plan(script, script_args, opts, required=required, inputs_later=inputs_later)
     if name == TRAINING_SUBMIT:
@@ -122,8 +123,9 @@ def check_training_gpus(launch, opts: list[str], script: str | None) -> None:
                         "isambard_sbatch adds the profile's); nothing was submitted")
 
 
-def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> None:
-    """The cheap checks of a data or environment submission (UserError naming the job script)."""
+def submit_checks(script: str, args: list[str], inputs_later: bool = False, nodes: int = 1) -> None:
+    """The cheap checks of a data or environment submission (UserError naming the job script); a data job on
+    ``nodes`` > 1 also prints how its corpus is split (``data.check_submission``)."""
     name = Path(script).name
     if name == ENV_SUBMIT:
         if not args or args[0] not in ENV_ACTIONS:
@@ -134,7 +136,7 @@ def submit_checks(script: str, args: list[str], inputs_later: bool = False) -> N
         # the job script's own mapping: any other first argument is the reference's positional pack-only form
         argv = list(args) if args and args[0] in DATA_ACTIONS else ["pack", *args]
         try:
-            data.check_submission(argv, inputs_later=inputs_later)
+            data.check_submission(argv, inputs_later=inputs_later, nodes=nodes)
         except UserError as exc:
             raise UserError(f"{name}: {exc}") from None
 

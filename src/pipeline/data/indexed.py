@@ -33,8 +33,8 @@ from pipeline.common.log import Progress
 from pipeline.data import workers as wk
 from pipeline.data.chat import load_tokenizer
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
-from pipeline.data.shards import SHARDS_DIR, Shard, check_count, shard_dir, split_files
-from pipeline.data.sources import corpus_files, input_identity, iter_texts
+from pipeline.data.shards import SHARDS_DIR, check_count, shard_dir
+from pipeline.data.sources import corpus_shards, input_identity, iter_texts
 
 log = logging.getLogger(__name__)
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -125,7 +125,7 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
     if limit:
         raise UserError("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
                         "split into shards")
-    piece = _corpus_shards(source, out_dir, glob, count)[index]
+    piece = corpus_shards(source, out_dir, glob, count)[index]
     where = shard_dir(out_dir, index, count)
     where.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(where / ".tokenize.lock", f"shard folder {where}"):
@@ -136,14 +136,6 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
 def _fingerprint(source: str, tokenizer_name: str, out_dir: Path, *, text_field, docs_per_part, limit, glob) -> dict:
     return {"input": input_identity(source, exclude=out_dir, glob=glob), "tokenizer": tokenizer_name,
             "text_field": text_field, "docs_per_part": docs_per_part, "limit": limit, "glob": glob}
-
-
-def _corpus_shards(source: str, out_dir: Path, glob: str | None, count: int) -> list[Shard]:
-    files = corpus_files(source, exclude=out_dir, glob=glob)
-    if files is None:
-        raise UserError(f"corpus '{source}' is not local data files (a hub id, a saved datasets folder, the built-in "
-                        "corpus or a file of another kind), so it cannot be split into shards: tokenize it on one node")
-    return split_files(files, count)
 
 
 def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp: dict, *, text_field, docs_per_part,
@@ -173,10 +165,10 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
     if limit:
         texts = itertools.islice(texts, limit)
     workers = wk.resolve_workers(workers)
-    n_parts = 0
+    n_parts = reused = 0
 
     def tasks(bar):  # the parts still to do, read in order by this process; parts on disk are only counted
-        nonlocal n_parts
+        nonlocal n_parts, reused
         while True:
             batch = list(itertools.islice(texts, docs_per_part))
             if not batch:
@@ -184,6 +176,7 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
             part_bin, part_len = parts_dir / f"part_{n_parts:05d}.bin", parts_dir / f"part_{n_parts:05d}.lens.npy"
             n_parts += 1
             if part_bin.exists() and part_len.exists():
+                reused += 1
                 bar.update(len(batch))
             else:
                 yield batch, str(part_bin), str(part_len)
@@ -198,6 +191,9 @@ def _tokenize_locked(source, tokenizer_name, out_dir: Path, output_name: str, fp
             for n_docs in pool.imap(wk.text_part, itertools.chain(head, todo)):
                 bar.update(n_docs)
     part = n_parts
+    if reused:
+        log.info("tokenize: resumed: %d of %d parts were already on disk in %s (only the others were tokenized)",
+                 reused, part, parts_dir)
     if part == 0 and files is None:
         raise _no_documents(source, text_field, glob)
     lengths = []

@@ -81,3 +81,30 @@ def split_files(files: list[Path], count: int) -> list[Shard]:
     bounds.append(len(files))
     return [Shard(k, count, tuple(files[bounds[k]:bounds[k + 1]]), sum(sizes[bounds[k]:bounds[k + 1]]))
             for k in range(count)]
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def describe(shards: list[Shard], source: Path, out_dir: Path, output_name: str) -> list[str]:
+    """The split as the plan prints it: the whole, each shard's files and folder, then the merge."""
+    files = sum(len(s.files) for s in shards)
+    count = len(shards)
+
+    def rel(f: Path) -> str:
+        return str(f.relative_to(source)) if source.is_dir() and f.is_relative_to(source) else str(f)
+
+    lines = [f"tokenize across {count} nodes: {files} file(s), {_size(sum(s.size for s in shards))} of {source}, split "
+             "into contiguous runs in reading order, balanced by size (one shard per node, each retried by itself):"]
+    for s in shards:
+        span = rel(s.files[0]) if len(s.files) == 1 else f"{rel(s.files[0])} .. {rel(s.files[-1])}"
+        lines.append(f"  shard {s.index}/{count}: {len(s.files)} file(s), {_size(s.size)} ({span}) -> "
+                     f"{shard_dir(out_dir, s.index, count)}")
+    prefix = Path(out_dir) / f"{output_name}_text_document"
+    lines.append(f"  then the merge: {prefix}.{{bin,idx}} and token_count.json, byte for byte what one node writes")
+    return lines

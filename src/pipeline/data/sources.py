@@ -29,6 +29,7 @@ import orjson
 import yaml
 
 from pipeline.common.errors import UserError, exc_line
+from pipeline.data.shards import Shard, split_files
 
 ROLE_ALIASES = {
     "system": "system", "user": "user", "assistant": "assistant",
@@ -399,6 +400,16 @@ def corpus_files(dataset: str, exclude: Path | None = None, glob: str | None = N
     if p.is_file():
         return [p] if p.suffix in (".jsonl", ".parquet") or p.name.endswith(".json") else None
     return _dir_files(p) if p.is_dir() and not _is_saved_dataset(p) else None
+
+
+def corpus_shards(dataset: str, out_dir: Path, glob: str | None, count: int) -> list[Shard]:
+    """The corpus's files split into ``count`` shards (:func:`shards.split_files`); a corpus that is not local data
+    files cannot be split (one line)."""
+    files = corpus_files(dataset, exclude=out_dir, glob=glob)
+    if files is None:
+        raise UserError(f"corpus '{dataset}' is not local data files (a hub id, a saved datasets folder, the built-in "
+                        "corpus or a file of another kind), so it cannot be split into shards: tokenize it on one node")
+    return split_files(files, count)
 
 
 def iter_texts(dataset: str, field: str = "text", split: str = "train", exclude: Path | None = None,
