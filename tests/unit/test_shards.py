@@ -157,6 +157,19 @@ def test_a_merge_of_missing_or_stale_shards_is_refused_naming_them(tmp_path):
     assert not (out / OUTPUTS[0]).exists()
 
 
+def test_a_merge_removes_its_own_split_and_leaves_another_running_one(tmp_path):
+    """Shards of another count in the same output folder (a resubmission with other --nodes, still running) are not
+    the merge's to delete: only its own split's folders go, and ``.shards`` once it is empty."""
+    corpus = jsonl_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    tokenize_corpus(str(corpus), "smollm2-135m", out, "c", quiet=True, workers=1, shard=(0, 3))
+    for i in range(2):
+        tokenize_corpus(str(corpus), "smollm2-135m", out, "c", quiet=True, workers=1, shard=(i, 2))
+    merge_shards(str(corpus), "smollm2-135m", out, "c", 2)
+    assert sorted(p.name for p in (out / SHARDS_DIR).iterdir()) == [shard_dir(out, 0, 3).name]
+    assert (shard_dir(out, 0, 3) / "token_count.json").is_file()
+
+
 def test_a_corpus_that_is_no_local_files_cannot_be_split(tmp_path):
     with pytest.raises(UserError, match="not local data files.*one node"):
         tokenize_corpus("chatterbot-corpus", "smollm2-135m", tmp_path / "out", "c", quiet=True, shard=(0, 2))

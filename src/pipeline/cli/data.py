@@ -36,7 +36,7 @@ from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.config.cluster import effective_knobs, resolve_profile
 from pipeline.config.models import REGISTRY, get_model
-from pipeline.data.shards import describe, parse_shard
+from pipeline.data.shards import LIMIT_NOT_SHARDABLE, describe, parse_shard
 
 
 def _print_summary(summary: dict) -> None:
@@ -210,8 +210,7 @@ def plan_split(args, nodes: int, inputs_later: bool) -> None:
         raise UserError("--shard and --merge-shards are the job's own steps: a submission across nodes splits and "
                         "merges by itself (drop them, or submit with --nodes=1)")
     if args.limit is not None:
-        raise UserError("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
-                        "split across nodes (submit with --nodes=1)")
+        raise UserError(f"{LIMIT_NOT_SHARDABLE} (submit with --nodes=1)")
     if _is_hub_id(str(args.dataset_root)) and not Path(args.dataset_root).exists():
         raise UserError(f"corpus {args.dataset_root} is a hub dataset, not local files, so it cannot be split across "
                         "nodes: download it to a folder first, or submit with --nodes=1")
@@ -377,8 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         out = _tokenize_output(args)
         if args.merge_shards is not None:
             if args.limit is not None:
-                raise UserError("--limit takes the first N documents of the whole corpus: it cannot be split into "
-                                "shards, nor merged from them")
+                raise UserError(LIMIT_NOT_SHARDABLE)
             res = merge_shards(args.dataset_root, args.tokenizer, out, args.output_name, args.merge_shards,
                                text_field=args.text_field, docs_per_part=args.docs_per_part, glob=args.glob,
                                force=args.force)

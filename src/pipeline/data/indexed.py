@@ -16,6 +16,7 @@ only when ``.parts/_FINGERPRINT.json`` matches. One run per output folder at a t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
@@ -33,7 +34,7 @@ from pipeline.common.log import Progress
 from pipeline.data import workers as wk
 from pipeline.data.chat import load_tokenizer
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
-from pipeline.data.shards import SHARDS_DIR, check_count, shard_dir
+from pipeline.data.shards import LIMIT_NOT_SHARDABLE, SHARDS_DIR, check_count, shard_dir
 from pipeline.data.sources import corpus_shards, input_identity, iter_texts
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,7 @@ def tokenize_corpus(source: str, tokenizer_name: str, out_dir: Path, output_name
             return _tokenize_locked(source, tokenizer_name, out_dir, output_name, fp, **kw)
     index, count = shard
     if limit:
-        raise UserError("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
-                        "split into shards")
+        raise UserError(LIMIT_NOT_SHARDABLE)
     piece = corpus_shards(source, out_dir, glob, count)[index]
     where = shard_dir(out_dir, index, count)
     where.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,10 @@ def merge_shards(source: str, tokenizer_name: str, out_dir: Path, output_name: s
                   "eod_id": records[0]["eod_id"], "tokenizer": tokenizer_name, "prefix": str(prefix), **skipped,
                   "fingerprint": fp}
         write_json(count_path, result)
-        shutil.rmtree(out_dir / SHARDS_DIR)
+        for i in range(count):  # this split's shards only: another split's may still be running
+            shutil.rmtree(shard_dir(out_dir, i, count))
+        with contextlib.suppress(OSError):
+            (out_dir / SHARDS_DIR).rmdir()  # when no other split's shards are left in it
     log.info("tokenize: merged %d shards: %d documents, %d tokens -> %s.{bin,idx}", count, result["documents"],
              result["tokens"], prefix)
     return result

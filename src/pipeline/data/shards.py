@@ -18,6 +18,8 @@ from pathlib import Path
 from pipeline.common.errors import UserError
 
 SHARDS_DIR = ".shards"
+LIMIT_NOT_SHARDABLE = ("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
+                       "split into shards")
 MAX_SHARDS = 4096
 _SPEC = re.compile(r"(\d+)/(\d+)")
 
