@@ -96,3 +96,25 @@ def test_a_tokenize_across_nodes_without_the_planner_leaves_the_split_to_the_job
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert f"tokenize across 3 nodes: the split of {corpus} is made when the job starts" in res.stderr, res.stderr
     assert res.stdout.startswith("sbatch --nodes=3 pipeline_data_submit.sbatch tokenize"), res.stdout
+
+
+@pytest.mark.parametrize("form", ["dataset", "config"])
+def test_a_chat_prepare_across_nodes_without_the_planner_leaves_the_plan_to_the_job(bare_login, tmp_path, form):
+    """No planner to resolve the prepare with (its profile, model and config need the planner's packages): the
+    submission's checks pass and the plan is said to be made when the job starts; the job's own step options are
+    refused in one line all the same."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    env = {**bare_login, "BAD_NODES_LOG": str(tmp_path / "bad_nodes.txt")}
+    args = (["--dataset", str(chat), "--seq-length", "256", "--dataset-root", str(tmp_path / "root")]
+            if form == "dataset" else ["--config", "configs/quickstart/nemotron_nano_quickstart_sft.yaml"])
+    res = run(["./isambard_sbatch", "--dry-run", "--nodes=2", "pipeline_data_submit.sbatch", "prepare", *args],
+              env=env)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "prepare across 2 nodes: the export, the split of its tokenize chunks and the merge are planned when the " \
+           "job starts (no login-node planner here)" in res.stderr, res.stderr
+    assert res.stdout.startswith("sbatch --nodes=2 pipeline_data_submit.sbatch prepare"), res.stdout
+    res = run(["./isambard_sbatch", "--dry-run", "--nodes=2", "pipeline_data_submit.sbatch", "prepare", *args,
+               "--export-only"], env=env)
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert res.returncode == 2 and len(errors) == 1 and "the job's own steps" in errors[0], res.stderr

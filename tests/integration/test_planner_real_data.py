@@ -237,3 +237,28 @@ def test_a_tokenize_across_nodes_dry_run_says_how_the_corpus_is_split(login, tmp
     assert f"then the merge: {corpus / 'web' / 'web_text_document'}.{{bin,idx}}" in res.stderr
     assert res.stdout.split() == ["sbatch", "--nodes=4", "--exclusive", "--gpus-per-node=4",
                                   "pipeline_data_submit.sbatch", "tokenize", str(corpus), "nano", "web"], res.stdout
+
+
+def test_a_chat_prepare_across_nodes_dry_run_says_how_it_is_split(login, tmp_path):
+    """Issue 64 step 4: `isambard_sbatch --dry-run --nodes=3 pipeline_data_submit.sbatch prepare ...` on the planner
+    alone, a chat JSONL on the shared filesystem: the plan (the export on one node, each shard's folder, the merge and
+    the pack) is printed and nothing is queued; the job's own step options given by hand are refused in one line."""
+    env, _, _ = login
+    no_venv_python(env)
+    public = tmp_path / "projects" / "a5k" / "public" / "data"
+    chat = public / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n' * 50)
+    root = public / "chat_prepared"
+    env = {**env, "BAD_NODES_LOG": str(tmp_path / "bad_nodes.txt")}
+    argv = ["pipeline_data_submit.sbatch", "prepare", "--dataset", str(chat), "--seq-length", "4096", "--model",
+            "nano", "--dataset-root", str(root)]
+    res = run(["./isambard_sbatch", "--dry-run", "--nodes=3", *argv], env=env, timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert f"prepare across 3 nodes: the export of {chat} on one node into {root}" in res.stderr, res.stderr
+    for i in range(3):
+        assert f"  shard {i}/3 -> {root / '.shards' / f'shard_0000{i}_of_00003' / 'tokenized'}" in res.stderr
+    assert f"then the merge and the pack on one node into {root / 'packed'}" in res.stderr
+    assert res.stdout.split() == ["sbatch", "--nodes=3", "--exclusive", "--gpus-per-node=4", *argv], res.stdout
+    res = run(["./isambard_sbatch", "--dry-run", "--nodes=3", *argv, "--shard", "0/3"], env=env, timeout=300)
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert res.returncode == 2 and len(errors) == 1 and "the job's own steps" in errors[0], res.stderr

@@ -8,6 +8,10 @@
             tokenizer and pad multiple to the model's. The local (CPU) profile's model is smollm2-135m; a GPU
             profile trains several, so there --model (or --config, or --tokenizer) is required. --dry-run prints
             the plan (root, tokenizer, pad multiple, packed paths) and stops.
+  prepare   ... --export-only      the export stage alone (one node: the splits are global)
+  prepare   ... --shard I/N        only shard I of N of the export's tokenize chunks (a contiguous run, balanced by
+                                   size), into DATASET_ROOT/.shards/: one per node, each resumable by itself
+  prepare   ... --merge-shards N   the N finished shards' chunks, then the pack: byte for byte what one run writes
   tokenize  DATASET_ROOT TOKENIZER OUTPUT_NAME
             pretraining corpus (text files, or JSONL/Parquet with a text field) -> Megatron .bin/.idx
             at DATASET_ROOT/OUTPUT_NAME/, with an exact token count in token_count.json
@@ -36,7 +40,7 @@ from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.config.cluster import effective_knobs, resolve_profile
 from pipeline.config.models import REGISTRY, get_model
-from pipeline.data.shards import LIMIT_NOT_SHARDABLE, describe, parse_shard
+from pipeline.data.shards import CHUNK_SIZE, LIMIT_NOT_SHARDABLE, describe, parse_shard, shard_dir
 
 
 def _print_summary(summary: dict) -> None:
@@ -91,9 +95,19 @@ def build_parser() -> Parser:
                         "fingerprint)")
     p.add_argument("--workers", type=positive_int, help="tokenize worker processes (default: every usable CPU); "
                    "the output is the same for any number")
-    p.add_argument("--force", action="store_true", help="redo every stage")
+    p.add_argument("--force", action="store_true", help="redo every stage (with --shard: that shard's chunks; with "
+                   "--merge-shards: the pack)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    nodes = p.add_mutually_exclusive_group()
+    nodes.add_argument("--export-only", action="store_true",
+                       help="run the export stage alone (the splits the shards tokenize), on one node")
+    nodes.add_argument("--shard", metavar="I/N", type=_shard_arg,
+                       help="tokenize only shard I of N (counted from 0) of the export's chunks, into "
+                            "DATASET_ROOT/.shards/; run --export-only first, every shard, then --merge-shards N")
+    nodes.add_argument("--merge-shards", metavar="N", type=positive_int,
+                       help="move the N finished shards' chunks into DATASET_ROOT/tokenized/ and pack: byte for byte "
+                            "what one run without --shard writes")
 
     t = sub.add_parser("tokenize", help="pretraining corpus -> Megatron .bin/.idx")
     t.add_argument("dataset_root", type=_corpus_arg,
@@ -166,12 +180,19 @@ def check_submission(argv: list[str], inputs_later: bool = False, nodes: int = 1
     whose outputs are its dataset root; that root is then checked by the job. ``nodes`` > 1: a tokenize job split
     across nodes, whose split is printed (:func:`plan_split`)."""
     args = build_parser().parse_args(argv)
-    if nodes > 1 and args.action != "tokenize":
-        raise UserError(f"{args.action} runs on one node: only tokenize is split across nodes (submit with --nodes=1)")
+    if nodes > 1 and args.action == "pack":
+        raise UserError("pack runs on one node (its best fit is over the whole split): only tokenize and prepare are "
+                        "split across nodes (submit with --nodes=1)")
     if args.action == "prepare":
+        if nodes > 1 and (args.shard is not None or args.merge_shards is not None or args.export_only):
+            raise UserError("--export-only, --shard and --merge-shards are the job's own steps: a submission across "
+                            "nodes exports, splits and merges by itself (drop them, or submit with --nodes=1)")
         try:
             resolved = _resolve_prepare(args)
-        except ImportError:  # --config on a bare login node (no PyYAML): the job resolves it when it starts
+        except ImportError:  # a bare login node (no PyYAML, no numpy): the job resolves it when it starts
+            if nodes > 1:
+                print(f"prepare across {nodes} nodes: the export, the split of its tokenize chunks and the merge are "
+                      "planned when the job starts (no login-node planner here)", file=sys.stderr)
             return
         dataset = resolved["dataset"]
         if dataset != "chatterbot-corpus" and not _is_hub_id(dataset) and not Path(dataset).exists():
@@ -180,6 +201,8 @@ def check_submission(argv: list[str], inputs_later: bool = False, nodes: int = 1
         args.context_parallel_size = resolved["context_parallel_size"]
         args.tensor_parallel_size = resolved["tensor_parallel_size"]
         args.sequence_parallel = resolved["sequence_parallel"]
+        if nodes > 1:
+            plan_prepare_split(args, nodes, Path(resolved["dataset_root"]))
     elif not inputs_later and not Path(args.dataset_root).exists() and not (
             args.action == "tokenize" and _is_hub_id(str(args.dataset_root))):
         raise UserError(f"{args.action}: dataset root {args.dataset_root} does not exist")
@@ -227,6 +250,20 @@ def plan_split(args, nodes: int, inputs_later: bool) -> None:
     out = _tokenize_output(args)
     shards = corpus_shards(str(args.dataset_root), out, args.glob, nodes)
     print("\n".join(describe(shards, Path(args.dataset_root), out, args.output_name)), file=sys.stderr)
+
+
+def plan_prepare_split(args, nodes: int, root: Path) -> None:
+    """A chat prepare job across ``nodes`` nodes (the batch script runs the export, shard I of N on each node, then
+    the merge and the pack): the plan is printed (stderr). The chunks are split once the export has written them,
+    so the plan gives the rule and the folders, not the chunk runs."""
+    size = args.chunk_size or CHUNK_SIZE
+    print(f"prepare across {nodes} nodes: the export of {args.dataset} on one node into {root} "
+          f"(training.jsonl, validation.jsonl); then its tokenize chunks of {size} conversations, split into {nodes} "
+          "contiguous runs balanced by size (one shard per node, each retried by itself):", file=sys.stderr)
+    for i in range(nodes):
+        print(f"  shard {i}/{nodes} -> {shard_dir(root, i, nodes) / 'tokenized'}", file=sys.stderr)
+    print(f"  then the merge and the pack on one node into {root / 'packed'}, byte for byte what one node writes",
+          file=sys.stderr)
 
 
 def _tokenizer_of_config(tok_model_name: str, config: Path) -> str:
@@ -343,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(quiet=getattr(args, "quiet", False))
 
     from pipeline.data import prepare as prep
+    from pipeline.data import prepare_shards
 
     if args.action == "prepare":
         tokenizer_given = args.tokenizer is not None
@@ -359,7 +397,18 @@ def main(argv: list[str] | None = None) -> int:
                               "seq_length": opts.seq_length, "paths": {k: str(v) for k, v in planned.items()}},
                              indent=2))
             return 0
-        summary = prep.prepare(opts)
+        if args.export_only:
+            res = prepare_shards.export_only(opts)
+            print(json.dumps(res, indent=2))
+            return 0
+        if args.shard is not None:
+            res = prepare_shards.prepare_shard(opts, *args.shard)
+            print(json.dumps(res, indent=2))
+            return 0
+        if args.merge_shards is not None:
+            summary = prepare_shards.merge_shards(opts, args.merge_shards)
+        else:
+            summary = prep.prepare(opts)
         print(json.dumps(summary, indent=2)) if args.json else _print_summary(summary)
         return 0
 

@@ -34,7 +34,7 @@ from pipeline.common.log import Progress
 from pipeline.data import workers as wk
 from pipeline.data.chat import load_tokenizer
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
-from pipeline.data.shards import LIMIT_NOT_SHARDABLE, SHARDS_DIR, check_count, shard_dir
+from pipeline.data.shards import LIMIT_NOT_SHARDABLE, SHARDS_DIR, check_count, ranges, shard_dir
 from pipeline.data.sources import corpus_shards, input_identity, iter_texts
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def merge_shards(source: str, tokenizer_name: str, out_dir: Path, output_name: s
         shards = [_finished_shard(out_dir, output_name, i, count, fp) for i in range(count)]
         unfinished = [i for i, rec in enumerate(shards) if rec is None]
         if unfinished:
-            raise UserError(f"cannot merge {count} shards into {prefix}: shard(s) {_ranges(unfinished)} are not "
+            raise UserError(f"cannot merge {count} shards into {prefix}: shard(s) {ranges(unfinished)} are not "
                             f"finished (or were made from another input or options): run tokenize --shard I/{count} "
                             "for each, then merge")
         records = [rec for rec in shards if rec is not None]
@@ -290,14 +290,3 @@ def _finished_shard(out_dir: Path, output_name: str, index: int, count: int, fp:
             or not all(p.is_file() for p in (_with(prefix, ".bin"), _with(prefix, ".idx"))):
         return None
     return rec
-
-
-def _ranges(indices: list[int]) -> str:
-    """0, 2-5, 9: consecutive indices as ranges."""
-    out, start = [], None
-    for a, b in itertools.zip_longest(indices, indices[1:]):
-        start = a if start is None else start
-        if b != a + 1:
-            out.append(str(a) if start == a else f"{start}-{a}")
-            start = None
-    return ", ".join(out)

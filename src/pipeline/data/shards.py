@@ -21,6 +21,7 @@ SHARDS_DIR = ".shards"
 LIMIT_NOT_SHARDABLE = ("--limit takes the first N documents of the whole corpus, which one node reads: it cannot be "
                        "split into shards")
 MAX_SHARDS = 4096
+CHUNK_SIZE = 2048  # prepare's conversations per tokenized chunk: its resume unit, and what its shards are made of
 _SPEC = re.compile(r"(\d+)/(\d+)")
 
 
@@ -63,9 +64,22 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def balanced_bounds(sizes: list[int], count: int) -> list[int]:
+    """``count`` contiguous, non-empty runs of items with these sizes, as ``count + 1`` bounds: each run ends where the
+    running size first reaches its share of the total (so each node gets about the same bytes)."""
+    total = sum(sizes)
+    running = list(itertools.accumulate(sizes))
+    bounds = [0]
+    for k in range(1, count):
+        end = bisect.bisect_left(running, total * k / count) + 1  # the run reaching k shares of the bytes
+        bounds.append(min(max(end, bounds[-1] + 1), len(sizes) - (count - k)))
+    bounds.append(len(sizes))
+    return bounds
+
+
 def split_files(files: list[Path], count: int) -> list[Shard]:
-    """The corpus's files (in reading order) as ``count`` contiguous, non-empty runs, each ending where the running
-    size first reaches its share of the total (so each node reads about the same bytes)."""
+    """The corpus's files (in reading order) as ``count`` contiguous, non-empty runs balanced by size
+    (:func:`balanced_bounds`)."""
     check_count(count)
     if count > len(files):
         raise UserError(f"{count} shards of a corpus of {len(files)} file(s): a shard is at least one whole file, so "
@@ -74,13 +88,7 @@ def split_files(files: list[Path], count: int) -> list[Shard]:
         sizes = [f.stat().st_size for f in files]
     except OSError as exc:
         raise UserError(f"cannot read the corpus's files: {exc.strerror or exc}") from None
-    total = sum(sizes)
-    running = list(itertools.accumulate(sizes))
-    bounds = [0]
-    for k in range(1, count):
-        end = bisect.bisect_left(running, total * k / count) + 1  # the run reaching k shares of the bytes
-        bounds.append(min(max(end, bounds[-1] + 1), len(files) - (count - k)))
-    bounds.append(len(files))
+    bounds = balanced_bounds(sizes, count)
     return [Shard(k, count, tuple(files[bounds[k]:bounds[k + 1]]), sum(sizes[bounds[k]:bounds[k + 1]]))
             for k in range(count)]
 
@@ -110,3 +118,14 @@ def describe(shards: list[Shard], source: Path, out_dir: Path, output_name: str)
     prefix = Path(out_dir) / f"{output_name}_text_document"
     lines.append(f"  then the merge: {prefix}.{{bin,idx}} and token_count.json, byte for byte what one node writes")
     return lines
+
+
+def ranges(indices: list[int]) -> str:
+    """0, 2-5, 9: consecutive indices as ranges."""
+    out, start = [], None
+    for a, b in itertools.zip_longest(indices, indices[1:]):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(str(a) if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out)

@@ -19,9 +19,9 @@ from pipeline.data import packed_parquet
 from pipeline.data import workers as wk
 from pipeline.data.chat import DROP_REASONS, ChatEncoder, load_tokenizer
 from pipeline.data.fingerprint import fingerprint_diff, read_marker, reuse_if_current
+from pipeline.data.shards import CHUNK_SIZE, balanced_bounds, shard_dir
 from pipeline.data.stage_base import SPLIT_FILES, SPLITS, Timer, log, progress, slices, tokenized_dir
 
-CHUNK_SIZE = 2048  # conversations per tokenized chunk (the resume unit); in the tokenize fingerprint
 KEEP_TOKENS = 1 << 28  # the pack stage gets splits up to this many tokens from memory instead of reading them back
 
 
@@ -36,11 +36,53 @@ class TokenizeOptions:
     workers: int | None = None  # worker processes; None: every usable CPU (not in any fingerprint)
     force: bool = False  # redo the stage even when its markers match
     quiet: bool = False  # no progress bar or periodic progress line
+    shard: tuple[int, int] | None = None  # (I, N): only shard I of N's chunks, into its shard folder (prepare_shards)
+
+    @property
+    def out_root(self) -> Path:
+        """Where ``tokenized/`` is written: the data root, or a shard's own folder under ``<root>/.shards/``."""
+        return self.dataset_root if self.shard is None else shard_dir(self.dataset_root, *self.shard)
 
 
 def tokenize_fingerprint(opts: TokenizeOptions, export: dict) -> dict:
-    """What a split's chunks were made from: the export's fingerprint, the tokenizer and the chunk size."""
-    return {"export": export.get("fingerprint"), "tokenizer": opts.tokenizer, "chunk_size": opts.chunk_size}
+    """What a split's chunks were made from: the export's fingerprint, the tokenizer and the chunk size (and, for a
+    shard's folder, which shard of how many)."""
+    fp = {"export": export.get("fingerprint"), "tokenizer": opts.tokenizer, "chunk_size": opts.chunk_size}
+    return fp if opts.shard is None else {**fp, "shard": list(opts.shard)}
+
+
+def chunk_path(out_dir: Path, index: int) -> Path:
+    """A split's chunk ``index`` in its tokenized folder."""
+    return out_dir / f"chunk_{index:05d}.parquet"
+
+
+def chunk_plan(root: Path, chunk_size: int) -> dict[str, tuple[np.ndarray, int]]:
+    """Each exported split's line starts (:func:`workers.line_starts`) and its number of chunks (an empty split has
+    one, empty)."""
+    plan = {}
+    for split in SPLITS:
+        starts = wk.line_starts(root / SPLIT_FILES[split])
+        plan[split] = starts, max(1, -(-(len(starts) - 1) // chunk_size))
+    return plan
+
+
+def shard_chunks(plan: dict[str, tuple[np.ndarray, int]], chunk_size: int, index: int, count: int) -> dict[str, range]:
+    """Shard ``index`` of ``count``: a contiguous run of the export's chunks (the training split's, then the
+    validation split's, in order), balanced by their bytes of JSONL. Every chunk is made from its own lines alone,
+    so the shards' chunks, put together, are the one-node run's chunks."""
+    chunks = [(split, c) for split in SPLITS for c in range(plan[split][1])]
+    if count > len(chunks):
+        raise UserError(f"{count} shards of an export of {len(chunks)} chunk(s) of {chunk_size} conversations: a "
+                        f"shard is at least one chunk, so use at most {len(chunks)} node(s) or a smaller --chunk-size")
+    sizes = []
+    for split, c in chunks:
+        starts = plan[split][0]
+        n = len(starts) - 1
+        sizes.append(int(starts[min(n, (c + 1) * chunk_size)] - starts[min(n, c * chunk_size)]))
+    bounds = balanced_bounds(sizes, count)
+    mine = chunks[bounds[index]:bounds[index + 1]]
+    return {split: range(min((c for s, c in mine if s == split), default=0),
+                         max((c + 1 for s, c in mine if s == split), default=0)) for split in SPLITS}
 
 
 class _TemplateMismatch(Exception):
@@ -97,7 +139,7 @@ def tokenize_pending(opts: TokenizeOptions, fp: dict) -> bool:
     if opts.force:
         return True
     for split in SPLITS:
-        done = tokenized_dir(opts.dataset_root, opts.tok_name, split) / "_DONE.json"
+        done = tokenized_dir(opts.out_root, opts.tok_name, split) / "_DONE.json"
         if not done.exists() or fingerprint_diff((read_marker(done) or {}).get("fingerprint"), fp):
             return True
     return False
@@ -143,8 +185,10 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
         export = read_marker(opts.dataset_root / "export_stats.json") or {}
     fp = tokenize_fingerprint(opts, export)
     result, plans = {}, []
+    chunk_plan_ = chunk_plan(opts.dataset_root, opts.chunk_size)
+    mine = shard_chunks(chunk_plan_, opts.chunk_size, *opts.shard) if opts.shard is not None else None
     for split in SPLITS:
-        out_dir = tokenized_dir(opts.dataset_root, opts.tok_name, split)
+        out_dir = tokenized_dir(opts.out_root, opts.tok_name, split)
         done = out_dir / "_DONE.json"
         started = out_dir / "_FINGERPRINT.json"
         if not opts.force and done.exists():
@@ -160,15 +204,18 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
             if not started.exists():
                 write_json(started, {"fingerprint": fp})
             src = opts.dataset_root / SPLIT_FILES[split]
-            starts = wk.line_starts(src)
+            starts, n_chunks = chunk_plan_[split]
             n_convs = len(starts) - 1
-            n_chunks = max(1, -(-n_convs // opts.chunk_size))
             chunks = []
-            for c in range(n_chunks):
-                path = out_dir / f"chunk_{c:05d}.parquet"
+            for c in (range(n_chunks) if mine is None else mine[split]):
+                path = chunk_path(out_dir, c)
                 first, last = c * opts.chunk_size, min(n_convs, (c + 1) * opts.chunk_size)
                 counts = _chunk_counts(path) if path.exists() else None  # a finished chunk is reused
                 chunks.append((path, counts, None if counts is not None else slices(starts, first, last) or [(0, 0)]))
+            reused = sum(counts is not None for _, counts, _ in chunks)
+            if reused:
+                log.info("stage tokenize[%s]: resumed: %d of %d chunks were already on disk (%s)", split, reused,
+                         len(chunks), out_dir)
             plans.append((split, out_dir, done, src, chunks))
     if not plans:
         return result
