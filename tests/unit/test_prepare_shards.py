@@ -195,3 +195,13 @@ def test_the_command_line_shards_and_merges_a_prepare(tmp_path):
     assert summary["pack"]["train"]["sequences"] > 0
     assert run([*base, "--dataset-root", str(tmp_path / "one")]).returncode == 0
     assert outputs(tmp_path / "multi") == outputs(tmp_path / "one")
+
+
+def test_shards_of_a_root_one_node_already_prepared_are_merged_to_the_same_files_and_removed(tmp_path):
+    data = chat_file(tmp_path / "chat.jsonl", n=100)
+    o = opts(data, tmp_path / "root")
+    prepare(o)
+    before = outputs(o.dataset_root)
+    merged = in_shards(o, 2)
+    assert outputs(o.dataset_root) == before and merged["seconds_per_stage"] == {}
+    assert not (o.dataset_root / SHARDS_DIR).exists()

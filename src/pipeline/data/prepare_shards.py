@@ -124,6 +124,10 @@ def merge_shards(opts: PrepareOptions, count: int) -> dict:
             _move_chunks(base, export, fp, count)
         else:
             log.info("prepare: the tokenize stage is already merged in %s", root / "tokenized" / tok_name)
+        for i in range(count):  # this split's shards only: another split's may still be running
+            shutil.rmtree(shard_dir(root, i, count), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (root / SHARDS_DIR).rmdir()  # when no other split's shards are left in it
         loaded: list = []
 
         def get_tokenizer():
@@ -140,7 +144,7 @@ def merge_shards(opts: PrepareOptions, count: int) -> dict:
 
 def _move_chunks(base: TokenizeOptions, export: dict, fp: dict, count: int) -> None:
     """Every chunk of the export from the shard that made it into ``<root>/tokenized/`` (a chunk already there,
-    moved by a merge that was interrupted, counts as moved), then this split's shard folders removed."""
+    moved by a merge that was interrupted, counts as moved)."""
     root, size = base.dataset_root, base.chunk_size
     plan = chunk_plan(root, size)
     dst = {sp: tokenized_dir(root, base.tok_name, sp) for sp in SPLITS}
@@ -173,8 +177,4 @@ def _move_chunks(base: TokenizeOptions, export: dict, fp: dict, count: int) -> N
             write_json(dst[sp] / "_FINGERPRINT.json", {"fingerprint": fp})
     for source, target in moves:
         os.replace(source, target)
-    for i in range(count):  # this split's shards only: another split's may still be running
-        shutil.rmtree(shard_dir(root, i, count), ignore_errors=True)
-    with contextlib.suppress(OSError):
-        (root / SHARDS_DIR).rmdir()  # when no other split's shards are left in it
     log.info("prepare: merged %d shards: %d chunks moved into %s", count, len(moves), Path(root) / "tokenized")
