@@ -3,7 +3,7 @@
     python bench/bench_bf16_tolerance.py [--models smollm2-135m tiny-qwen3-moe tiny-nemotronh-moe] [--seeds 1234]
 
 The cluster verifies a Megatron export by comparing bf16 Megatron logits with bf16 Hugging Face logits, so the
-verification tolerances (``pipeline.checkpoint.verify.BF16_TOLERANCES``) must admit bf16 rounding noise and
+verification tolerances (``pipeline.config.engines.BF16_TOLERANCES``) must admit bf16 rounding noise and
 nothing more. This measures that noise on the registry's local models: ``smollm2-135m`` (real weights) and the
 random-init MoE models ``tiny-qwen3-moe``, ``tiny-nemotronh-moe`` (built as the local engine builds them:
 ``build_tiny_config`` with the SmolLM2 tokenizer, ``from_config`` after ``torch.manual_seed(seed)``). For each

@@ -435,7 +435,7 @@ def op_fields(req: dict) -> dict:
     classes: dict = {}
     recipes: dict = {}
     for spec in REGISTRY.values():
-        if spec.is_local:
+        if not spec.trains_on.bridge_rules:
             continue
         for rmode, peft in (("pretrain", None), ("sft", None), ("peft", "lora")):
             recipe = pb._import(spec.recipe_module, spec.recipe_function.format(mode=rmode))

@@ -192,7 +192,8 @@ def test_non_finite_logits_are_a_failure_of_their_own_not_a_zero_difference():
 
     import torch
 
-    from pipeline.checkpoint.verify import BF16_TOLERANCES, compare_logits, fidelity_failures
+    from pipeline.checkpoint.verify import compare_logits, fidelity_failures
+    from pipeline.config.engines import BF16_TOLERANCES
 
     torch.manual_seed(0)
     a = torch.randn(1, 4, 16)

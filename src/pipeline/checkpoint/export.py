@@ -42,6 +42,7 @@ from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import atomic_path, read_json, write_json
 from pipeline.common.procs import barrier
+from pipeline.config.engines import engine_of_checkpoint
 from pipeline.config.models import REGISTRY, require_local_model
 from pipeline.config.parallel import Layout
 
@@ -257,11 +258,12 @@ def published_export(out: Path) -> dict | None:
 def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
     hf_model, lay = req.hf_model, req.layout
     engine = layout.engine_of(iter_path)
-    if engine not in ("local", "megatron"):
+    writer = engine_of_checkpoint(engine)
+    if engine is None or writer is None:
         raise UserError(f"{iter_path} is not a recognised checkpoint (no {layout.MARKER}, no Megatron metadata.json)")
     rank, world = _rank()
     base = None
-    if engine == "megatron":
+    if writer.megatron_checkpoint:
         peft = bridge.peft_iteration(iter_path)
         if peft is not None:
             base = lora_base(peft, hf_model)  # refuses in one line where the adapters cannot be merged
@@ -293,7 +295,7 @@ def _export(iter_path: Path, out: Path, req: ExportRequest) -> dict[str, Any]:
 
     (iter_path / FAILED).unlink(missing_ok=True)
     with atomic_path(out) as tmp:
-        if engine == "megatron":
+        if writer.megatron_checkpoint:
             if base is not None:
                 _export_lora(iter_path, tmp, hf_model=hf_model)
             else:
@@ -468,7 +470,7 @@ def import_hf(hf_id: str, output: Path, *, megatron: bool, force: bool = False, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = REGISTRY.get(hf_id)
-    src = require_local_model(spec) if spec is not None and spec.is_local else Path(hf_id)
+    src = require_local_model(spec) if spec is not None and spec.trains_on.ships_models else Path(hf_id)
     if not Path(src).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise UserError(f"{hf_id} is neither a registry model, a local directory, nor reachable (HF_HUB_OFFLINE=1)")
     target = layout.iter_dir(output, 0)

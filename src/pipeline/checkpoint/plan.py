@@ -41,6 +41,7 @@ from pipeline.common.errors import UserError
 from pipeline.common.io import folder_problem
 from pipeline.common.layout import output_folder_problem
 from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
+from pipeline.config.engines import LOCAL, MEGATRON_BRIDGE, Engine, engine_of_checkpoint
 from pipeline.config.models import REGISTRY, ModelSpec, spec_for
 from pipeline.config.parallel import (
     OVERHEAD_GB,
@@ -260,10 +261,10 @@ def layout_flags(lay: Layout) -> str:
 
 # ---- export / upload-all -----------------------------------------------------------------------------------
 def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profile: ClusterProfile,
-            notes: list[str], problems: list[str], strict: bool) -> str:
-    """The checkpoint's engine; one not written yet (a job that waits for training) is the model's engine: the
-    local engine for a registry local model or on a profile without GPUs, else Megatron. ``strict`` (an export
-    that runs now): a checkpoint that cannot be exported is a problem, not a note."""
+            notes: list[str], problems: list[str], strict: bool) -> Engine:
+    """The engine that wrote the checkpoint; one not written yet (a job that waits for training) is the model's
+    engine: the local engine for a registry local model or on a profile without GPUs, else Megatron Bridge.
+    ``strict`` (an export that runs now): a checkpoint that cannot be exported is a problem, not a note."""
     why = f"{ckpt_dir} does not exist yet"
     if ckpt_dir.exists() and not ckpt_dir.is_dir():
         problems.append(f"checkpoint directory {ckpt_dir} is not a directory")
@@ -271,7 +272,7 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
         problems.append(f"--iteration {iteration} must be >= 0")
     elif ckpt_dir.is_dir():
         try:
-            eng = layout.engine_of(layout.resolve_iteration(ckpt_dir, iteration))
+            eng = engine_of_checkpoint(layout.engine_of(layout.resolve_iteration(ckpt_dir, iteration)))
             if eng is not None:
                 return eng
         except UserError as exc:
@@ -280,9 +281,9 @@ def _engine(ckpt_dir: Path, iteration: int | None, spec: ModelSpec | None, profi
                 problems.append(why)
     elif strict:
         problems.append(f"checkpoint directory {ckpt_dir} does not exist")
-    local = (spec is not None and spec.is_local) or not profile.has_gpus
-    notes.append(f"{why}: planned as a {'local-engine' if local else 'Megatron'} checkpoint")
-    return "local" if local else "megatron"
+    planned = LOCAL if not profile.has_gpus else spec.trains_on if spec is not None else MEGATRON_BRIDGE
+    notes.append(f"{why}: planned as a {planned.checkpoint_label} checkpoint")
+    return planned
 
 
 @dataclass(frozen=True)
@@ -335,9 +336,9 @@ def plan_export(req: ExportJob) -> JobPlan:
     found += invisible_paths(profile, [("checkpoint directory", req.ckpt_dir),
                                        *([("--hf-model", req.hf_model)] if local_path(req.hf_model) else [])])
     _hub_lines(req, profile, notes, found)
-    if engine == "local":
+    if not engine.megatron_checkpoint:
         return _plan_local_export(req, profile, notes, found)
-    peft = _peft_iteration(req.ckpt_dir, req.iteration) if engine == "megatron" else None
+    peft = _peft_iteration(req.ckpt_dir, req.iteration)
     lay = _export_layout(req, spec, profile, peft, notes, found)
     gpn = profile.ranks_per_node
     plan = JobPlan(req.job, req.hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
@@ -372,8 +373,8 @@ def _hub_lines(req: ExportJob, profile: ClusterProfile, notes: list[str], proble
 
 def _plan_local_export(req: ExportJob, profile: ClusterProfile, notes: list[str], found: list[str]) -> JobPlan:
     """A local-engine checkpoint: one process on the CPU, no parallel layout."""
-    plan = JobPlan(req.job, req.hf_model, profile.name, 1, 1, Layout(1), engine="local", problems=found,
-                   env=job_env(profile.env),
+    plan = JobPlan(req.job, req.hf_model, profile.name, 1, 1, Layout(1), engine=LOCAL.checkpoint_format,
+                   problems=found, env=job_env(profile.env),
                    launch=["python", *req.module], notes=notes + ["local-engine checkpoint: one process, CPU"])
     if any(v not in (None, 1) for v in (req.tp, req.pp, req.ep)):
         plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {req.ckpt_dir} is a local-engine "
@@ -475,7 +476,7 @@ def _plan_lora_export(plan: JobPlan, spec: ModelSpec, profile: ClusterProfile, i
     fixed_gpu = megatron_gb(spec, Layout(1), VERIFY_TOKENS) - 2 * spec.total_params_b  # logits + overhead
     limits = [(gpu_budget - fixed_gpu) / 2] if gpu_budget else []
     limits += [(host_budget - OVERHEAD_GB) / 8] if host_budget else []
-    fits = [s for s in REGISTRY.values() if not s.is_local and s.total_params_b
+    fits = [s for s in REGISTRY.values() if s.trains_on.needs_gpus and s.total_params_b
             and s.total_params_b <= min(limits)]
     examples = ", ".join(f"{s.name}: {max(lora_export_memory(s, profile)[0].values()):.1f} GB per GPU, "
                          f"~{lora_export_memory(s, profile)[1]:.0f} GB of host memory" for s in fits)
@@ -527,7 +528,7 @@ def import_target(hf_id: str, output: Path | None, profile: ClusterProfile) -> t
     shipped config starts from (Nano: its -Base-BF16 model); the default output is ``<megatron_models_dir>/<HF
     name>``, the folder the shipped configs' ``checkpoint.pretrained_checkpoint`` reads."""
     spec = spec_for(hf_id)
-    megatron = spec is None or not spec.is_local
+    megatron = (spec.trains_on if spec is not None else MEGATRON_BRIDGE).megatron_checkpoint
     fetch = (spec.import_hf_id if hf_id == spec.name else hf_id) if spec is not None and megatron else hf_id
     if output is not None:
         return fetch, Path(output), megatron
@@ -595,8 +596,9 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     fetch, out, megatron = import_target(hf_id, output, profile)
     spec = spec_for(fetch)
     module = ["-m", "pipeline.cli.checkpoint", *(argv or [])]
-    plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1), engine="megatron" if megatron else "local",
-                   env=job_env(profile.env), launch=["python", *module])
+    plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1),
+                   engine=(MEGATRON_BRIDGE if megatron else LOCAL).checkpoint_format, env=job_env(profile.env),
+                   launch=["python", *module])
     plan.notes.append(f"output: {out}")
     root = models_root(profile, megatron)
     if Path(out).resolve() == root.resolve():

@@ -25,7 +25,6 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +32,7 @@ from pipeline import bridge
 from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
+from pipeline.config.engines import FP32_TOLERANCES, Tolerances, engine_of_checkpoint
 
 VERIFY_PROMPTS = [
     "The capital of France is",
@@ -46,30 +46,15 @@ REFERENCE_TEXT = (
 )
 
 
-@dataclass(frozen=True)
-class Tolerances:
-    """When a conversion is faithful: max |logit diff| <= atol, mean KL(source || export) <= kl, and the argmax
-    agrees on at least a fraction ``top1`` of the prompt positions."""
-
-    atol: float
-    kl: float
-    top1: float
-
-
-# fp32 source vs fp32 export through the same Hugging Face code (the local engine): measured exactly 0.0 on every
-# model of the registry, so anything above float32 round-off is a real change.
-FP32_TOLERANCES = Tolerances(atol=1e-3, kl=1e-6, top1=1.0)
-# bf16 Megatron source vs bf16 Hugging Face export (the cluster): bench/bench_bf16_tolerance.py measured bf16 vs fp32
-# at most 1.27 max |logit diff|, 2.2e-3 mean KL and 0.96 top-1 agreement on the registry's local models; these are
-# about 3x that (docs/benchmarks.md, "bf16 verification tolerance"; the cluster can refine them).
-BF16_TOLERANCES = Tolerances(atol=4.0, kl=1e-2, top1=0.9)
+# Tolerances, FP32_TOLERANCES (the local engine's) and BF16_TOLERANCES (Megatron's): config/engines.py
 FILE_SET_SHOWN = 5  # problems of the file-set check listed one a line; the rest are counted
 
 
 def default_tolerances(engine: str) -> Tolerances:
     """The tolerances of an export by the engine that wrote its source: ``local`` compares fp32 with fp32,
     ``megatron`` compares bf16 with bf16 (two implementations, so bf16 rounding noise on both sides)."""
-    return BF16_TOLERANCES if engine == "megatron" else FP32_TOLERANCES
+    writer = engine_of_checkpoint(engine)
+    return writer.export_tolerances if writer is not None else FP32_TOLERANCES
 
 
 def compare_logits(src: list, exp: list) -> dict[str, Any]:
@@ -506,7 +491,8 @@ def verify_export(iter_path: Path, tmp: Path, engine: str, req: ExportSettings, 
     tokenizer = AutoTokenizer.from_pretrained(tmp)
     template_warning = chat_template_refusal(tokenizer)
     source = None
-    if engine == "megatron":
+    writer = engine_of_checkpoint(engine)
+    if writer is not None and writer.megatron_checkpoint:
         if source_logits is None:
             source_logits = megatron_source_logits(iter_path, tmp, hf_model=hf_model, lora_base=lora_base)
         exported = load_bf16_export(tmp)

@@ -331,7 +331,7 @@ def _resolve_prepare(args, environ=None) -> dict:
     model = args.model
     if model is None and args.tokenizer is None:
         if profile.has_gpus:
-            names = ", ".join(n for n, s in REGISTRY.items() if not s.is_local)
+            names = ", ".join(n for n, s in REGISTRY.items() if s.trains_on.needs_gpus)
             raise UserError(f"prepare: cluster profile {profile.name} trains several models ({names}): name the one "
                             "the data is for with --model (e.g. --model nano), or --config CONFIG")
         model = "smollm2-135m"

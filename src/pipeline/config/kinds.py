@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Literal, TypeGuard, get_args
 
-Engine = Literal["local", "megatron_bridge"]  # a model's training engine (ModelSpec.engine, the launch record)
-ENGINES: tuple[Engine, ...] = get_args(Engine)
+EngineName = Literal["local", "megatron_bridge"]  # a model's training engine (ModelSpec.engine, the launch record;
+ENGINES: tuple[EngineName, ...] = get_args(EngineName)  # the objects: config/engines.py)
+
+CheckpointFormat = Literal["local", "megatron"]  # what a checkpoint folder holds (common.layout.engine_of)
 
 Mode = Literal["pretrain", "cpt", "sft"]  # what a training run does (--mode; the recipe it starts from)
 MODES: tuple[Mode, ...] = get_args(Mode)

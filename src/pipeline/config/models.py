@@ -15,7 +15,8 @@ from typing import Any
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError, did_you_mean
-from pipeline.config.kinds import Engine
+from pipeline.config.engines import Engine, engine
+from pipeline.config.kinds import EngineName
 
 SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
 
@@ -68,7 +69,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
-    engine: Engine
+    engine: EngineName
     hf_id: str
     description: str
     # Megatron Bridge engine: recipe module and function name per mode ("{mode}" is substituted).
@@ -120,8 +121,9 @@ class ModelSpec:
     shape: ModelShape | None = None
 
     @property
-    def is_local(self) -> bool:
-        return self.engine == "local"
+    def trains_on(self) -> Engine:
+        """Its engine, the object (``config/engines.py``): what it needs and does."""
+        return engine(self.engine)
 
     @property
     def import_hf_id(self) -> str:

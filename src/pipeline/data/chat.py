@@ -41,7 +41,7 @@ def load_tokenizer(name_or_path: str | Path):
 
     spec = REGISTRY.get(str(name_or_path))
     path: str | Path
-    if spec is not None and spec.is_local:
+    if spec is not None and spec.trains_on.ships_models:
         path = tokenizer_path(spec)
     elif spec is not None:
         path = spec.hf_id
@@ -240,7 +240,7 @@ def tokenizer_files(name_or_path: str | Path) -> dict | None:
     spec = REGISTRY.get(str(name_or_path))
     try:
         if spec is not None:
-            if not spec.is_local:
+            if not spec.trains_on.ships_models:
                 return None
             path = tokenizer_path(spec)
         else:

@@ -83,7 +83,7 @@ class LaunchPlan:
 
     def command(self) -> list[str]:
         """The per-node torchrun / ft_launcher command line."""
-        nsys = bool(self.cfg.profiling.use_nsys_profiler) and not self.spec.is_local
+        nsys = bool(self.cfg.profiling.use_nsys_profiler) and self.spec.trains_on.nsys
         return launch_command(self.spec, self.cluster, self.alloc, self.nodes, self.run_dir, self.request.disable_ft,
                               self.max_restarts, nsys=nsys)
 
@@ -100,14 +100,14 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     if not is_mode(req.mode):
         raise UserError(f"--mode {req.mode!r} is not one of {', '.join(MODES)}")
     spec = get_model(req.model)
-    if req.peft and spec.is_local:
+    if req.peft and not spec.trains_on.adapters:
         raise UserError("--peft lora runs on the Megatron Bridge engine; the local engine trains full weights")
     alloc = current()
     nodes = planned_nodes(req.nodes, alloc)
     if req.max_restarts is not None and req.max_restarts < 0:
         raise UserError(f"--max-restarts {req.max_restarts} must be >= 0")
     cfg = load_config(req.config, list(req.overrides), spec.recipe_defaults(req.mode, req.peft))
-    cluster = resolve_profile(req.cluster, cfg.pipeline.cluster, default="local_cpu" if spec.is_local else None)
+    cluster = resolve_profile(req.cluster, cfg.pipeline.cluster, default=spec.trains_on.default_cluster)
     if alloc.gpus_on_node is not None and cluster.has_gpus and alloc.gpus_on_node != cluster.gpus_per_node:
         raise UserError(f"the allocation has {alloc.gpus_on_node} GPUs per node but cluster profile "
                         f"'{cluster.name}' says {cluster.gpus_per_node}: use --cluster or --gpus-per-node")
@@ -158,14 +158,14 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
     whose ``checkpoint.load`` is another run's save continues it (``records.start_point``) under this config's LR
     schedule (``scheduler.override_opt_param_scheduler``, unless ``use_checkpoint_opt_param_scheduler``)."""
     ckpt, logger = cfg.checkpoint, cfg.logger
-    if not spec.is_local and cfg.train.exit_signal_handler is None:
+    if spec.trains_on.megatron_resume and cfg.train.exit_signal_handler is None:
         cfg.train.exit_signal_handler = True
-    if not spec.is_local and ckpt.save and ckpt.load is None:
+    if spec.trains_on.megatron_resume and ckpt.save and ckpt.load is None:
         # The recipes leave checkpoint.load unset: a requeued or restarted job would then start again from
         # pretrained_checkpoint (or from scratch) and overwrite its own iterations. Megatron resumes from `load`
         # when it holds a checkpoint and falls back to pretrained_checkpoint when it does not.
         ckpt.load = ckpt.save
-    if spec.is_local:
+    if not spec.trains_on.bridge_rules:  # no recipe: the launch sets what one would
         if ckpt.save is None:
             ckpt.save = str(run_dir / "checkpoints")
         if logger.wandb_exp_name is None:

@@ -35,7 +35,8 @@ from pipeline.common.layout import TRACKER, iter_dir, iter_dirname, iteration_of
 from pipeline.common.mappings import flatten
 from pipeline.common.paths import ENV_SUBMIT, IMAGE_RECORD_SUFFIX
 from pipeline.config.cluster import ClusterProfile, effective_knobs
-from pipeline.config.kinds import Engine, Mode
+from pipeline.config.engines import engine
+from pipeline.config.kinds import EngineName, Mode
 from pipeline.config.loader import strip_suite_only
 from pipeline.config.models import ModelSpec, recipe_mode
 from pipeline.config.parallel import OVERHEAD_GB, Layout, model_shape_problems, node_local_problems
@@ -52,7 +53,7 @@ GB = 1e9
 class Plan:
     model: str
     mode: Mode
-    engine: Engine
+    engine: EngineName
     cluster: str
     nodes: int
     ranks_per_node: int
@@ -145,10 +146,10 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
                   path_checks: bool = True, peft: str | None = None, ft_launcher: bool = False) -> Plan:
     """``ft_launcher``: the ranks start under ft_launcher (``launch.uses_ft_launcher``: the profile's launcher,
     unless --disable-ft), which turns on Megatron's fault tolerance on the Bridge engine."""
-    local = spec.is_local
+    local = not spec.trains_on.bridge_rules  # the local engine's own, smaller set of rules
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
                 ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node), peft=peft)
-    if not local and not cluster.has_gpus:
+    if spec.trains_on.needs_gpus and not cluster.has_gpus:
         plan.problems.append(f"model '{spec.name}' runs on the Megatron Bridge engine, which needs GPUs; cluster "
                              f"profile '{cluster.name}' has gpus_per_node=0: use --cluster with a GPU profile")
     if plan.world < 1:
@@ -172,7 +173,7 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     sp = bool(m.sequence_parallel)
     lay = plan.layout = Layout(plan.world, tp, pp, cp, ep, etp)
 
-    if local and (tp, pp, cp, ep, etp) != (1, 1, 1, 1, 1):
+    if not spec.trains_on.model_parallel and (tp, pp, cp, ep, etp) != (1, 1, 1, 1, 1):
         plan.problems.append(f"the local engine has no model parallelism: tp({tp}) pp({pp}) cp({cp}) ep({ep}) "
                              f"etp({etp}) must all be 1; it scales by data parallelism only")
     per_node = "gpus_per_node" if cluster.has_gpus else "procs_per_node"  # megatron-core's rules: config/parallel.py
@@ -321,7 +322,7 @@ def _check_pretraining_data(cfg: TrainingConfig, spec: ModelSpec, mode: str, pef
     """Pretraining (and CPT) on Megatron Bridge reads indexed ``.bin/.idx`` data named by ``+dataset.data_path`` (or a
     blend); a recipe names none, and Bridge then trains on its mock dataset (random tokens) without a word. With path
     checks, each prefix of a data_path list must have its ``.bin`` and ``.idx``."""
-    if spec.is_local or peft or recipe_mode(mode) != "pretrain":
+    if not spec.trains_on.bridge_rules or peft or recipe_mode(mode) != "pretrain":
         return
     raw = cfg.extra.get("dataset")
     ds: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -363,7 +364,7 @@ def _check_bridge_keys(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft: st
     table = _bridge_fields()
     # The local engine reads the same section and field names (our schema mirrors Bridge's): its values are
     # type-checked against the Nano recipe's fields; unknown '+' keys are only warned about there (it ignores them).
-    types_only = spec.is_local
+    types_only = not spec.trains_on.bridge_rules
     key = f"{'nano' if types_only else spec.name}/{recipe_mode(mode, peft)}"
     sections = table["recipes"].get(key)
     if sections is None:
@@ -449,7 +450,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
     root = cfg.dataset.dataset_root
     pad = cfg.dataset.offline_packing_specs.pad_seq_to_mult or 1
 
-    if not spec.is_local and not peft and recipe_mode(mode) == "pretrain":
+    if spec.trains_on.bridge_rules and not peft and recipe_mode(mode) == "pretrain":
         # Bridge pretraining and CPT read indexed .bin/.idx prefixes (+dataset.data_path, a blend), checked by
         # _check_pretraining_data; dataset_root is not a field of GPTDatasetConfig
         pass
@@ -475,16 +476,17 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
             bad = check_packed(paths, plan.seq_length, pad)
             plan.problems += bad
             packs = None if bad else _note_epochs(paths["train"], plan)
-            if not spec.is_local and packs is not None and packs < plan.gbs:
+            if spec.trains_on.bridge_rules and packs is not None and packs < plan.gbs:
                 # Bridge's loader raises "Not enough train samples for a single global batch" on every rank, after
                 # the queue and the model's load (data/loaders.py)
                 plan.problems.append(f"packed training data {paths['train']} holds {packs} packs, fewer than one "
                                      f"global batch (train.global_batch_size={plan.gbs}): Megatron Bridge refuses "
                                      "it; prepare more data or lower train.global_batch_size")
-            if not spec.is_local and not bad:
+            if spec.trains_on.bridge_rules and not bad:
                 plan.problems += _validation_batch_problems(cfg, paths, plan)
     pre = cfg.checkpoint.pretrained_checkpoint
-    if spec.is_local and pre is not None:  # every rank loads it: a bad path failed four times under torchrun
+    # every rank loads it: a bad path failed four times under torchrun
+    if not spec.trains_on.bridge_rules and pre is not None:
 
         p = Path(str(pre))
         if not p.exists():
@@ -495,7 +497,7 @@ def _check_paths(cfg: TrainingConfig, spec: ModelSpec, mode: str, plan: Plan, pe
                                  " nor a model folder (config.json)")
     plan.problems += _tracker_problems(cfg)
     _check_continued(cfg, plan)
-    if not spec.is_local and mode in ("sft", "cpt") or (not spec.is_local and peft):
+    if spec.trains_on.bridge_rules and (mode in ("sft", "cpt") or peft):
         ckpt = cfg.checkpoint.pretrained_checkpoint or cfg.checkpoint.load
         if ckpt is None:
             plan.problems.append(f"mode {mode} starts from a checkpoint: set checkpoint.pretrained_checkpoint "
@@ -616,7 +618,7 @@ def image_package_problems(cfg: TrainingConfig, spec: ModelSpec, mode: str, peft
     every rank after the allocation. Read as ``name==version`` lines with the standard library (the login node's
     planner has no ``packaging``)."""
     need = gpu_packages_needed(cfg, spec, mode, peft)
-    if spec.is_local or cluster.runtime == "venv" or not need:
+    if not spec.trains_on.bridge_rules or cluster.runtime == "venv" or not need:
         return []
     sif = effective_knobs(cluster).get("PIPELINE_SIF", "")
     if not sif:
@@ -666,7 +668,7 @@ def distributed_optimizer(cfg: TrainingConfig) -> bool:
 def venv_optimizer_note(cfg: TrainingConfig, spec: ModelSpec, cluster: ClusterProfile) -> list[str]:
     """A venv job's packages are not visible from the login node: where it uses the distributed optimizer, the plan
     says what its resume needs (a container job's image record is read instead: image_package_problems)."""
-    if spec.is_local or cluster.runtime != "venv" or not distributed_optimizer(cfg):
+    if not spec.trains_on.bridge_rules or cluster.runtime != "venv" or not distributed_optimizer(cfg):
         return []
     return [f"{DIST_OPT} resumes only where the job's venv has Transformer Engine or Apex (not inspected from "
             f"here): without either, {NO_FUSED_ADAM_RESUME}; set {DIST_OPT_OFF} on such a venv"]
@@ -739,7 +741,7 @@ def format_plan(plan: Plan) -> str:
     ]
     if plan.memory_gb:
         parts = ", ".join(f"{k} {v}" for k, v in plan.memory_gb.items() if k != "total")
-        unit = "GPU" if plan.engine != "local" else "process"
+        unit = engine(plan.engine).rank_unit
         lines.append(f"memory estimate: {plan.memory_gb['total']:.1f} GB per {unit}"
                      f" of {plan.memory_budget_gb:g} GB ({parts})")
     lines += [f"note: {n}" for n in plan.notes]

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from pipeline.common.errors import cli_main
 from pipeline.common.log import setup_logging
+from pipeline.config.engines import LOCAL, MEGATRON_BRIDGE, engine
 from pipeline.training import records
 from pipeline.training.engines.local import train as local_train
 from pipeline.training.engines.megatron_bridge import train as bridge_train
 
+TRAIN = {LOCAL.name: local_train, MEGATRON_BRIDGE.name: bridge_train}  # each engine's train(run_dir, cfg, launch)
 _PARENT = os.getppid()  # at start: the launcher's agent that started this rank
 
 
@@ -47,11 +49,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 3
     cfg, launch = records.load_run(run_dir)
-    if launch["engine"] == "local":
-        return local_train(run_dir, cfg, launch)
-
-    log.info("Megatron Bridge engine on rank %s", os.environ.get("RANK", "0"))
-    return bridge_train(run_dir, cfg, launch)
+    eng = engine(launch["engine"])
+    if eng.needs_gpus:
+        log.info("%s engine on rank %s", eng.title, os.environ.get("RANK", "0"))
+    return TRAIN[eng.name](run_dir, cfg, launch)
 
 
 if __name__ == "__main__":
