@@ -84,8 +84,9 @@ def test_tokenize_across_three_nodes_with_a_shard_killed_is_the_one_node_output(
 def test_a_chat_prepare_across_three_nodes_with_a_shard_killed_is_the_one_node_output(senv, tmp_path):
     data = chat_file(tmp_path / "chat.jsonl", n=3000, seed=64)
     root = tmp_path / "multi"
+    # --force redoes every stage, but a retried shard resumes: the job gives --force to a shard's first try only
     job = submit(senv, f"--nodes={NODES}", "pipeline_data_submit.sbatch", "prepare", "--dataset", str(data),
-                 "--seq-length", "384", "--chunk-size", "8", "--dataset-root", str(root))
+                 "--seq-length", "384", "--chunk-size", "8", "--dataset-root", str(root), "--force")
     done = shard_dir(root, 1, NODES) / "tokenized" / "HuggingFaceTB--SmolLM2-135M-Instruct" / "train"
     kill_mid_shard(senv, job, "prepare-shard-1", lambda: list(done.glob("chunk_*.parquet")),
                    lambda: (done / "_DONE.json").exists(), "shard 1")

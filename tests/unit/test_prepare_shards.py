@@ -5,21 +5,26 @@ shards of another export, is refused in one line naming them; an interrupted mer
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import re
 import sys
 
 import pytest
 
+from pipeline.cli import data as data_cli
 from pipeline.common.errors import UserError
 from pipeline.data import prepare_shards, stage_tokenize
 from pipeline.data.prepare import PrepareOptions, prepare
 from pipeline.data.shards import SHARDS_DIR, shard_dir
-from pipeline.data.stage_base import SPLITS
+from pipeline.data.stage_base import SPLITS, Timer
+from pipeline.data.stage_pack import stage_pack
 from pipeline.data.stage_tokenize import chunk_plan, shard_chunks
 from tests.helpers import ROOT, run
 
 TOK = "HuggingFaceTB--SmolLM2-135M-Instruct"
+TOK_NAME = TOK  # the tokenizer's folder name under tokenized/
 WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa", "é", "日本"]
 
 
@@ -205,3 +210,81 @@ def test_shards_of_a_root_one_node_already_prepared_are_merged_to_the_same_files
     merged = in_shards(o, 2)
     assert outputs(o.dataset_root) == before and merged["seconds_per_stage"] == {}
     assert not (o.dataset_root / SHARDS_DIR).exists()
+
+
+def test_a_shard_missing_a_chunk_makes_it_again_and_the_merge_then_passes(tmp_path):
+    data = chat_file(tmp_path / "chat.jsonl")
+    o = opts(data, tmp_path / "root")
+    prepare_shards.export_only(o)
+    for i in range(3):
+        prepare_shards.prepare_shard(o, i, 3)
+    own = shard_dir(o.dataset_root, 1, 3) / "tokenized" / TOK / "train"
+    victim = sorted(own.glob("chunk_*.parquet"))[2]
+    victim.unlink()
+    with pytest.raises(UserError, match=r"shard\(s\) 1 are not finished"):
+        prepare_shards.merge_shards(o, 3)
+    prepare_shards.prepare_shard(o, 1, 3)  # what the refusal says to run: it makes the missing chunk
+    assert victim.is_file()
+    prepare_shards.merge_shards(o, 3)
+    prepare(opts(data, tmp_path / "one"))
+    assert outputs(o.dataset_root) == outputs(tmp_path / "one")
+
+
+def test_a_finished_split_missing_a_chunk_is_never_packed_short(tmp_path):
+    data = chat_file(tmp_path / "chat.jsonl")
+    prepare(opts(data, tmp_path / "one"))
+    reference = outputs(tmp_path / "one")
+    o = opts(data, tmp_path / "root")
+    prepare(o)
+    in_dir = tmp_path / "root" / "tokenized" / TOK / "train"
+    (in_dir / "chunk_00003.parquet").unlink()
+    with pytest.raises(UserError, match="missing 1 of its chunks \\(chunk_00003.parquet\\)"):
+        stage_pack(dataclasses.replace(o.for_pack(TOK_NAME), force=True), Timer())
+    for i in range(3):  # the shards hold the chunk again; the merge moves it in and packs the whole split
+        prepare_shards.prepare_shard(o, i, 3)
+    prepare_shards.merge_shards(dataclasses.replace(o, force=True), 3)
+    assert outputs(o.dataset_root) == reference
+    (in_dir / "chunk_00005.parquet").unlink()  # and a one-node run makes a missing chunk again
+    prepare(o)
+    assert outputs(o.dataset_root) == reference
+
+
+def test_a_job_resubmitted_after_its_merge_or_mid_merge_tokenizes_nothing_again(tmp_path, monkeypatch):
+    data = chat_file(tmp_path / "chat.jsonl")
+    o = opts(data, tmp_path / "root")
+    prepare_shards.export_only(o)
+    for i in range(3):
+        prepare_shards.prepare_shard(o, i, 3)
+    real = prepare_shards.os.replace
+    moved = []
+
+    def die_after_seven(a, b):
+        if len(moved) == 7:
+            raise KeyboardInterrupt
+        moved.append(b)
+        real(a, b)
+
+    monkeypatch.setattr(prepare_shards.os, "replace", die_after_seven)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_shards.merge_shards(o, 3)
+    monkeypatch.setattr(prepare_shards.os, "replace", real)
+    made = []
+    write = stage_tokenize._write_chunk
+    monkeypatch.setattr(stage_tokenize, "_write_chunk", lambda path, parts: made.append(path) or write(path, parts))
+    for i in range(3):  # the resubmitted job's shard steps: the moved chunks count as made
+        assert prepare_shards.prepare_shard(o, i, 3)["train"]["made_already"]
+    prepare_shards.merge_shards(o, 3)
+    for i in range(3):  # and once merged: nothing, and no shard folder made
+        prepare_shards.prepare_shard(o, i, 3)
+    assert made == [] and not (o.dataset_root / SHARDS_DIR).exists()
+
+
+@pytest.mark.parametrize("bad,message", [(["--chunk-size", "0"], "--chunk-size must be >= 1, got 0"),
+                                         (["--limit", "0"], "--limit must be >= 1"),
+                                         (["--val-fraction", "2"], "--val-fraction must be in [0, 1)")])
+def test_a_submission_with_a_bad_prepare_value_is_refused_before_the_queue(tmp_path, bad, message):
+    data = chat_file(tmp_path / "chat.jsonl", n=10)
+    argv = ["prepare", "--dataset", str(data), "--seq-length", "256", "--dataset-root", str(tmp_path / "r"), *bad]
+    for nodes in (1, 3):
+        with pytest.raises(UserError, match=re.escape(message)):
+            data_cli.check_submission(argv, nodes=nodes)

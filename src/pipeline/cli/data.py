@@ -187,6 +187,9 @@ def check_submission(argv: list[str], inputs_later: bool = False, nodes: int = 1
         if nodes > 1 and (args.shard is not None or args.merge_shards is not None or args.export_only):
             raise UserError("--export-only, --shard and --merge-shards are the job's own steps: a submission across "
                             "nodes exports, splits and merges by itself (drop them, or submit with --nodes=1)")
+        problems = _prepare_value_problems(args)
+        if problems:
+            raise UserError("prepare: " + "; ".join(problems))
         try:
             resolved = _resolve_prepare(args)
         except ImportError:  # a bare login node (no PyYAML, no numpy): the job resolves it when it starts
@@ -252,11 +255,24 @@ def plan_split(args, nodes: int, inputs_later: bool) -> None:
     print("\n".join(describe(shards, Path(args.dataset_root), out, args.output_name)), file=sys.stderr)
 
 
+def _prepare_value_problems(args) -> list[str]:
+    """The prepare options checked before anything is read (``PrepareOptions.validate`` checks them again in the
+    job): so a submission with a bad one is refused at once, not after the queue."""
+    problems = []
+    if args.chunk_size is not None and args.chunk_size < 1:
+        problems.append(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    if args.limit is not None and args.limit < 1:
+        problems.append(f"--limit must be >= 1, got {args.limit}")
+    if not 0 <= args.val_fraction < 1:
+        problems.append(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    return problems
+
+
 def plan_prepare_split(args, nodes: int, root: Path) -> None:
     """A chat prepare job across ``nodes`` nodes (the batch script runs the export, shard I of N on each node, then
     the merge and the pack): the plan is printed (stderr). The chunks are split once the export has written them,
     so the plan gives the rule and the folders, not the chunk runs."""
-    size = args.chunk_size or CHUNK_SIZE
+    size = CHUNK_SIZE if args.chunk_size is None else args.chunk_size
     print(f"prepare across {nodes} nodes: the export of {args.dataset} on one node into {root} "
           f"(training.jsonl, validation.jsonl); then its tokenize chunks of {size} conversations, split into {nodes} "
           "contiguous runs balanced by size (one shard per node, each retried by itself):", file=sys.stderr)

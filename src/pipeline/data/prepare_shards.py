@@ -89,8 +89,13 @@ def prepare_shard(opts: PrepareOptions, index: int, count: int) -> dict:
     if not 0 <= index < count:
         raise UserError(f"--shard {index}/{count}: the shard index must be below the count")
     export = current_export(opts, f"prepare --shard {index}/{count}")
-    tok = dataclasses.replace(opts.for_tokenize(tokenizer_model_name(opts.tokenizer)), shard=(index, count))
-    shard_chunks(chunk_plan(opts.dataset_root, opts.chunk_size), opts.chunk_size, index, count)  # before any folder
+    base = opts.for_tokenize(tokenizer_model_name(opts.tokenizer))
+    tok = dataclasses.replace(base, shard=(index, count))
+    mine = shard_chunks(chunk_plan(opts.dataset_root, opts.chunk_size), opts.chunk_size, index, count)  # refusals
+    if not opts.force and _all_made(base, tok, export, mine):  # before any folder is made
+        log.info("prepare --shard %d/%d: every chunk of this shard is made already (in its folder, or merged into %s):"
+                 " nothing to do", index, count, opts.dataset_root / "tokenized")
+        return {sp: {"chunks": len(mine[sp]), "made_already": True} for sp in SPLITS}
     where = tok.out_root
     where.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(where / ".prepare.lock", f"shard folder {where}"):
@@ -100,6 +105,22 @@ def prepare_shard(opts: PrepareOptions, index: int, count: int) -> dict:
         finally:
             if pool is not None:
                 pool.close()
+
+
+def _all_made(base: TokenizeOptions, tok: TokenizeOptions, export: dict, mine: dict[str, range]) -> bool:
+    """Every chunk of the shard is on disk: in its finished shard folder, or already in the data root's tokenized
+    folder (made from the same export and options: moved there by a merge, or made by a one-node run). A job
+    resubmitted after its merge, or after a merge that was interrupted, then tokenizes nothing again."""
+    fp = tokenize_fingerprint(base, export)
+    finished = _shard_finished(tok, tokenize_fingerprint(tok, export))
+    for sp, chunks in mine.items():
+        root_dir = tokenized_dir(base.dataset_root, base.tok_name, sp)
+        merged = not fingerprint_diff((read_marker(root_dir / "_FINGERPRINT.json") or {}).get("fingerprint"), fp)
+        own = tokenized_dir(tok.out_root, tok.tok_name, sp)
+        for c in chunks:
+            if not ((merged and chunk_path(root_dir, c).is_file()) or (finished and chunk_path(own, c).is_file())):
+                return False
+    return True
 
 
 def _shard_finished(tok: TokenizeOptions, fp: dict) -> bool:

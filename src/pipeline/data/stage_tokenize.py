@@ -56,6 +56,15 @@ def chunk_path(out_dir: Path, index: int) -> Path:
     return out_dir / f"chunk_{index:05d}.parquet"
 
 
+def missing_chunks(out_dir: Path, marker: dict | None) -> list[str]:
+    """The chunk files a finished split's marker (``_DONE.json``) counts that are not on disk (deleted, or moved
+    away): its chunks ``0 .. chunks - 1``, or a shard's ``chunk_range``."""
+    if not isinstance(marker, dict) or not isinstance(marker.get("chunks"), int):
+        return []
+    first, last = marker.get("chunk_range") or (0, marker["chunks"])
+    return [p.name for p in (chunk_path(out_dir, c) for c in range(int(first), int(last))) if not p.is_file()]
+
+
 def chunk_plan(root: Path, chunk_size: int) -> dict[str, tuple[np.ndarray, int]]:
     """Each exported split's line starts (:func:`workers.line_starts`) and its number of chunks (an empty split has
     one, empty)."""
@@ -140,7 +149,8 @@ def tokenize_pending(opts: TokenizeOptions, fp: dict) -> bool:
         return True
     for split in SPLITS:
         done = tokenized_dir(opts.out_root, opts.tok_name, split) / "_DONE.json"
-        if not done.exists() or fingerprint_diff((read_marker(done) or {}).get("fingerprint"), fp):
+        marker = read_marker(done)
+        if marker is None or fingerprint_diff(marker.get("fingerprint"), fp) or missing_chunks(done.parent, marker):
             return True
     return False
 
@@ -192,10 +202,16 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
         done = out_dir / "_DONE.json"
         started = out_dir / "_FINGERPRINT.json"
         if not opts.force and done.exists():
-            old = reuse_if_current(done, fp, f"stage tokenize[{split}]", out_dir)
-            if old is not None:
-                result[split] = old
-                continue
+            gone = missing_chunks(out_dir, read_marker(done))
+            if gone:  # a finished split whose chunks were deleted: made again, the others reused
+                log.warning("stage tokenize[%s]: %d chunk(s) of the finished split in %s are missing (%s): making "
+                            "them again", split, len(gone), out_dir, ", ".join(gone[:3]) + (" ..." if gone[3:] else ""))
+                done.unlink()
+            else:
+                old = reuse_if_current(done, fp, f"stage tokenize[{split}]", out_dir)
+                if old is not None:
+                    result[split] = old
+                    continue
         with timer.stage("tokenize"):
             # Chunks are reused only when they were made from this very fingerprint.
             if out_dir.exists() and (opts.force or fingerprint_diff(
@@ -260,6 +276,8 @@ def _stage_tokenize(opts: TokenizeOptions, timer: Timer, tokenizer, export: dict
                         else:
                             parts = None
                 summary = {"chunks": len(chunks), **{k: int(v) for k, v in totals.items()}, "fingerprint": fp}
+                if mine is not None:  # a shard's run of the split's chunks
+                    summary["chunk_range"] = [mine[split].start, mine[split].stop]
                 write_json(done, summary)
                 result[split] = summary
                 if parts is not None and keep is not None:  # (parts is None without a keep)
@@ -289,6 +307,10 @@ def load_tokenized(root: Path, tok_name: str, split: str) -> tuple[np.ndarray, n
     if not (d / "_DONE.json").exists():
         raise UserError(f"no complete tokenized export at {d}; "
                         "run: pipeline_data_prepare.py prepare --dataset ... first")
+    gone = missing_chunks(d, read_marker(d / "_DONE.json"))
+    if gone:
+        raise UserError(f"the tokenized split {d} is missing {len(gone)} of its chunks ({', '.join(gone[:3])}"
+                        f"{' ...' if gone[3:] else ''}): re-run prepare, which makes only the missing chunks again")
     parts = []
     for f in sorted(d.glob("chunk_*.parquet")):
         try:
