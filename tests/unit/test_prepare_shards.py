@@ -288,3 +288,27 @@ def test_a_submission_with_a_bad_prepare_value_is_refused_before_the_queue(tmp_p
     for nodes in (1, 3):
         with pytest.raises(UserError, match=re.escape(message)):
             data_cli.check_submission(argv, nodes=nodes)
+
+
+def test_a_shard_that_fails_before_making_anything_leaves_no_folder(tmp_path):
+    data = chat_file(tmp_path / "chat.jsonl", n=40)
+    o = opts(data, tmp_path / "root", tokenizer=str(tmp_path / "no-such-tokenizer"))
+    prepare_shards.export_only(opts(data, tmp_path / "root"))  # the export does not depend on the tokenizer
+    with pytest.raises(UserError):
+        prepare_shards.prepare_shard(o, 0, 2)
+    assert not (tmp_path / "root" / SHARDS_DIR).exists()
+
+
+@pytest.mark.parametrize("flag,expect", [(["--export-only"], {"step": "the export stage alone"}),
+                                         (["--shard", "1/3"], {"step": "tokenize shard 1/3 of the export's chunks"}),
+                                         (["--merge-shards", "3"], {"step": "merge 3 shards' chunks, then pack"})])
+def test_a_dry_run_of_a_step_says_which_step_and_makes_nothing(tmp_path, flag, expect):
+    data = chat_file(tmp_path / "chat.jsonl", n=10)
+    res = run([sys.executable, str(ROOT / "pipeline_data_prepare.py"), "prepare", "--dataset", str(data),
+               "--seq-length", "256", "--dataset-root", str(tmp_path / "root"), "--dry-run", *flag])
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert {k: plan[k] for k in expect} == expect
+    if flag[0] == "--shard":
+        assert plan["shard_folder"] == str(tmp_path / "root" / SHARDS_DIR / "shard_00001_of_00003" / "tokenized")
+    assert not (tmp_path / "root").exists()

@@ -408,10 +408,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prepare: {opts.dataset} -> {planned['train']} (pad multiple {opts.pad_seq_to_mult})", file=sys.stderr)
         if args.dry_run:
             opts.validate()
+            step: dict = {}  # a step of a prepare across nodes: which one, and where a shard writes
+            if args.export_only:
+                step = {"step": "the export stage alone"}
+            elif args.shard is not None:
+                step = {"step": f"tokenize shard {args.shard[0]}/{args.shard[1]} of the export's chunks",
+                        "shard_folder": str(shard_dir(opts.dataset_root, *args.shard) / "tokenized")}
+            elif args.merge_shards is not None:
+                step = {"step": f"merge {args.merge_shards} shards' chunks, then pack"}
             print(json.dumps({"dataset": opts.dataset, "dataset_root": str(opts.dataset_root),
                               "tokenizer": opts.tokenizer, "pad_seq_to_mult": opts.pad_seq_to_mult,
-                              "seq_length": opts.seq_length, "paths": {k: str(v) for k, v in planned.items()}},
-                             indent=2))
+                              "seq_length": opts.seq_length, "paths": {k: str(v) for k, v in planned.items()},
+                              **step}, indent=2))
             return 0
         if args.export_only:
             res = prepare_shards.export_only(opts)

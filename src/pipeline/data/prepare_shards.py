@@ -97,14 +97,22 @@ def prepare_shard(opts: PrepareOptions, index: int, count: int) -> dict:
                  " nothing to do", index, count, opts.dataset_root / "tokenized")
         return {sp: {"chunks": len(mine[sp]), "made_already": True} for sp in SPLITS}
     where = tok.out_root
+    new = not where.exists()
     where.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(where / ".prepare.lock", f"shard folder {where}"):
-        pool = _workers(tok, export)
-        try:
-            return stage_tokenize(tok, Timer(), export=export, pool=pool)
-        finally:
-            if pool is not None:
-                pool.close()
+    try:
+        with exclusive_lock(where / ".prepare.lock", f"shard folder {where}"):
+            pool = _workers(tok, export)
+            try:
+                return stage_tokenize(tok, Timer(), export=export, pool=pool)
+            finally:
+                if pool is not None:
+                    pool.close()
+    except BaseException:
+        if new and not any(where.rglob("chunk_*.parquet")):  # a shard that made nothing leaves no folder
+            shutil.rmtree(where, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (opts.dataset_root / SHARDS_DIR).rmdir()
+        raise
 
 
 def _all_made(base: TokenizeOptions, tok: TokenizeOptions, export: dict, mine: dict[str, range]) -> bool:
