@@ -61,6 +61,22 @@ def in_shards(o: PrepareOptions, count: int) -> dict:
     return prepare_shards.merge_shards(o, count)
 
 
+def merge_killed_after(monkeypatch, o: PrepareOptions, count: int, moves: int) -> None:
+    """A merge of ``count`` shards killed after it has moved ``moves`` chunks."""
+    real, moved = prepare_shards.os.replace, []
+
+    def die(a, b):
+        if len(moved) == moves:
+            raise KeyboardInterrupt  # the merge killed mid-move
+        moved.append(b)
+        real(a, b)
+
+    monkeypatch.setattr(prepare_shards.os, "replace", die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_shards.merge_shards(o, count)
+    monkeypatch.setattr(prepare_shards.os, "replace", real)
+
+
 @pytest.mark.parametrize("count,kw", [(3, {}), (1, {}), (5, {"limit": 250, "pad_seq_to_mult": 8, "seed": 7}),
                                       (2, {"val_fraction": 0.0})])
 def test_the_merged_shards_are_the_one_node_prepare_byte_for_byte(tmp_path, count, kw):
@@ -140,19 +156,7 @@ def test_an_interrupted_merge_finishes_from_what_it_had_moved(tmp_path, monkeypa
     prepare_shards.export_only(o)
     for i in range(3):
         prepare_shards.prepare_shard(o, i, 3)
-    moved = []
-    real = prepare_shards.os.replace
-
-    def die_after_five(a, b):
-        if len(moved) == 5:
-            raise KeyboardInterrupt  # the merge killed mid-move
-        moved.append(b)
-        real(a, b)
-
-    monkeypatch.setattr(prepare_shards.os, "replace", die_after_five)
-    with pytest.raises(KeyboardInterrupt):
-        prepare_shards.merge_shards(o, 3)
-    monkeypatch.setattr(prepare_shards.os, "replace", real)
+    merge_killed_after(monkeypatch, o, 3, moves=5)
     prepare_shards.merge_shards(o, 3)
     prepare(opts(data, tmp_path / "one"))
     assert outputs(o.dataset_root) == outputs(tmp_path / "one")
@@ -255,19 +259,7 @@ def test_a_job_resubmitted_after_its_merge_or_mid_merge_tokenizes_nothing_again(
     prepare_shards.export_only(o)
     for i in range(3):
         prepare_shards.prepare_shard(o, i, 3)
-    real = prepare_shards.os.replace
-    moved = []
-
-    def die_after_seven(a, b):
-        if len(moved) == 7:
-            raise KeyboardInterrupt
-        moved.append(b)
-        real(a, b)
-
-    monkeypatch.setattr(prepare_shards.os, "replace", die_after_seven)
-    with pytest.raises(KeyboardInterrupt):
-        prepare_shards.merge_shards(o, 3)
-    monkeypatch.setattr(prepare_shards.os, "replace", real)
+    merge_killed_after(monkeypatch, o, 3, moves=7)
     made = []
     write = stage_tokenize._write_chunk
     monkeypatch.setattr(stage_tokenize, "_write_chunk", lambda path, parts: made.append(path) or write(path, parts))
