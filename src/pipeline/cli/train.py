@@ -49,7 +49,6 @@ from pipeline.training.launch import (
     plan_launch,
     profile_lines,
 )
-from pipeline.training.preflight import format_plan
 
 
 def build_parser() -> Parser:
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         check_placement(request, plan.alloc, plan.nodes)  # before anything is printed as passed or written
     cmd = plan.command()
     print("== preflight: PASS ==")
-    print(format_plan(plan.preflight))
+    print(plan.preflight.format())
     if dry_run:
         print_dry_run(plan)
         return 0

@@ -82,7 +82,9 @@ class LaunchPlan:
         return job_env(self.cluster.env, self.cfg.env_vars)
 
     def command(self) -> list[str]:
-        """The per-node torchrun / ft_launcher command line."""
+        """The per-node torchrun / ft_launcher command line (the plan's ``launch``, made once when it was planned)."""
+        if self.preflight.launch:
+            return list(self.preflight.launch)
         nsys = bool(self.cfg.profiling.use_nsys_profiler) and self.spec.trains_on.nsys
         return launch_command(self.spec, self.cluster, self.alloc, self.nodes, self.run_dir, self.request.disable_ft,
                               self.max_restarts, nsys=nsys)
@@ -123,7 +125,11 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     preflight = run_preflight(cfg, spec, req.mode, cluster, nodes, path_checks=req.path_checks, peft=req.peft,
                               ft_launcher=uses_ft_launcher(cluster, req.disable_ft))
     view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None
-    return LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
+    plan = LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
+    preflight.env = plan.env  # the plan base's launch facts (jobs/plan.py), as every job's plan has them
+    if preflight.ok:  # a refused plan launches nothing
+        preflight.launch = plan.command()
+    return plan
 
 
 def check_placement(req: LaunchRequest, alloc: Allocation, nodes: int) -> None:

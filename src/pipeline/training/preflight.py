@@ -22,12 +22,13 @@ compares this estimate with that measurement.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.common import layout
 from pipeline.common.errors import UserError, did_you_mean
@@ -45,19 +46,19 @@ from pipeline.data.chat import tokenizer_model_name
 from pipeline.data.packed_parquet import check_packed, packed_paths
 from pipeline.data.packing import check_pad_multiple
 from pipeline.env.runtimes import invisible_paths
+from pipeline.jobs.plan import BasePlan
 from pipeline.training import profiling
 
 GB = 1e9
 
-@dataclasses.dataclass
-class Plan:
-    model: str
+@dataclasses.dataclass(kw_only=True)
+class Plan(BasePlan):
+    """Training's plan (jobs/plan.py's base): the preflight's verdict and what it computed. Its record
+    (``preflight.json``) and its text (the dry run) are the ones :meth:`as_dict` and :meth:`format` always wrote."""
+
+    kind: str = "train"
     mode: Mode
     engine: EngineName
-    cluster: str
-    nodes: int
-    ranks_per_node: int
-    layout: Layout  # the counts as read (all 1 until every one is set and >= 1); its problems are the plan's
     peft: str | None = None  # --peft (lora): adapters on a frozen base
     gbs: int = 0
     mbs: int = 0
@@ -66,19 +67,44 @@ class Plan:
     train_iters: int = 0
     tokens_per_iter: int = 0
     total_tokens: int = 0
-    memory_gb: dict[str, float] = dataclasses.field(default_factory=dict)
-    memory_budget_gb: float = 0.0
-    problems: list[str] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)  # known hazards: reported, not refused
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    # the record's keys, in the order preflight.json has always had them (the layout's follow, then "ok")
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "model", "mode", "engine", "cluster", "nodes", "ranks_per_node", "peft", "gbs", "mbs", "grad_accum",
+        "seq_length", "train_iters", "tokens_per_iter", "total_tokens", "memory_gb", "memory_budget_gb", "problems",
+        "notes", "warnings")
 
-    @property
-    def world(self) -> int:
-        return self.layout.world
+    def memory_phases(self) -> dict[str, float]:
+        """One phase, training, of the estimate's total (``memory_gb`` holds its parts)."""
+        return {"train": self.memory_gb["total"]} if "total" in self.memory_gb else {}
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: copy.deepcopy(getattr(self, k)) for k in self.RECORD}
+        d.update(self.layout.as_record())  # the record keeps its flat world, tp, ..., dp
+        d["ok"] = self.ok
+        return d
+
+    def format(self) -> str:
+        lay = self.layout
+        lines = [
+            f"model {self.model} ({self.engine} engine), mode {self.mode}"
+            + (f" with {self.peft} adapters (--peft {self.peft}: the base weights frozen, only the adapters train)"
+               if self.peft else "") + f", cluster {self.cluster}",
+            f"layout: nodes {self.nodes} x {self.ranks_per_node} ranks = world {lay.world}; tp {lay.tp} pp {lay.pp} "
+            f"cp {lay.cp} ep {lay.ep} etp {lay.etp} -> dp {lay.dp}",
+            f"batch: gbs {self.gbs} = mbs {self.mbs} x dp {lay.dp} x grad_accum {self.grad_accum}; "
+            f"seq {self.seq_length}",
+            f"tokens: {self.tokens_per_iter:,} per iteration x {self.train_iters} iterations = {self.total_tokens:,}",
+        ]
+        if self.memory_gb:
+            parts = ", ".join(f"{k} {v}" for k, v in self.memory_gb.items() if k != "total")
+            unit = engine(self.engine).rank_unit
+            lines.append(f"memory estimate: {self.memory_gb['total']:.1f} GB per {unit}"
+                         f" of {self.memory_budget_gb:g} GB ({parts})")
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
 
 
 def _count(cfg: TrainingConfig, key: str, value: int | None, plan: Plan) -> int:
@@ -726,33 +752,3 @@ def _note_epochs(train_path: Path, plan: Plan) -> int | None:
     plan.notes.append(f"data: {packs} packs of {plan.seq_length} tokens; {plan.train_iters} iters x gbs {plan.gbs} = "
                       f"{seen} packs = {seen / max(packs, 1):.2f} epochs")
     return int(packs)
-
-
-def format_plan(plan: Plan) -> str:
-    lay = plan.layout
-    lines = [
-        f"model {plan.model} ({plan.engine} engine), mode {plan.mode}"
-        + (f" with {plan.peft} adapters (--peft {plan.peft}: the base weights frozen, only the adapters train)"
-           if plan.peft else "") + f", cluster {plan.cluster}",
-        f"layout: nodes {plan.nodes} x {plan.ranks_per_node} ranks = world {lay.world}; tp {lay.tp} pp {lay.pp} "
-        f"cp {lay.cp} ep {lay.ep} etp {lay.etp} -> dp {lay.dp}",
-        f"batch: gbs {plan.gbs} = mbs {plan.mbs} x dp {lay.dp} x grad_accum {plan.grad_accum}; seq {plan.seq_length}",
-        f"tokens: {plan.tokens_per_iter:,} per iteration x {plan.train_iters} iterations = {plan.total_tokens:,}",
-    ]
-    if plan.memory_gb:
-        parts = ", ".join(f"{k} {v}" for k, v in plan.memory_gb.items() if k != "total")
-        unit = engine(plan.engine).rank_unit
-        lines.append(f"memory estimate: {plan.memory_gb['total']:.1f} GB per {unit}"
-                     f" of {plan.memory_budget_gb:g} GB ({parts})")
-    lines += [f"note: {n}" for n in plan.notes]
-    lines += [f"warning: {w}" for w in plan.warnings]
-    return "\n".join(lines)
-
-
-def plan_dict(plan: Plan) -> dict[str, Any]:
-    d = dataclasses.asdict(plan)
-    del d["layout"]
-    d.update(plan.layout.as_record())  # the record keeps its flat world, tp, ..., dp
-    d["ok"] = plan.ok
-    return d
-

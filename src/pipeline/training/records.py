@@ -48,7 +48,7 @@ from pipeline.common.mappings import flatten
 from pipeline.common.procs import pid_alive
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import goodput
-from pipeline.training.preflight import continues_from, plan_dict
+from pipeline.training.preflight import continues_from
 from pipeline.training.views import write_view
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
@@ -90,7 +90,7 @@ def write_launch_records(run_dir: Path, *, cfg, spec, mode, peft, cluster, alloc
     write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json(run_dir / "launch.json", {"model": spec.name, "engine": spec.engine, "mode": mode, "peft": peft,
                                          "cluster": cluster.name, "nodes": nodes})
-    write_json(run_dir / "preflight.json", plan_dict(plan))
+    write_json(run_dir / "preflight.json", plan.as_dict())
     if view is not None:
         write_view(run_dir, view)
     manifest_path = run_dir / "manifest.json"

@@ -1,0 +1,83 @@
+"""The plan base: what every job of the suite is planned as before anything is queued, whatever it runs.
+
+A job's plan says what it runs (``kind``, ``model``, ``engine``), where (the cluster profile, ``nodes`` x
+``ranks_per_node`` ranks in a parallel ``layout``), what it needs (GB per GPU ``memory_gb`` against the profile's
+``memory_budget_gb``), how it starts (the ranks' ``env`` and each node's ``launch`` line) and whether it can
+(``problems``, one line each: the command exits 2 with them and ``isambard_sbatch`` refuses the submission), with
+``notes`` for what the user should know. Training's plan (``training/preflight.Plan``) extends it; so do the
+checkpoint side's (export, import, upload-all, coherence, evaluation).
+
+One vocabulary for the facts every plan has (``ranks_per_node``, ``world``, ``memory_per_gpu_gb``,
+``memory_phases``), and one ``as_dict``/``format`` pair a job overrides only to keep the record and the text its
+users already read (training's ``preflight.json`` and dry run, the checkpoint side's ``--dry-run --json``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config.cluster import env_words
+from pipeline.config.parallel import Layout
+
+
+@dataclass(kw_only=True)
+class BasePlan:
+    """A planned job: the facts every job has (the module docstring)."""
+
+    kind: str  # train, export, import, upload-all, coherence, eval
+    model: str
+    engine: str  # the word its record has always held: a training engine's name, or the checkpoint's format
+    cluster: str  # the cluster profile's name
+    nodes: int
+    ranks_per_node: int
+    layout: Layout
+    memory_gb: dict[str, float] = field(default_factory=dict)  # GB per GPU (training: by part, with its total)
+    memory_budget_gb: float = 0.0  # the profile's usable GB per GPU (0: no budget, nothing checked)
+    env: dict[str, str] = field(default_factory=dict)  # what the launch sets for its ranks (config.cluster.job_env)
+    launch: list[str] = field(default_factory=list)  # the command each node runs
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def world(self) -> int:
+        return self.layout.world
+
+    def memory_phases(self) -> dict[str, float]:
+        """GB per GPU of each phase the job runs one after the other (it needs the largest, not their sum)."""
+        return dict(self.memory_gb)
+
+    @property
+    def memory_per_gpu_gb(self) -> float:
+        return round(max(self.memory_phases().values(), default=0.0), 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as JSON: every fact above, the layout flat (world, tp, ..., dp), and its verdict."""
+        return {"kind": self.kind, "model": self.model, "engine": self.engine, "cluster": self.cluster,
+                "nodes": self.nodes, "ranks_per_node": self.ranks_per_node, **self.layout.as_record(),
+                "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": dict(self.memory_gb),
+                "memory_budget_gb": self.memory_budget_gb, "env": dict(self.env), "launch": list(self.launch),
+                "ok": self.ok, "problems": list(self.problems), "notes": list(self.notes)}
+
+    def format(self) -> str:
+        """The plan as the dry run prints it: what, where, memory, launch, notes, problems, verdict."""
+        lay = self.layout
+        lines = [f"plan: {self.kind} of {self.model} ({self.engine}) on cluster profile '{self.cluster}'",
+                 f"  world {self.world} = {self.nodes} node(s) x {self.ranks_per_node} rank(s); tp {lay.tp} "
+                 f"pp {lay.pp} cp {lay.cp} ep {lay.ep} etp {lay.etp} dp {lay.dp}"]
+        phases = self.memory_phases()
+        if phases:
+            budget = f" of {self.memory_budget_gb:g} GB" if self.memory_budget_gb else ""
+            lines.append(f"  memory per GPU: {self.memory_per_gpu_gb:.1f} GB{budget} (phases: "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + ")")
+        if self.launch:
+            lines.append("  launch (each node): " + " ".join([*env_words(self.env), shlex.join(self.launch)]))
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  problem: {p}" for p in self.problems]
+        lines.append("verdict: " + ("OK" if self.ok else f"REFUSED ({len(self.problems)} problem(s))"))
+        return "\n".join(lines)
