@@ -26,12 +26,11 @@ from tests.helpers import ROOT
 SRC = ROOT / "src" / "pipeline"
 # An engine's name compared where a question is asked: `== "megatron_bridge"`, `!= "local"`, `.is_local`, ...
 COMPARISON = re.compile(r'(==|!=) *"(megatron_bridge|megatron|local)"|"(megatron_bridge|megatron|local)" *(==|!=)'
-                        r'|\.is_local\b|\b(engine|backend)s? (not )?in \(')
+                        r'|\.is_local\b|\b(engine|backend)s? (not )?in \('
+                        r'|\.backend *(==|!=|(not )?in\b)')  # a coherence backend's name: ask coherence/backends.py
 ALLOWED = {
     "config/engines.py": "the engine objects themselves",
     "common/layout.py": "reads a checkpoint folder's format from disk (below config: the objects map its word)",
-    "checkpoint/plan.py": "JobPlan.gpus_per_node over engines and coherence backends: the plan base (step 2)",
-    "coherence/run.py": "the coherence command's generation backends (hf, endpoint, megatron): the plan base (step 2)",
 }
 
 

@@ -68,7 +68,7 @@ def test_layout_problems_of_coherence():
     bad = coherence_plan(["/c", "--backend", "megatron", "--hf-model", NANO, "--tp", "4", "--ep", "8"], 2)
     assert any("ep(8) * etp(1) = 8 > gpus_per_node(4)" in p for p in bad.problems)
     endpoint = coherence_plan(["m", "--backend", "endpoint", "--endpoint-url", "http://x:1"], 1)
-    assert endpoint.ok and endpoint.world_size == 1 and endpoint.memory_gb == {}
+    assert endpoint.ok and endpoint.world == 1 and endpoint.memory_gb == {}
     with pytest.raises(UserError, match="--tp/--pp/--ep apply to the megatron backend only"):
         coherence_plan(["m", "--tp", "2"], 1)
     two = coherence_plan([SUPER], 2)
@@ -78,7 +78,7 @@ def test_layout_problems_of_coherence():
 @pytest.mark.parametrize("model, layout, gb", [(NANO, (1, 1, 1, 1), 68.4), (SUPER, (4, 1, 1, 4), 76.0)])
 def test_megatron_generation_without_layout_flags_gets_the_smallest_that_fits(model, layout, gb):
     plan = coherence_plan(["/c", "--backend", "megatron", "--hf-model", model])
-    assert (plan.world_size, plan.layout.tp, plan.layout.pp, plan.layout.ep) == layout
+    assert (plan.world, plan.layout.tp, plan.layout.pp, plan.layout.ep) == layout
     assert plan.ok and plan.memory_per_gpu_gb == gb
     assert "layout: the smallest that fits" in plan.notes[0]
 
@@ -100,13 +100,13 @@ def test_import_fetches_what_the_shipped_config_reads_and_writes_where_it_looks(
         assert out.name == fetch.split("/")[-1]
     assert import_target("nano", None, profile)[0] == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
     plan = plan_import("nano", tmp_path / "nano")  # its own output: on the cluster the default one exists
-    assert plan.ok and plan.host_memory_gb == 68.2 and plan.world_size == 1
+    assert plan.ok and plan.host_memory_gb == 68.2 and plan.world == 1
 
 
 def test_a_local_engine_export_is_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
     plan = plan_export(ExportJob(tmp_path / "none", get_model("tiny-qwen3-moe").hf_id, inputs_later=True))
-    assert plan.ok and plan.engine == "local" and plan.world_size == 1 and plan.launch[0] == "python"
+    assert plan.ok and plan.engine == "local" and plan.world == 1 and plan.launch[0] == "python"
 
 
 @pytest.mark.parametrize("argv, ok", [
@@ -323,17 +323,17 @@ def test_a_super_import_is_never_single_process_and_host_memory_is_checked(tmp_p
     out = tmp_path / "out"  # its own output (issue 59, item 8): on the cluster the default one holds the import
     four = plan_import("super", out, nodes=4)  # the reference's command
     assert four.ok, four.problems
-    assert (four.nodes, four.procs_per_node, four.layout.tp, four.layout.pp, four.layout.ep) == (4, 4, 1, 4, 4)
+    assert (four.nodes, four.ranks_per_node, four.layout.tp, four.layout.pp, four.layout.ep) == (4, 4, 1, 4, 4)
     assert four.launch[:5] == ["torchrun", "--nnodes=4", "--nproc-per-node=4", "--rdzv-backend=c10d",
                                "--rdzv-endpoint=127.0.0.1:29500"]
     assert four.launch[-6:] == ["--tp", "1", "--pp", "4", "--ep", "4"]
     assert four.memory_gb == {"import": 22.7} and four.host_memory_gb == 90.8  # 4 ranks x (17.7 + 5) per node
     one = plan_import("super", out)  # one node: ep 4 over its GPUs, still torchrun
-    assert one.ok and one.world_size == 4 and one.launch[0] == "torchrun" and one.host_memory_gb == 303.2
+    assert one.ok and one.world == 4 and one.launch[0] == "torchrun" and one.host_memory_gb == 303.2
     assert one.host_memory_gb < gh.host_memory_gb and one.memory_per_gpu_gb < gh.memory_budget_gb
     assert not any(p.launch[0] == "python" for p in (one, four))  # never a single process
     nano = plan_import("nano", out)
-    assert nano.ok and nano.world_size == 1 and nano.host_memory_gb == 68.2 and nano.host_memory_gb < gh.host_memory_gb
+    assert nano.ok and nano.world == 1 and nano.host_memory_gb == 68.2 and nano.host_memory_gb < gh.host_memory_gb
 
 
 def test_a_parallel_import_that_does_not_fit_is_refused_with_the_fix(monkeypatch, tmp_path):
@@ -424,7 +424,7 @@ def test_a_super_lora_export_is_refused_in_one_line_naming_what_fits(tmp_path):
     for layout in ([], ["--tp", "1", "--pp", "1", "--ep", "1"]):
         plan = checkpoint_plan(["export", str(lora.parent), "--hf-model", SUPER, "--no-reasoning", "--not-strict",
                                 *layout])
-        assert plan.world_size == 1 and plan.launch[0] == "python", plan.format()
+        assert plan.world == 1 and plan.launch[0] == "python", plan.format()
         assert plan.problems == [
             f"{lora} is a LoRA iteration, which exports in one process (Bridge's export_adapter_ckpt, then peft's "
             f"merge into {SUPER} in float32 on the host): it needs 245.0 GB on one GPU and ~965 GB of host memory, "
@@ -441,11 +441,11 @@ def test_a_nano_lora_export_plans_one_process_that_fits(tmp_path):
     lora = _lora_run(tmp_path, NANO)
     plan = checkpoint_plan(["export", str(lora.parent), "--hf-model", NANO, "--no-reasoning"])
     assert plan.ok, plan.problems
-    assert (plan.world_size, plan.nodes, plan.launch[0]) == (1, 1, "python")  # not ep 4: export.py refuses world > 1
+    assert (plan.world, plan.nodes, plan.launch[0]) == (1, 1, "python")  # not ep 4: export.py refuses world > 1
     assert plan.memory_gb == {"verify_megatron": 68.2, "verify_hf": 68.2} and plan.host_memory_gb == 257.8
     assert any("LoRA iteration" in n and "one process" in n for n in plan.notes), plan.notes
     whole = checkpoint_plan(["export", str(tmp_path / "base"), "--hf-model", NANO, "--no-reasoning"])
-    assert whole.ok and whole.world_size == 4  # a whole checkpoint keeps the model's export layout (ep 4)
+    assert whole.ok and whole.world == 4  # a whole checkpoint keeps the model's export layout (ep 4)
 
 
 def test_a_plan_without_size_facts_says_memory_not_estimated_not_zero(capsys, monkeypatch, tmp_path):

@@ -168,4 +168,4 @@ def test_the_references_super_pp6_is_refused_with_the_nearest_layout_that_runs()
         "4 node(s)"]
     near = coherence_plan(["/c", "--backend", "megatron", "--hf-model", SUPER.hf_id, "--tp", "4", "--pp", "4",
                            "--ep", "4", "--max-tokens", "256"], 4)
-    assert near.ok and (near.nodes, near.world_size) == (4, 16), near.problems
+    assert near.ok and (near.nodes, near.world) == (4, 16), near.problems

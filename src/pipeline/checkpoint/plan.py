@@ -2,7 +2,8 @@
 ``coherence/plan.py``), made the way training's ``LaunchRequest -> LaunchPlan`` is: before anything is queued, from
 the model's registry facts, the checkpoint, the cluster profile and the allocation.
 
-A plan holds the world size and placement (nodes, processes per node, the launch line), the parallel layout with
+A plan (``JobPlan``, on the plan base of every job: ``jobs/plan.py``) holds the world size and placement (nodes,
+ranks per node, the launch line), the parallel layout with
 Megatron's rules and the node-local rule (``config/parallel.py``), and a memory estimate per GPU for each phase the
 job runs; ``problems`` lists, one line each, what makes the job unable to run (the command exits 2 with them, and
 ``isambard_sbatch`` refuses the submission). Light on purpose: it imports nothing heavier than the training
@@ -31,7 +32,7 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import folder_problem
 from pipeline.common.layout import output_folder_problem
-from pipeline.config.cluster import ClusterProfile, env_words, job_env, resolve_profile
+from pipeline.config.cluster import ClusterProfile, job_env, resolve_profile
 from pipeline.config.engines import LOCAL, MEGATRON_BRIDGE, Engine, engine_of_checkpoint
 from pipeline.config.models import REGISTRY, ModelSpec, spec_for
 from pipeline.config.parallel import (
@@ -52,77 +53,39 @@ from pipeline.config.parallel import (
     weight_gb_per_gpu,
 )
 from pipeline.env.runtimes import invisible_paths
+from pipeline.jobs.plan import BasePlan
 from pipeline.slurm.allocation import current, planned_nodes, rendezvous
 
 GATHER_GB = 2.0  # export: the largest tensor gathered to one rank before it is written
 VERIFY_TOKENS = 64  # the verification prompts are a few short sentences
 
 
-@dataclass
-class JobPlan:
-    """What a GPU job will run, where, and whether it fits."""
+@dataclass(kw_only=True)
+class JobPlan(BasePlan):
+    """What a GPU job other than training will run, where, and whether it fits (``jobs/plan.py``'s base, with the
+    phases its job runs in ``memory_gb``). Its ``--dry-run`` text is the base's; its ``--dry-run --json`` keeps the
+    keys its users read (``job``, ``world_size``, ``procs_per_node``, ``gpus_per_node``, ``host_memory_gb``)."""
 
-    job: str
-    model: str
-    cluster: str
-    nodes: int
-    procs_per_node: int
-    layout: Layout
-    memory_gb: dict[str, float] = field(default_factory=dict)  # phase -> GB per GPU
-    memory_budget_gb: float = 0.0
-    launch: list[str] = field(default_factory=list)  # the command each node runs
-    env: dict[str, str] = field(default_factory=dict)  # what the launch sets for its ranks (cluster.job_env)
+    engine: str = "megatron"  # the checkpoint's format (megatron, local) or the generation backend (hf, endpoint)
     host_memory_gb: float | None = None  # jobs that work in host memory (import)
-    engine: str = "megatron"
-    gpus_needed: int | None = None  # GPUs per node the job uses (default: one per process; 0: none)
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def world_size(self) -> int:
-        return self.layout.world
-
-    @property
-    def memory_per_gpu_gb(self) -> float:
-        return round(max(self.memory_gb.values(), default=0.0), 1)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+    gpus_needed: int | None = None  # GPUs per node the job uses (default: one per rank; 0: none)
 
     @property
     def gpus_per_node(self) -> int:
-        if self.gpus_needed is not None:
-            return self.gpus_needed
-        return 0 if self.engine in ("local", "endpoint") else self.procs_per_node
+        return self.ranks_per_node if self.gpus_needed is None else self.gpus_needed
 
     def as_dict(self) -> dict[str, Any]:
         lay = self.layout
-        return {"job": self.job, "model": self.model, "engine": self.engine, "cluster": self.cluster,
-                "world_size": self.world_size, "nodes": self.nodes, "procs_per_node": self.procs_per_node,
+        return {"job": self.kind, "model": self.model, "engine": self.engine, "cluster": self.cluster,
+                "world_size": self.world, "nodes": self.nodes, "procs_per_node": self.ranks_per_node,
                 **{k: v for k, v in lay.as_record().items() if k != "world"},
                 "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": self.memory_gb,
                 "memory_budget_gb": self.memory_budget_gb, "host_memory_gb": self.host_memory_gb,
                 "gpus_per_node": self.gpus_per_node,
                 "env": self.env, "launch": self.launch, "ok": self.ok, "problems": self.problems, "notes": self.notes}
 
-    def format(self) -> str:
-        lay = self.layout
-        lines = [f"plan: {self.job} of {self.model} ({self.engine}) on cluster profile '{self.cluster}'",
-                 f"  world {self.world_size} = {self.nodes} node(s) x {self.procs_per_node} process(es); "
-                 f"tp {lay.tp} pp {lay.pp} ep {lay.ep} etp {lay.etp} dp {lay.dp}"]
-        if self.memory_gb:
-            phases = _phases(self.memory_gb)
-            budget = f" of {self.memory_budget_gb:g} GB" if self.memory_budget_gb else ""
-            lines.append(f"  memory per GPU: {self.memory_per_gpu_gb:.1f} GB{budget} (phases: {phases})")
-        if self.host_memory_gb is not None:
-            lines.append(f"  host memory: {self.host_memory_gb:.1f} GB")
-        if self.launch:
-            lines.append("  launch (each node): " + " ".join([*env_words(self.env), shlex.join(self.launch)]))
-        lines += [f"  note: {n}" for n in self.notes]
-        lines += [f"  problem: {p}" for p in self.problems]
-        lines.append("verdict: " + ("OK" if self.ok else f"REFUSED ({len(self.problems)} problem(s))"))
-        return "\n".join(lines)
+    def detail_lines(self) -> list[str]:
+        return [] if self.host_memory_gb is None else [f"  host memory: {self.host_memory_gb:.1f} GB"]
 
 
 def print_plan(plan: JobPlan, as_json: bool) -> int:
@@ -161,9 +124,9 @@ def check_gpus_on_node(plan: JobPlan) -> None:
     """Inside an allocation: a plan that places more ranks on a node than it has GPUs is refused (local rank N
     would have no device), as training refuses a profile that disagrees with the allocation."""
     gpus = current().gpus_on_node
-    if gpus is not None and plan.world_size > 1 and plan.procs_per_node > gpus:
-        plan.problems.append(f"the plan places {plan.procs_per_node} ranks on each node, and the allocation has "
-                             f"{gpus} GPU(s) per node: submit with --gpus-per-node={plan.procs_per_node}")
+    if gpus is not None and plan.world > 1 and plan.ranks_per_node > gpus:
+        plan.problems.append(f"the plan places {plan.ranks_per_node} ranks on each node, and the allocation has "
+                             f"{gpus} GPU(s) per node: submit with --gpus-per-node={plan.ranks_per_node}")
 
 
 # ---- memory ------------------------------------------------------------------------------------------------
@@ -341,7 +304,8 @@ def plan_export(req: ExportJob) -> JobPlan:
     peft = _peft_iteration(req.ckpt_dir, req.iteration)
     lay = _export_layout(req, spec, profile, peft, notes, found)
     gpn = profile.ranks_per_node
-    plan = JobPlan(req.job, req.hf_model, profile.name, 1, lay.world if gpn < 1 else min(lay.world, gpn), lay,
+    plan = JobPlan(kind=req.job, model=req.hf_model, cluster=profile.name, nodes=1,
+                   ranks_per_node=lay.world if gpn < 1 else min(lay.world, gpn), layout=lay,
                    memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found, env=job_env(profile.env))
     plan.problems += _export_layout_problems(req, spec, profile, lay, n_nodes)
     plan.launch = ["python", *req.module] if lay.world == 1 else \
@@ -373,8 +337,9 @@ def _hub_lines(req: ExportJob, profile: ClusterProfile, notes: list[str], proble
 
 def _plan_local_export(req: ExportJob, profile: ClusterProfile, notes: list[str], found: list[str]) -> JobPlan:
     """A local-engine checkpoint: one process on the CPU, no parallel layout."""
-    plan = JobPlan(req.job, req.hf_model, profile.name, 1, 1, Layout(1), engine=LOCAL.checkpoint_format,
-                   problems=found, env=job_env(profile.env),
+    plan = JobPlan(kind=req.job, model=req.hf_model, cluster=profile.name, nodes=1, ranks_per_node=1,
+                   layout=Layout(1), engine=LOCAL.checkpoint_format, gpus_needed=0, problems=found,
+                   env=job_env(profile.env),
                    launch=["python", *req.module], notes=notes + ["local-engine checkpoint: one process, CPU"])
     if any(v not in (None, 1) for v in (req.tp, req.pp, req.ep)):
         plan.problems.append(f"--tp/--pp/--ep apply to Megatron checkpoints; {req.ckpt_dir} is a local-engine "
@@ -596,8 +561,10 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     fetch, out, megatron = import_target(hf_id, output, profile)
     spec = spec_for(fetch)
     module = ["-m", "pipeline.cli.checkpoint", *(argv or [])]
-    plan = JobPlan("import", fetch, profile.name, 1, 1, Layout(1),
-                   engine=(MEGATRON_BRIDGE if megatron else LOCAL).checkpoint_format, env=job_env(profile.env),
+    writer = MEGATRON_BRIDGE if megatron else LOCAL
+    plan = JobPlan(kind="import", model=fetch, cluster=profile.name, nodes=1, ranks_per_node=1, layout=Layout(1),
+                   engine=writer.checkpoint_format, gpus_needed=None if writer.needs_gpus else 0,
+                   env=job_env(profile.env),
                    launch=["python", *module])
     plan.notes.append(f"output: {out}")
     root = models_root(profile, megatron)
@@ -658,7 +625,7 @@ def _plan_parallel_import(plan: JobPlan, spec: ModelSpec | None, profile: Cluste
         plan.notes.append(f"layout: every GPU of the {n_nodes} node(s) ({layout_flags(lay)}); a single-process "
                           f"import of {spec.hf_id} hangs while loading (the reference: always torchrun)")
     nodes, procs, fill = placement(lay.world, gpn)
-    plan.layout, plan.nodes, plan.procs_per_node = lay, nodes, procs
+    plan.layout, plan.nodes, plan.ranks_per_node = lay, nodes, procs
     plan.memory_budget_gb = profile.memory_budget_gb
     plan.problems += lay.problems()
     plan.problems += node_local_problems(lay, gpn, f"on '{profile.name}'")

@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_job_env(plan.env)
     if req.action == "import":
         fetch, out, megatron = jobs.import_target(req.hf_id, req.output, resolve_profile())
-        if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:  # one torchrun per node, a rank per GPU
+        if plan.world > 1 and "LOCAL_RANK" not in os.environ:  # one torchrun per node, a rank per GPU
             ex.check_import_target(out, force=req.force)
             bridge.require_bridge(f"importing {fetch} as a Megatron checkpoint")  # here, not on every rank
             print("launching: " + " ".join(plan.launch), flush=True)
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         hub_user = ex.check_hub_access(req.hub_repo)
 
     def convert(iter_path: Path) -> dict:
-        if req.action == "upload-all" and plan.world_size > 1:
+        if req.action == "upload-all" and plan.world > 1:
             rec = _export_in_torchrun(iter_path, req, plan)
         else:
             rec = ex.export_iteration(iter_path, export)
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if req.action == "export":
         iter_path = layout.resolve_iteration(ckpt_dir, req.iteration)
-        if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:
+        if plan.world > 1 and "LOCAL_RANK" not in os.environ:
             bridge.require_bridge(f"exporting the Megatron checkpoint {iter_path}")  # fail here, not on every rank
             print("launching: " + " ".join(plan.launch), flush=True)
             os.execvp(plan.launch[0], plan.launch)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_job_env(plan.env)
     lay = plan.layout
     cfg = dataclasses.replace(cfg, tp=lay.tp, pp=lay.pp, ep=lay.ep)
-    if plan.world_size > 1 and "LOCAL_RANK" not in os.environ:
+    if plan.world > 1 and "LOCAL_RANK" not in os.environ:
         megatron_iteration(cfg.model, cfg.iteration)  # a bad path fails here, before any rank starts
         bridge.require_bridge("the megatron backend")
         print("launching: " + " ".join(plan.launch), flush=True)

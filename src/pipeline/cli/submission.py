@@ -163,15 +163,15 @@ def gpu_job_plan(script: str, script_args: list[str], opts: list[str], required:
         raise UserError(f"{Path(script).name}: {exc}") from None
     asked = gpus_per_node_asked(opts, script, nodes)  # every form: --gpus-per-node, --gres=gpu:N, --gpus/-G N
     if asked is not None and asked[0] < plan.gpus_per_node:
-        plan.problems.append(f"the {plan.job} plan ({plan.engine}) uses {plan.gpus_per_node} GPU(s) per node, and "
+        plan.problems.append(f"the {plan.kind} plan ({plan.engine}) uses {plan.gpus_per_node} GPU(s) per node, and "
                              f"{asked[1]} gives {asked[0]}: submit with --gpus-per-node={plan.gpus_per_node}"
-                             f" (the plan: {plan.job} ... --dry-run)")
+                             f" (the plan: {plan.kind} ... --dry-run)")
     if not plan.ok:
         raise UserError("\n".join(plan.problems) + f"\nplan: {len(plan.problems)} problem(s); nothing was submitted")
     memory = (f"memory estimate {plan.memory_per_gpu_gb:.1f} GB per GPU" if plan.memory_per_gpu_gb > 0 else
               "memory not estimated (no size facts of the model yet: an export still to be written, or a model "
               "the registry does not know; the job checks it when it starts)")
-    print(f"Plan: PASS - {plan.job}: world {plan.world_size} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "
+    print(f"Plan: PASS - {plan.kind}: world {plan.world} on {plan.nodes} node(s) (tp {plan.layout.tp} pp "
           f"{plan.layout.pp} ep {plan.layout.ep}), {memory}", file=sys.stderr)
 
 

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,36 @@ from pipeline.config.models import spec_for
 
 log = logging.getLogger(__name__)
 Generation = tuple  # (str, int, bool) or (str, int, bool, int | None, int | None)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A generation backend as an object: what the coherence command and its plan ask of it, answered once here
+    instead of by comparing its name where it is asked (as ``config/engines.py`` does for the training engines)."""
+
+    name: str
+    reads_hf: bool  # its models (and --compare's) are Hugging Face folders or hub ids, generated with transformers
+    reads_checkpoint: bool  # its model is a Megatron checkpoint root or iteration (--iteration, --hf-model)
+    model_parallel: bool  # it takes a Megatron layout (--tp/--pp/--ep), one rank per GPU under torchrun
+    remote: bool  # an already running server generates: no model files, no GPU of the job's own
+
+    def __str__(self) -> str:
+        return self.name
+
+
+HF = Backend("hf", reads_hf=True, reads_checkpoint=False, model_parallel=False, remote=False)
+ENDPOINT = Backend("endpoint", reads_hf=False, reads_checkpoint=False, model_parallel=False, remote=True)
+MEGATRON = Backend("megatron", reads_hf=False, reads_checkpoint=True, model_parallel=True, remote=False)
+BY_NAME = {b.name: b for b in (HF, ENDPOINT, MEGATRON)}
+NAMES = tuple(BY_NAME)
+
+
+def backend(name: str) -> Backend:
+    """The backend called ``name`` (``--backend``); an unknown one is one line."""
+    found = BY_NAME.get(name)
+    if found is None:
+        raise UserError(f"unknown backend {name!r} (one of {', '.join(NAMES)})")
+    return found
 
 
 def hf_generate(model_path: str, prompts: list[str], max_tokens: int, reasoning: bool) -> list[Generation]:

@@ -28,7 +28,7 @@ from pipeline.checkpoint.plan import (
     shape_problems_with_fix,
 )
 from pipeline.checkpoint.plan import torchrun_line as jobs_torchrun_line
-from pipeline.coherence.backends import discovery_file_problem, model_bytes
+from pipeline.coherence.backends import MEGATRON, backend, discovery_file_problem, model_bytes
 from pipeline.coherence.run import megatron_iteration, wandb_run_name, wandb_target
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import job_env, resolve_profile
@@ -107,9 +107,10 @@ def plan_coherence(cfg, *, nodes: int | None = None, cluster: str | None = None,
     (an export), so a model path that does not exist yet is not a problem. Every path the job reads, as the
     container sees it: one outside the checkout and every bind is a problem naming the bind to add."""
     plan = _plan_coherence(cfg, nodes=nodes, cluster=cluster, argv=argv, inputs_later=inputs_later)
-    models = [] if cfg.backend == "endpoint" else [cfg.model, *(cfg.compare if cfg.backend == "hf" else [])]
+    b = backend(cfg.backend)
+    models = [] if b.remote else [cfg.model, *(cfg.compare if b.reads_hf else [])]
     checked = [("model", m) for m in models if m and local_path(str(m))]
-    if cfg.backend == "endpoint" and cfg.discovery_file is not None:
+    if b.remote and cfg.discovery_file is not None:
         checked.append(("discovery file", cfg.discovery_file))
     profile = resolve_profile(cluster)
     plan.problems += invisible_paths(profile, checked)
@@ -127,9 +128,11 @@ def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[s
     argv = list(argv or [])
     gpn = profile.ranks_per_node
     env = job_env(profile.env)  # what the launch sets for the job's ranks (the cluster profile's env)
-    if cfg.backend == "endpoint":
-        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="endpoint", env=env,
-                       launch=["python", *MODULE, *argv], notes=["endpoint backend: the server generates; no GPU"])
+    b = backend(cfg.backend)
+    if b.remote:
+        plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, nodes=1, ranks_per_node=1,
+                       layout=Layout(1), engine=b.name, gpus_needed=0, env=env, launch=["python", *MODULE, *argv],
+                       notes=["endpoint backend: the server generates; no GPU"])
         if n_nodes > 1:
             plan.problems.append(f"the endpoint backend runs on one node (the server generates), and {n_nodes} were "
                                  "asked for: submit it with --nodes=1")
@@ -137,10 +140,10 @@ def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[s
         if problem and not inputs_later:  # a job that waits for the serving job reads the file when it starts
             plan.problems.append(problem)
         return plan
-    if cfg.backend == "hf":
-        plan = JobPlan("coherence", cfg.model, profile.name, 1, 1, Layout(1), engine="hf", env=env,
-                       memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv],
-                       gpus_needed=1 if profile.has_gpus else 0)
+    if b.reads_hf:
+        plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, nodes=1, ranks_per_node=1,
+                       layout=Layout(1), engine=b.name, env=env, memory_budget_gb=profile.memory_budget_gb,
+                       launch=["python", *MODULE, *argv], gpus_needed=1 if profile.has_gpus else 0)
         if any(v not in (None, 1) for v in (cfg.tp, cfg.pp, cfg.ep)):
             plan.problems.append("--tp/--pp/--ep apply to the megatron backend only")
         if n_nodes > 1:
@@ -218,8 +221,9 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str], inp
         tp, pp, ep = (v or 1 for v in flags)
         lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
     nodes, procs, fill = placement(lay.world, gpn)
-    plan = JobPlan("coherence", cfg.model, profile.name, nodes, procs, lay, engine="megatron",
-                   memory_budget_gb=profile.memory_budget_gb, notes=notes, env=job_env(profile.env))
+    plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, nodes=nodes, ranks_per_node=procs,
+                   layout=lay, engine=MEGATRON.name, memory_budget_gb=profile.memory_budget_gb, notes=notes,
+                   env=job_env(profile.env))
     if not cfg.hf_model:
         plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     problem = None if inputs_later else _checkpoint_problem(cfg)  # a job after an import reads it when it starts

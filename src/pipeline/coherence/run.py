@@ -29,7 +29,7 @@ from pipeline.common.io import write_json, write_text
 from pipeline.config.cluster import resolve_profile, wandb_key_present
 from pipeline.slurm.badnodes import printable
 
-BACKENDS = ("hf", "endpoint", "megatron")
+BACKENDS = backends.NAMES
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,10 @@ class CoherenceRun:
         given = [v for v in (self.tp, self.pp, self.ep) if v is not None]
         if any(v < 1 for v in given):
             raise UserError(f"--tp/--pp/--ep must be >= 1 (got {self.tp}/{self.pp}/{self.ep})")
-        if any(v > 1 for v in given) and self.backend != "megatron":
+        known = backends.BY_NAME.get(self.backend)
+        if any(v > 1 for v in given) and not (known and known.model_parallel):
             raise UserError("--tp/--pp/--ep apply to the megatron backend only")
-        if self.backend not in BACKENDS:
-            raise UserError(f"unknown backend {self.backend!r} (one of {', '.join(BACKENDS)})")
+        b = backends.backend(self.backend)  # an unknown one: one line
         if not 1 <= self.max_tokens <= MAX_TOKENS:
             raise UserError(f"--max-tokens must be in [1, {MAX_TOKENS}], got {self.max_tokens}")
         for name in ("timeout", "deadline"):
@@ -80,7 +80,7 @@ class CoherenceRun:
             if v is not None and not (math.isfinite(v) and 0 < v <= MAX_SECONDS):
                 raise UserError(f"--{name} must be a positive number of seconds, at most {MAX_SECONDS} (a week), "
                                 f"got {v}")
-        if self.backend == "endpoint" and not (self.endpoint_url or self.discovery_file):
+        if b.remote and not (self.endpoint_url or self.discovery_file):
             raise UserError("the endpoint backend needs --endpoint-url URL or --discovery-file FILE")
         if self.prompts is not None:
             load_prompts(self.prompts)  # the file's shape, checked by the plan before any job
@@ -92,9 +92,10 @@ def generate(cfg: CoherenceRun, model: str, prompts: list[str],
              on_layout: Callable[[dict[str, Any]], None] | None = None):
     """The backend's generations; ``on_layout`` gets the megatron backend's model layout (``bridge.model_layout``)."""
     cfg.check()  # the bounds of max_tokens, timeout and deadline (also checked by the plan, before any job)
-    if cfg.backend == "hf":
+    b = backends.backend(cfg.backend)
+    if b.reads_hf:
         return backends.hf_generate(model, prompts, cfg.max_tokens, cfg.reasoning)
-    if cfg.backend == "endpoint":
+    if b.remote:
         if cfg.discovery_file:
             url = backends.read_discovery_file(cfg.discovery_file)
         elif cfg.endpoint_url:
@@ -214,14 +215,15 @@ def wandb_run_name(cfg: CoherenceRun) -> str:
     ``--compare``, ``+N`` for the other models. Never one name for every run."""
     path = Path(cfg.model)
     resolved = None
-    if cfg.backend == "megatron" and path.exists():
+    b = backends.backend(cfg.backend)
+    if b.reads_checkpoint and path.exists():
         try:
             resolved = megatron_iteration(cfg.model, cfg.iteration)
         except UserError:  # not complete yet (a plan of a job that waits for the training): the root's name
             resolved = None
     if resolved is not None:
         model, it = _iteration_name(resolved)
-    elif cfg.backend == "hf" and path.is_dir():
+    elif b.reads_hf and path.is_dir():
         model, it = _iteration_name(path.resolve())
     else:
         model, it = cfg.model.rstrip("/").rsplit("/", 1)[-1] or cfg.model, None

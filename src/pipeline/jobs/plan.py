@@ -64,17 +64,23 @@ class BasePlan:
                 "memory_budget_gb": self.memory_budget_gb, "env": dict(self.env), "launch": list(self.launch),
                 "ok": self.ok, "problems": list(self.problems), "notes": list(self.notes)}
 
+    def detail_lines(self) -> list[str]:
+        """A job's own lines of :meth:`format`, after the memory line (none here)."""
+        return []
+
     def format(self) -> str:
         """The plan as the dry run prints it: what, where, memory, launch, notes, problems, verdict."""
         lay = self.layout
+        cp = f" cp {lay.cp}" if lay.cp != 1 else ""
         lines = [f"plan: {self.kind} of {self.model} ({self.engine}) on cluster profile '{self.cluster}'",
-                 f"  world {self.world} = {self.nodes} node(s) x {self.ranks_per_node} rank(s); tp {lay.tp} "
-                 f"pp {lay.pp} cp {lay.cp} ep {lay.ep} etp {lay.etp} dp {lay.dp}"]
+                 f"  world {self.world} = {self.nodes} node(s) x {self.ranks_per_node} process(es); tp {lay.tp} "
+                 f"pp {lay.pp}{cp} ep {lay.ep} etp {lay.etp} dp {lay.dp}"]
         phases = self.memory_phases()
         if phases:
             budget = f" of {self.memory_budget_gb:g} GB" if self.memory_budget_gb else ""
             lines.append(f"  memory per GPU: {self.memory_per_gpu_gb:.1f} GB{budget} (phases: "
                          + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()) + ")")
+        lines += self.detail_lines()
         if self.launch:
             lines.append("  launch (each node): " + " ".join([*env_words(self.env), shlex.join(self.launch)]))
         lines += [f"  note: {n}" for n in self.notes]
