@@ -78,7 +78,7 @@ def test_isambard_sbatch_checks_the_eval_plan(export, monkeypatch):
     """The submit-time check of pipeline_eval_submit.sbatch: on the cluster profile (hub online) a hub task plans,
     with the GPUs and memory of the model; on a profile without the hub it is refused before anything is queued."""
     from pipeline.cli.evaluation import plan_from_argv
-    from pipeline.cli.submission import gpu_job_plan
+    from pipeline.cli.submission import check_job
 
     monkeypatch.setenv("PIPELINE_BINDS", str(export.parent.parent))
     monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
@@ -87,14 +87,14 @@ def test_isambard_sbatch_checks_the_eval_plan(export, monkeypatch):
     d = plan.as_dict()
     assert plan.ok, plan.problems
     assert (d["nodes"], d["gpus_per_node"], d["job"]) == (1, 1, "evaluate") and 60 < d["memory_per_gpu_gb"] < 95
-    gpu_job_plan("pipeline_eval_submit.sbatch", ["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "--tasks",
-                                                 "hellaswag"], ["--gpus-per-node=1"])
+    check_job("pipeline_eval_submit.sbatch", ["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "--tasks", "hellaswag"],
+              ["--gpus-per-node=1"])
     big = plan_from_argv(["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "--batch-size", "64"], 1)
     assert big.as_dict()["gpus_per_node"] == 4 and big.env["PIPELINE_EVAL_PARALLELIZE"] == "1"
     with pytest.raises(UserError, match="uses 4 GPU"):
-        gpu_job_plan("pipeline_eval_submit.sbatch", ["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "--batch-size",
-                                                     "64"], ["--gpus-per-node=1"])
+        check_job("pipeline_eval_submit.sbatch", ["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "--batch-size", "64"],
+                  ["--gpus-per-node=1"])
     monkeypatch.setenv("PIPELINE_CLUSTER", "local_cpu")
     with pytest.raises(UserError, match=r"^task 'hellaswag' reads its data .*\nplan: 1 problem\(s\); nothing was "
                                         "submitted$"):
-        gpu_job_plan("pipeline_eval_submit.sbatch", [str(export), "--tasks", "hellaswag"], [])
+        check_job("pipeline_eval_submit.sbatch", [str(export), "--tasks", "hellaswag"], [])

@@ -451,11 +451,11 @@ def test_a_nano_lora_export_plans_one_process_that_fits(tmp_path):
 def test_a_plan_without_size_facts_says_memory_not_estimated_not_zero(capsys, monkeypatch, tmp_path):
     """Issue 49 item 9: a coherence job on an export not yet written (a chain's, --dependency) passed its plan with
     'memory estimate 0.0 GB per GPU'; it says the memory was not estimated, and why."""
-    from pipeline.cli.submission import gpu_job_plan
+    from pipeline.cli.submission import check_job
 
     monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
     monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))
-    gpu_job_plan("pipeline_coherence_submit.sbatch", [str(tmp_path / "ck" / "iter_0000020" / "hf")],
-                 ["--dependency=afterok:1"], inputs_later=True)
+    check_job("pipeline_coherence_submit.sbatch", [str(tmp_path / "ck" / "iter_0000020" / "hf")],
+              ["--dependency=afterok:1"])
     err = capsys.readouterr().err
     assert "Plan: PASS - coherence" in err and "memory not estimated" in err and "0.0 GB" not in err, err

@@ -75,7 +75,8 @@ def test_a_refused_training_plan_launches_nothing(tmp_path):
 def test_the_base_is_keyword_only_and_its_names_are_the_ones_every_plan_uses():
     names = [f.name for f in dataclasses.fields(BasePlan)]
     assert names == ["kind", "model", "engine", "cluster", "nodes", "ranks_per_node", "layout", "memory_gb",
-                     "memory_budget_gb", "env", "launch", "problems", "notes"]
+                     "memory_budget_gb", "env", "launch", "gpus_needed", "problems", "notes", "warnings", "profile",
+                     "run_name"]
     assert all(f.kw_only for f in dataclasses.fields(BasePlan))
     plan = BasePlan(kind="export", model="m", engine="megatron", cluster="c", nodes=1, ranks_per_node=2,
                     layout=Layout(2, ep=2), memory_gb={"export": 10.04, "verify_hf": 12.06})

@@ -68,11 +68,6 @@ class JobPlan(BasePlan):
 
     engine: str = "megatron"  # the checkpoint's format (megatron, local) or the generation backend (hf, endpoint)
     host_memory_gb: float | None = None  # jobs that work in host memory (import)
-    gpus_needed: int | None = None  # GPUs per node the job uses (default: one per rank; 0: none)
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.ranks_per_node if self.gpus_needed is None else self.gpus_needed
 
     def as_dict(self) -> dict[str, Any]:
         lay = self.layout
@@ -304,7 +299,7 @@ def plan_export(req: ExportJob) -> JobPlan:
     peft = _peft_iteration(req.ckpt_dir, req.iteration)
     lay = _export_layout(req, spec, profile, peft, notes, found)
     gpn = profile.ranks_per_node
-    plan = JobPlan(kind=req.job, model=req.hf_model, cluster=profile.name, nodes=1,
+    plan = JobPlan(kind=req.job, model=req.hf_model, cluster=profile.name, profile=profile, nodes=1,
                    ranks_per_node=lay.world if gpn < 1 else min(lay.world, gpn), layout=lay,
                    memory_budget_gb=profile.memory_budget_gb, notes=notes, problems=found, env=job_env(profile.env))
     plan.problems += _export_layout_problems(req, spec, profile, lay, n_nodes)
@@ -337,7 +332,7 @@ def _hub_lines(req: ExportJob, profile: ClusterProfile, notes: list[str], proble
 
 def _plan_local_export(req: ExportJob, profile: ClusterProfile, notes: list[str], found: list[str]) -> JobPlan:
     """A local-engine checkpoint: one process on the CPU, no parallel layout."""
-    plan = JobPlan(kind=req.job, model=req.hf_model, cluster=profile.name, nodes=1, ranks_per_node=1,
+    plan = JobPlan(kind=req.job, model=req.hf_model, cluster=profile.name, profile=profile, nodes=1, ranks_per_node=1,
                    layout=Layout(1), engine=LOCAL.checkpoint_format, gpus_needed=0, problems=found,
                    env=job_env(profile.env),
                    launch=["python", *req.module], notes=notes + ["local-engine checkpoint: one process, CPU"])
@@ -562,10 +557,9 @@ def plan_import(hf_id: str, output: Path | None = None, *, nodes: int | None = N
     spec = spec_for(fetch)
     module = ["-m", "pipeline.cli.checkpoint", *(argv or [])]
     writer = MEGATRON_BRIDGE if megatron else LOCAL
-    plan = JobPlan(kind="import", model=fetch, cluster=profile.name, nodes=1, ranks_per_node=1, layout=Layout(1),
-                   engine=writer.checkpoint_format, gpus_needed=None if writer.needs_gpus else 0,
-                   env=job_env(profile.env),
-                   launch=["python", *module])
+    plan = JobPlan(kind="import", model=fetch, cluster=profile.name, profile=profile, nodes=1, ranks_per_node=1,
+                   layout=Layout(1), engine=writer.checkpoint_format, gpus_needed=None if writer.needs_gpus else 0,
+                   env=job_env(profile.env), launch=["python", *module])
     plan.notes.append(f"output: {out}")
     root = models_root(profile, megatron)
     if Path(out).resolve() == root.resolve():

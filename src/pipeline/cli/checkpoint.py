@@ -58,6 +58,7 @@ from pipeline.config.parallel import Layout
 from pipeline.evaluation.run import EvalRun, overwrite_problem
 from pipeline.evaluation.run import run as run_eval
 from pipeline.evaluation.tasks import check_tasks
+from pipeline.jobs.registry import Placement
 
 SECONDS = bounded_float(0.001, 7 * 86400, "a number of seconds")  # --interval/--idle-timeout, checked by the plan
 
@@ -212,17 +213,19 @@ def check_eval(cfg) -> None:
                                               str(exc))) from None
 
 
-def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
+def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bool = False,
+                 cluster: str | None = None) -> jobs.JobPlan:
     """The plan of a command line (``nodes``: Slurm's count when --nodes is not given; ``inputs_later``: the job
-    waits for the one that writes its checkpoint)."""
+    waits for the one that writes its checkpoint; ``cluster``: the profile, else PIPELINE_CLUSTER's)."""
     rest = strip_options(list(req.argv), ("--dry-run", "--json"), ("--nodes",))
     nodes = req.nodes if req.nodes is not None else nodes
     if req.action == "import":
-        return jobs.plan_import(req.hf_id, req.output, nodes=nodes, argv=rest, tp=req.tp, pp=req.pp, ep=req.ep,
-                                force=req.force)
+        return jobs.plan_import(req.hf_id, req.output, nodes=nodes, cluster=cluster, argv=rest, tp=req.tp, pp=req.pp,
+                                ep=req.ep, force=req.force)
     assert req.ckpt_dir is not None  # export and upload-all: a required positional
     plan = jobs.plan_export(jobs.ExportJob(req.ckpt_dir, req.hf_model, tp=req.tp, pp=req.pp, ep=req.ep,
-                                           iteration=req.iteration, nodes=nodes, job=req.action, argv=tuple(rest),
+                                           iteration=req.iteration, nodes=nodes, cluster=cluster, job=req.action,
+                                           argv=tuple(rest),
                                            inputs_later=inputs_later, strict=not req.not_strict,
                                            push_to_hub=req.push_to_hub))
     skipped = earlier_failures(req.ckpt_dir, exported=_exported) \
@@ -234,7 +237,7 @@ def plan_request(req: ConvertRequest, nodes: int | None = None, inputs_later: bo
     if cfg is not None:  # the tasks' data reachable here, before any conversion or model load
 
         check_eval(cfg)
-        plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile())
+        plan.problems += check_tasks(cfg.task_names, cfg.tasks_path, resolve_profile(cluster))
         plan.problems += earlier_results(req)
     return plan
 
@@ -302,8 +305,16 @@ def parse(argv: list[str]) -> ConvertRequest:
 
 
 def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> jobs.JobPlan:
-    """The plan of ``pipeline_checkpoint_convert.sh ARGS`` (isambard_sbatch's submit-time check)."""
+    """The plan of ``pipeline_checkpoint_convert.sh ARGS`` (a dry run's)."""
     return plan_request(parse(argv), nodes, inputs_later)
+
+
+parse_job = parse  # the registry's parser (jobs/registry.py): the batch script's words -> the request
+
+
+def plan_job(req: ConvertRequest, placement: Placement) -> jobs.JobPlan:
+    """The registry's planner: the request placed as a submission places it."""
+    return plan_request(req, placement.nodes, placement.inputs_later, cluster=placement.cluster)
 
 
 def export_torchrun(iter_path: Path, req: ConvertRequest, plan: jobs.JobPlan) -> tuple[list[str], dict[str, str]]:

@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.checkpoint.plan import JobPlan, print_plan, refuse
@@ -27,6 +28,7 @@ from pipeline.config.cluster import apply_job_env
 from pipeline.evaluation.plan import plan_evaluate
 from pipeline.evaluation.run import EvalRun, run
 from pipeline.evaluation.tasks import SMOKE_TASK
+from pipeline.jobs.registry import Placement
 
 
 def _limit(text: str) -> float:
@@ -76,27 +78,52 @@ def build_parser() -> Parser:
 PLAN_FLAGS = ("--dry-run", "--json")
 
 
-def _parse(argv: list[str], nodes: int | None = None, inputs_later: bool = False
-           ) -> tuple[EvalRun, JobPlan, bool, bool]:
+@dataclass(frozen=True)
+class Request:
+    """A evaluation command line as read: the run, the words the job runs with (the plan flags and --nodes taken out:
+    its launch line), the node count given (--nodes) and the dry run's flags."""
+
+    run: EvalRun
+    argv: tuple[str, ...]
+    nodes: int | None = None
+    dry_run: bool = False
+    as_json: bool = False
+
+
+def parse_job(argv: list[str]) -> Request:
+    """The registry's parser (jobs/registry.py), and the command line's: the words -> the request (checked)."""
     args = vars(build_parser().parse_args(argv))
     dry_run, given_nodes, as_json = args.pop("dry_run"), args.pop("nodes"), args.pop("json")
     args["tasks_path"] = tuple(args["tasks_path"])
     cfg = EvalRun(**args)
     cfg.check()
-    plan = plan_evaluate(cfg, nodes=given_nodes if given_nodes is not None else nodes,
-                         argv=strip_options(argv, PLAN_FLAGS, ("--nodes",)), inputs_later=inputs_later)
-    return cfg, plan, dry_run, as_json
+    return Request(cfg, tuple(strip_options(argv, PLAN_FLAGS, ("--nodes",))), given_nodes, dry_run, as_json)
+
+
+def plan_request(req: Request, nodes: int | None = None, inputs_later: bool = False,
+                 cluster: str | None = None) -> JobPlan:
+    """The request's plan (``nodes``: Slurm's count when --nodes is not given, else the allocation's; ``cluster``:
+    the profile, else PIPELINE_CLUSTER's)."""
+    return plan_evaluate(req.run, nodes=req.nodes if req.nodes is not None else nodes, cluster=cluster,
+                         argv=list(req.argv), inputs_later=inputs_later)
+
+
+def plan_job(req: Request, placement: Placement) -> JobPlan:
+    """The registry's planner: the request placed as a submission places it."""
+    return plan_request(req, placement.nodes, placement.inputs_later, placement.cluster)
 
 
 def plan_from_argv(argv: list[str], nodes: int | None = None, inputs_later: bool = False) -> JobPlan:
-    """The plan of ``pipeline_eval_harness.py ARGS`` (isambard_sbatch's submit-time check)."""
-    return _parse(argv, nodes, inputs_later)[1]
+    """The plan of a command line (a dry run's)."""
+    return plan_request(parse_job(argv), nodes, inputs_later)
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg, plan, dry_run, as_json = _parse(argv)
+    req = parse_job(argv)
+    cfg, dry_run, as_json = req.run, req.dry_run, req.as_json
+    plan = plan_request(req)
     setup_logging(quiet=cfg.quiet)
     if dry_run:
         return print_plan(plan, as_json)

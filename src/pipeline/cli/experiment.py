@@ -31,7 +31,6 @@ $PIPELINE_RUNS_DIR/_experiments/<experiment>/.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import datetime as dt
 import io
@@ -55,6 +54,7 @@ from pipeline.experiment import locks, spec
 from pipeline.experiment import plan as planning
 from pipeline.experiment import status as board
 from pipeline.experiment.plots import write_eval_plots, write_plots
+from pipeline.jobs import registry
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,19 +116,24 @@ GPU_JOB_KINDS = ("export", "coherence", "upload-all")
 
 def plan_gpu_jobs(plans: list[planning.RunPlan]) -> None:
     """Plan each export, upload-all and coherence job of every chain now, as isambard_sbatch plans it when the job is
-    queued (``submission.gpu_job_plan``: its layout, nodes, memory and the model's conversion rules); their inputs
-    are an earlier job's outputs, so their paths are left to the job. What a plan refuses becomes that job's
-    problems: render shows them, and submit queues a chain whole or not at all."""
+    queued: looked up in the job registry by its batch script and planned by call (``submission.plan_job``: its
+    layout, nodes, memory and the model's conversion rules); their inputs are an earlier job's outputs, so their
+    paths are left to the job. What a plan refuses becomes that job's problems (the plan's own list; a usage mistake
+    in its words is one line): render shows them, and submit queues a chain whole or not at all."""
     for rp in plans:
         for job in rp.jobs:
             if job.kind not in GPU_JOB_KINDS or not job.args or job.problems:
                 continue
+            kind = registry.resolve(job.script, job.args)
+            assert kind is not None and kind.planned, job.script  # the experiment writes only the suite's scripts
             try:
-                with contextlib.redirect_stderr(io.StringIO()):  # its "Plan: PASS" line is isambard_sbatch's
-                    submission.gpu_job_plan(job.script, list(job.args), list(job.sbatch), required=True,
-                                            inputs_later=True)
+                plan = submission.plan_job(kind, job.script, list(job.args), list(job.sbatch), required=True,
+                                           inputs_later=True)
             except UserError as exc:
-                job.problems += [ln for ln in str(exc).splitlines() if ln and not ln.startswith("plan: ")]
+                job.problems += [ln for ln in str(exc).splitlines() if ln]
+                continue
+            if plan is not None:
+                job.problems += plan.problems
 
 
 # ---- runs: every run directory under a root ----------------------------------------------------------------------

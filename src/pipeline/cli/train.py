@@ -23,6 +23,7 @@ pipeline_training_launch.sh --list   the models (engine, recipe per mode, Huggin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -39,6 +40,7 @@ from pipeline.common.mappings import drop_unset
 from pipeline.config.cluster import env_words, job_environ
 from pipeline.config.kinds import MODES
 from pipeline.config.models import REGISTRY, recipe_mode
+from pipeline.jobs.registry import Placement
 from pipeline.training import records
 from pipeline.training.launch import (
     LaunchPlan,
@@ -49,6 +51,7 @@ from pipeline.training.launch import (
     plan_launch,
     profile_lines,
 )
+from pipeline.training.preflight import Plan
 
 
 def build_parser() -> Parser:
@@ -105,6 +108,28 @@ def parse_job_args(config: str, model: str, mode: str, rest: list[str]) -> Launc
     """A training job's words (``pipeline_training_submit.sbatch CONFIG MODEL MODE [flags] [overrides]``) as the job's
     launcher reads them (the batch script passes them on as ``CONFIG --model MODEL --mode MODE ...``)."""
     return parse_request([config, "--model", model, "--mode", mode, *rest])[0]
+
+
+def parse_job(args: list[str]) -> LaunchRequest:
+    """The registry's parser (jobs/registry.py): ``pipeline_training_submit.sbatch``'s words -> the request."""
+    if len(args) < 3:
+        raise UserError(f"{paths.TRAINING_SUBMIT} needs CONFIG MODEL MODE [launcher flags] [overrides]")
+    config, model, mode, *rest = args
+    return parse_job_args(config, model, mode, rest)
+
+
+def plan_job(request: LaunchRequest, placement: Placement) -> Plan:
+    """The registry's planner: the request placed as a submission places it (Slurm's node count, the cluster
+    profile; a job that waits for another leaves its inputs, the previous phase's checkpoint, to its launcher, which
+    checks them when it starts) -> the training plan (``launch.preflight``, the plan base's)."""
+    if placement.inputs_later:
+        request = dataclasses.replace(request, path_checks=False)
+    if request.nodes is not None and placement.nodes_named and request.nodes != placement.nodes:
+        raise UserError(f"the launcher's --nodes {request.nodes} and sbatch's --nodes={placement.nodes} disagree: the "
+                        "job would plan one node count on an allocation of another; give the count once, to sbatch")
+    request = dataclasses.replace(request, nodes=request.nodes or placement.nodes,
+                                  cluster=request.cluster or placement.cluster)
+    return plan_launch(request).preflight
 
 
 def plan_from_argv(argv: list[str]) -> LaunchPlan:

@@ -130,9 +130,9 @@ def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[s
     env = job_env(profile.env)  # what the launch sets for the job's ranks (the cluster profile's env)
     b = backend(cfg.backend)
     if b.remote:
-        plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, nodes=1, ranks_per_node=1,
-                       layout=Layout(1), engine=b.name, gpus_needed=0, env=env, launch=["python", *MODULE, *argv],
-                       notes=["endpoint backend: the server generates; no GPU"])
+        plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, profile=profile, nodes=1,
+                       ranks_per_node=1, layout=Layout(1), engine=b.name, gpus_needed=0, env=env,
+                       launch=["python", *MODULE, *argv], notes=["endpoint backend: the server generates; no GPU"])
         if n_nodes > 1:
             plan.problems.append(f"the endpoint backend runs on one node (the server generates), and {n_nodes} were "
                                  "asked for: submit it with --nodes=1")
@@ -141,9 +141,10 @@ def _plan_coherence(cfg, *, nodes: int | None, cluster: str | None, argv: list[s
             plan.problems.append(problem)
         return plan
     if b.reads_hf:
-        plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, nodes=1, ranks_per_node=1,
-                       layout=Layout(1), engine=b.name, env=env, memory_budget_gb=profile.memory_budget_gb,
-                       launch=["python", *MODULE, *argv], gpus_needed=1 if profile.has_gpus else 0)
+        plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, profile=profile, nodes=1,
+                       ranks_per_node=1, layout=Layout(1), engine=b.name, env=env,
+                       memory_budget_gb=profile.memory_budget_gb, launch=["python", *MODULE, *argv],
+                       gpus_needed=1 if profile.has_gpus else 0)
         if any(v not in (None, 1) for v in (cfg.tp, cfg.pp, cfg.ep)):
             plan.problems.append("--tp/--pp/--ep apply to the megatron backend only")
         if n_nodes > 1:
@@ -221,9 +222,9 @@ def _plan_megatron(cfg, profile, n_nodes: int, given: bool, argv: list[str], inp
         tp, pp, ep = (v or 1 for v in flags)
         lay = Layout(job_world(tp, pp, ep), tp=tp, pp=pp, ep=ep, etp=1)
     nodes, procs, fill = placement(lay.world, gpn)
-    plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, nodes=nodes, ranks_per_node=procs,
-                   layout=lay, engine=MEGATRON.name, memory_budget_gb=profile.memory_budget_gb, notes=notes,
-                   env=job_env(profile.env))
+    plan = JobPlan(kind="coherence", model=cfg.model, cluster=profile.name, profile=profile, nodes=nodes,
+                   ranks_per_node=procs, layout=lay, engine=MEGATRON.name,
+                   memory_budget_gb=profile.memory_budget_gb, notes=notes, env=job_env(profile.env))
     if not cfg.hf_model:
         plan.problems.append("the megatron backend needs --hf-model ID (the checkpoint's architecture and tokenizer)")
     problem = None if inputs_later else _checkpoint_problem(cfg)  # a job after an import reads it when it starts

@@ -26,7 +26,7 @@ def plan_evaluate(cfg, *, nodes: int | None = None, cluster: str | None = None, 
     yet is not a problem. ``check_data``: refuse tasks whose data this cluster cannot reach (reads task files)."""
     profile, n_nodes, _ = cluster_and_nodes(nodes, cluster)
     gpn = profile.ranks_per_node
-    plan = JobPlan(kind="evaluate", model=cfg.model, cluster=profile.name, nodes=1, ranks_per_node=1,
+    plan = JobPlan(kind="evaluate", model=cfg.model, cluster=profile.name, profile=profile, nodes=1, ranks_per_node=1,
                    layout=Layout(1), engine="hf", env=job_env(profile.env), memory_budget_gb=profile.memory_budget_gb,
                    launch=["python", *MODULE, *(argv or [])],
                    gpus_needed=1 if profile.has_gpus else 0)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from pipeline.config.cluster import env_words
+from pipeline.common.errors import UserError
+from pipeline.config.cluster import ClusterProfile, env_words
 from pipeline.config.parallel import Layout
 
 
@@ -37,8 +38,15 @@ class BasePlan:
     memory_budget_gb: float = 0.0  # the profile's usable GB per GPU (0: no budget, nothing checked)
     env: dict[str, str] = field(default_factory=dict)  # what the launch sets for its ranks (config.cluster.job_env)
     launch: list[str] = field(default_factory=list)  # the command each node runs
+    gpus_needed: int | None = None  # GPUs per node the job uses (None: one per rank; 0: none)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # known hazards: reported, not refused
+    # not in any record: the profile itself (``cluster`` is its name) and the run a job writes (training's name)
+    profile: ClusterProfile | None = field(default=None, repr=False, compare=False)
+    run_name: str | None = None
+
+    WORD: ClassVar[str] = "plan"  # what the submission's lines call it ("plan: 2 problem(s); nothing was submitted")
 
     @property
     def ok(self) -> bool:
@@ -55,6 +63,32 @@ class BasePlan:
     @property
     def memory_per_gpu_gb(self) -> float:
         return round(max(self.memory_phases().values(), default=0.0), 1)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.ranks_per_node if self.gpus_needed is None else self.gpus_needed
+
+    def check_gpus_asked(self, asked: int, written: str) -> None:
+        """A submission's GPUs per node (``written``: the option as the user gave it) against the plan's: fewer than
+        the job uses is a problem of the plan (its launch line starts one rank per GPU it counted)."""
+        if asked < self.gpus_per_node:
+            self.problems.append(f"the {self.kind} plan ({self.engine}) uses {self.gpus_per_node} GPU(s) per node, "
+                                 f"and {written} gives {asked}: submit with --gpus-per-node={self.gpus_per_node}"
+                                 f" (the plan: {self.kind} ... --dry-run)")
+
+    def refusal(self) -> UserError:
+        """The submission's refusal of a plan with problems: one line each, then the count."""
+        return UserError("\n".join(self.problems) + f"\n{self.WORD}: {len(self.problems)} problem(s); nothing was "
+                         "submitted")
+
+    def pass_line(self) -> str:
+        """The submission's line for a plan that passed (isambard_sbatch prints it on stderr)."""
+        memory = (f"memory estimate {self.memory_per_gpu_gb:.1f} GB per GPU" if self.memory_per_gpu_gb > 0 else
+                  "memory not estimated (no size facts of the model yet: an export still to be written, or a model "
+                  "the registry does not know; the job checks it when it starts)")
+        lay = self.layout
+        return (f"Plan: PASS - {self.kind}: world {self.world} on {self.nodes} node(s) (tp {lay.tp} pp {lay.pp} "
+                f"ep {lay.ep}), {memory}")
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as JSON: every fact above, the layout flat (world, tp, ..., dp), and its verdict."""

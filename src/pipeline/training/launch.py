@@ -127,6 +127,7 @@ def plan_launch(req: LaunchRequest) -> LaunchPlan:
     view = build_view(cfg, spec, req.mode, preflight) if preflight.ok else None
     plan = LaunchPlan(req, spec, cluster, alloc, nodes, cfg, run_dir, preflight, view)
     preflight.env = plan.env  # the plan base's launch facts (jobs/plan.py), as every job's plan has them
+    preflight.run_name = str(cfg.logger.wandb_exp_name) if cfg.logger.wandb_exp_name else None
     if preflight.ok:  # a refused plan launches nothing
         preflight.launch = plan.command()
     return plan

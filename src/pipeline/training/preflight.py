@@ -67,7 +67,8 @@ class Plan(BasePlan):
     train_iters: int = 0
     tokens_per_iter: int = 0
     total_tokens: int = 0
-    warnings: list[str] = dataclasses.field(default_factory=list)  # known hazards: reported, not refused
+
+    WORD: ClassVar[str] = "preflight"
 
     # the record's keys, in the order preflight.json has always had them (the layout's follow, then "ok")
     RECORD: ClassVar[tuple[str, ...]] = (
@@ -78,6 +79,21 @@ class Plan(BasePlan):
     def memory_phases(self) -> dict[str, float]:
         """One phase, training, of the estimate's total (``memory_gb`` holds its parts)."""
         return {"train": self.memory_gb["total"]} if "total" in self.memory_gb else {}
+
+    def check_gpus_asked(self, asked: int, written: str) -> None:
+        """The launcher starts one rank per GPU Slurm gives: another count than the plan's trains a layout the
+        preflight never checked (refused at once, before the preflight's own problems)."""
+        if self.profile is None or not self.profile.has_gpus or asked == self.profile.gpus_per_node:
+            return
+        planned = self.profile.gpus_per_node
+        raise UserError(f"{written} gives {asked} GPU(s) per node, and the training plan (cluster profile "
+                        f"{self.profile.name}) is for {planned}: submit with --gpus-per-node={planned} (or none: "
+                        "isambard_sbatch adds the profile's); nothing was submitted")
+
+    def pass_line(self) -> str:
+        lay = self.layout
+        return (f"Preflight: PASS - world {lay.world} (tp {lay.tp} pp {lay.pp} cp {lay.cp} ep {lay.ep} dp {lay.dp}), "
+                f"memory estimate {self.memory_gb.get('total', 0):.1f} of {self.memory_budget_gb:g} GB")
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: copy.deepcopy(getattr(self, k)) for k in self.RECORD}
@@ -174,7 +190,8 @@ def run_preflight(cfg: TrainingConfig, spec: ModelSpec, mode: Mode, cluster: Clu
     unless --disable-ft), which turns on Megatron's fault tolerance on the Bridge engine."""
     local = not spec.trains_on.bridge_rules  # the local engine's own, smaller set of rules
     plan = Plan(model=spec.name, mode=mode, engine=spec.engine, cluster=cluster.name, nodes=nodes,
-                ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node), peft=peft)
+                ranks_per_node=cluster.ranks_per_node, layout=Layout(nodes * cluster.ranks_per_node), peft=peft,
+                profile=cluster, gpus_needed=None if cluster.has_gpus else 0)
     if spec.trains_on.needs_gpus and not cluster.has_gpus:
         plan.problems.append(f"model '{spec.name}' runs on the Megatron Bridge engine, which needs GPUs; cluster "
                              f"profile '{cluster.name}' has gpus_per_node=0: use --cluster with a GPU profile")
