@@ -10,14 +10,9 @@ import pytest
 import yaml
 
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import (
-    ClusterProfile,
-    load_cluster,
-    parse_profile_text,
-    profile_sbatch_options,
-    resolve_profile,
-)
-from pipeline.slurm.sbatch_options import script_directives
+from pipeline.config.cluster import ClusterProfile, load_cluster, resolve_profile
+from pipeline.config.flat_yaml import parse_profile_text
+from pipeline.slurm.sbatch_options import profile_sbatch_options, script_directives
 from tests.helpers import ROOT, run
 
 GH = "/projects/a5k/public"
@@ -119,7 +114,7 @@ def test_hub_and_wandb_defaults_come_from_the_profile(tmp_path):
 
 def test_the_helper_runs_on_the_host_python_without_yaml(tmp_path):
     # -S: no site-packages, so PyYAML cannot be imported; the profile must still be read
-    res = run([sys.executable, "-S", "-m", "pipeline.config.cluster", "env", "isambard_gh200"],
+    res = run([sys.executable, "-S", "-m", "pipeline.config.knobs", "env", "isambard_gh200"],
               env=clean_env(PYTHONPATH=str(ROOT / "src")))
     assert res.returncode == 0, res.stderr
     assert f"PIPELINE_SIF={SIF}" in res.stdout.splitlines()
@@ -143,7 +138,7 @@ BAD_VALUES = [
 def test_bad_profile_values_are_one_line_errors(tmp_path, line, message):
     prof = tmp_path / "site.yaml"
     prof.write_text(f"name: site\n{line}\n")
-    res = run([sys.executable, "-m", "pipeline.config.cluster", "env", str(prof)],
+    res = run([sys.executable, "-m", "pipeline.config.knobs", "env", str(prof)],
               env=clean_env(PYTHONPATH=str(ROOT / "src")))
     assert res.returncode == 2 and res.stdout == ""
     lines = res.stderr.strip().splitlines()

@@ -379,7 +379,7 @@ def sft_launch(p, hf: Path, env: dict, torchrun: list[str], timeout: float = 150
     import dataclasses
     import subprocess
 
-    from pipeline.config.cluster import job_environ
+    from pipeline.config.job_env import job_environ
     from pipeline.training import records
     from pipeline.training.views import build_view
 

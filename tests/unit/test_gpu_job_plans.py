@@ -293,7 +293,7 @@ def test_the_checkpoint_request_reads_every_option_of_every_action(tmp_path):
 
 def test_one_rule_for_the_ranks_environment():
     """cluster.job_env / job_environ: the inherited environment < the profile's env < training's env_vars."""
-    from pipeline.config.cluster import job_env, job_environ
+    from pipeline.config.job_env import job_env, job_environ
 
     profile_env = {"A": "profile", "B": "profile"}
     assert job_env(profile_env, {"B": 7}) == {"A": "profile", "B": "7"}

@@ -118,3 +118,21 @@ def test_rendezvous_ports_stay_below_the_kernels_ephemeral_range():
     # a base the operator put at or above the ephemeral range keeps its 20,000 ports, within 65535
     assert rendezvous(Allocation("19999", 2, 0, [], None, 0), 40000)[1] == 59999
     assert rendezvous(Allocation("19999", 2, 0, [], None, 0), 60000)[1] == 60000 + 19999 % 5536
+
+
+def test_the_launcher_is_an_object_of_the_profile():
+    """Issue 65, item 4: the profile names its launcher (``launcher:``) and gives the object (config/launchers.py);
+    --disable-ft is plain torchrun; the object writes the node's line the launch always had."""
+    from pipeline.config.launchers import FT_LAUNCHER, TORCHRUN
+
+    gh, local = load_cluster("isambard_gh200"), load_cluster("local_cpu")
+    assert (gh.launcher_for(), gh.launcher_for(disable_ft=True), local.launcher_for()) == (FT_LAUNCHER, TORCHRUN,
+                                                                                          TORCHRUN)
+    assert (FT_LAUNCHER.fault_tolerance, TORCHRUN.fault_tolerance, str(FT_LAUNCHER)) == (True, False, "ft_launcher")
+    assert TORCHRUN.argv(nproc=2, max_restarts=0, rendezvous=None) == [
+        "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0"]
+    assert FT_LAUNCHER.argv(nproc=4, max_restarts=3, rendezvous=("10.0.0.1", 29501, "7", 2, 1),
+                            ft_section_timeouts="setup:1", ft_out_of_section_timeout=5, prefix=["nsys", "profile"]) == [
+        "nsys", "profile", "ft_launcher", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29501", "--rdzv-id=7",
+        "--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--max-restarts=3", "--ft-rank_section_timeouts=setup:1",
+        "--ft-rank_out_of_section_timeout=5"]

@@ -86,7 +86,7 @@ def test_the_installed_console_scripts_are_pyprojects_and_run():
     assert installed == SCRIPTS, "rerun `bash pipeline_env_setup.sh` to reinstall the package"
     exe = Path(sys.executable).parent / "pipeline-cluster"
     by_script = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120)
-    by_module = subprocess.run([sys.executable, "-m", "pipeline.config.cluster", "--help"], capture_output=True,
+    by_module = subprocess.run([sys.executable, "-m", "pipeline.config.knobs", "--help"], capture_output=True,
                                text=True, timeout=120)
     assert by_script.returncode == by_module.returncode == 0, by_script.stderr
     assert by_script.stdout == by_module.stdout and by_script.stderr == by_module.stderr

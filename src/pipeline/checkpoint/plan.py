@@ -41,8 +41,9 @@ from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import folder_problem
 from pipeline.common.layout import output_folder_problem
-from pipeline.config.cluster import ClusterProfile, job_env, resolve_profile
+from pipeline.config.cluster import ClusterProfile, resolve_profile
 from pipeline.config.engines import LOCAL, MEGATRON_BRIDGE, Engine, engine_of_checkpoint
+from pipeline.config.job_env import job_env
 from pipeline.config.models import REGISTRY, ModelSpec, spec_for
 from pipeline.config.parallel import (
     OVERHEAD_GB,

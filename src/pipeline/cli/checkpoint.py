@@ -53,7 +53,8 @@ from pipeline.common.argv import strip_options
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import read_json
 from pipeline.common.log import setup_logging
-from pipeline.config.cluster import apply_job_env, job_environ, resolve_profile
+from pipeline.config.cluster import resolve_profile
+from pipeline.config.job_env import apply_job_env, job_environ
 from pipeline.config.parallel import Layout
 from pipeline.evaluation.run import EvalRun, overwrite_problem
 from pipeline.evaluation.run import run as run_eval

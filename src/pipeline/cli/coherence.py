@@ -26,7 +26,7 @@ from pipeline.coherence.run import BACKENDS, CoherenceRun, megatron_iteration, r
 from pipeline.common.argv import strip_options
 from pipeline.common.errors import cli_main
 from pipeline.common.log import setup_logging
-from pipeline.config.cluster import apply_job_env
+from pipeline.config.job_env import apply_job_env
 from pipeline.jobs.registry import Placement
 
 

@@ -38,7 +38,8 @@ from pipeline.cli.parser import Parser, name_arg, path_arg, positive_int
 from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
-from pipeline.config.cluster import effective_knobs, resolve_profile
+from pipeline.config.cluster import resolve_profile
+from pipeline.config.knobs import effective_knobs
 from pipeline.config.models import REGISTRY, get_model
 from pipeline.data.shards import CHUNK_SIZE, LIMIT_NOT_SHARDABLE, describe, parse_shard, shard_dir
 

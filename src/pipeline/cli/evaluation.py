@@ -24,7 +24,7 @@ from pipeline.cli.parser import Parser, path_arg
 from pipeline.common.argv import strip_options
 from pipeline.common.errors import cli_main
 from pipeline.common.log import setup_logging
-from pipeline.config.cluster import apply_job_env
+from pipeline.config.job_env import apply_job_env
 from pipeline.evaluation.plan import plan_evaluate
 from pipeline.evaluation.run import EvalRun, run
 from pipeline.evaluation.tasks import SMOKE_TASK

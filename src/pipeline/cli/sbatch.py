@@ -39,13 +39,13 @@ from pipeline.common import shell
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.io import write_text
 from pipeline.common.paths import TRAINING_SUBMIT
-from pipeline.config.cluster import profile_sbatch_options  # pure; shared with the dry run
 from pipeline.slurm.badnodes import from_env
 from pipeline.slurm.hostlist import compress, expand, is_hostlist
 from pipeline.slurm.sbatch_options import (
     directive_value,
     header_options,
     option_value,
+    profile_sbatch_options,  # pure; shared with the dry run
     script_directives,
     split_sbatch_args,
 )

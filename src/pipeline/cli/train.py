@@ -37,7 +37,7 @@ from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.common.mappings import drop_unset
-from pipeline.config.cluster import env_words, job_environ
+from pipeline.config.job_env import env_words, job_environ
 from pipeline.config.kinds import MODES
 from pipeline.config.models import REGISTRY, recipe_mode
 from pipeline.jobs.registry import Placement

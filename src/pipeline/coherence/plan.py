@@ -31,7 +31,8 @@ from pipeline.checkpoint.plan import torchrun_line as jobs_torchrun_line
 from pipeline.coherence.backends import MEGATRON, backend, discovery_file_problem, model_bytes
 from pipeline.coherence.run import megatron_iteration, wandb_run_name, wandb_target
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import job_env, resolve_profile
+from pipeline.config.cluster import resolve_profile
+from pipeline.config.job_env import job_env
 from pipeline.config.models import ModelSpec, spec_for
 from pipeline.config.parallel import Layout, node_local_problems
 from pipeline.env.runtimes import invisible_paths

@@ -26,7 +26,8 @@ from pipeline.coherence.prompts import load_prompts
 from pipeline.common import layout, paths
 from pipeline.common.errors import UserError
 from pipeline.common.io import write_json, write_text
-from pipeline.config.cluster import resolve_profile, wandb_key_present
+from pipeline.config.cluster import resolve_profile
+from pipeline.config.knobs import wandb_key_present
 from pipeline.slurm.badnodes import printable
 
 BACKENDS = backends.NAMES

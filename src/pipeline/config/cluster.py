@@ -1,33 +1,27 @@
-"""Cluster profiles (``configs/cluster/<name>.yaml``): everything that differs between a laptop and a cluster.
+"""Cluster profiles (``configs/cluster/<name>.yaml``): everything that differs between a laptop and a cluster, as a
+typed, validated ``ClusterProfile``, and the one way a command finds its profile (``resolve_profile``).
 
-GPUs per node, device memory, launcher and NCCL env (read by the training launcher), the Slurm placement that
-``isambard_sbatch`` adds to a submission (partition, account, time limit, exclusivity, GPUs per node), and the
-shell knobs of ``pipeline_env_config.env`` (runtime, container image, shared bad-node log, log and cache roots).
-
-Standard library only: the host's ``python3`` runs it before any environment exists::
-
-    python3 -m pipeline.config.cluster env NAME     # KEY=VALUE lines for pipeline_env_config.env
-    python3 -m pipeline.config.cluster show NAME    # the profile's fields
-
-The profiles are written in a flat YAML subset (``key: value`` lines, one nested mapping for ``env``, block lists
-of ``- item`` lines for ``binds``) parsed
-here by hand, so the same parser serves the shell (no PyYAML on a login node) and the training launcher.
+A profile says what the nodes have (GPUs, device and host memory, processes per node), how a node starts its ranks
+(its launcher: ``config/launchers.py``; the NCCL and fabric ``env`` of every job: ``config/job_env.py``), the Slurm
+placement ``isambard_sbatch`` adds (``slurm/sbatch_options.profile_sbatch_options``), the shell knobs of
+``pipeline_env_config.env`` (``config/knobs.py``, also its command line) and the services the cluster reaches. The
+files are the flat YAML subset of ``config/flat_yaml.py``. Standard library only: the host's ``python3`` reads a
+profile before any environment exists.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import netrc
 import os
 import re
-import shlex
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.common import paths
-from pipeline.common.argv import flag_values, has_flag
-from pipeline.common.errors import UserError, cli_main
+from pipeline.common.errors import UserError
+from pipeline.config.flat_yaml import parse_profile_text
+from pipeline.config.launchers import BY_NAME as LAUNCHERS
+from pipeline.config.launchers import TORCHRUN, Launcher
 
 ROOT = paths.repo_root()  # evaluated at import: PIPELINE_ROOT of the process
 RUNTIMES = ("venv", "apptainer", "charliecloud")
@@ -35,41 +29,7 @@ RUNTIMES = ("venv", "apptainer", "charliecloud")
 _TIME = re.compile(r"^(\d+|\d+:\d\d|\d+:\d\d:\d\d|\d+-\d+|\d+-\d+:\d\d|\d+-\d+:\d\d:\d\d)$")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,-]+$")  # partition / account (a partition may be a comma list)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-# Shell knobs of pipeline_env_config.env that come from the profile: knob -> profile field.
-KNOBS = {
-    "PIPELINE_RUNTIME": "runtime",
-    "PIPELINE_SIF": "sif",
-    "PIPELINE_BAD_NODES_LOG": "bad_nodes_log",
-    "PIPELINE_LOG_DIR": "log_dir",
-    "PIPELINE_CACHE_DIR": "cache_dir",
-    "PIPELINE_DATA_ROOT": "data_root",
-    "HF_HUB_OFFLINE": "hub_offline",
-    "WANDB_MODE": "wandb_mode",
-    "WANDB_ENTITY": "wandb_entity",
-    "PIPELINE_PROFILE_BINDS": "binds",
-    "PIPELINE_FABRIC_LIBS": "ld_library_path",
-}
-PATH_FIELDS = ("sif", "bad_nodes_log", "log_dir", "cache_dir", "data_root")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-WANDB_HOST = "api.wandb.ai"
-
-
-def wandb_key_present(environ: Mapping[str, str] | None = None) -> bool:
-    """A W&B key is there: WANDB_API_KEY, or an entry for api.wandb.ai in the netrc that ``wandb login`` writes
-    (NETRC, else ~/.netrc)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("WANDB_API_KEY"):
-        return True
-    path = environ.get("NETRC") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".netrc")
-    try:
-        return netrc.netrc(path).authenticators(WANDB_HOST) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-# The record of which knobs a profile filled (``NAME:KEY,KEY``, NAME as selected: a name or a .yaml path), so that
-# sourcing the env config again with
-# another profile selected refills them, while a knob the user exported keeps winning.
-FILLED = "PIPELINE_PROFILE_FILLED"
 DEFAULT_PROFILE = "local_cpu"
 
 
@@ -157,8 +117,8 @@ class ClusterProfile:
                 raise bad(f, "is not a Slurm name (letters, digits, '_', '.', '-', ','), or null for the default")
         if not isinstance(self.exclusive, bool):
             raise bad("exclusive", "must be true or false")
-        if self.launcher not in ("torchrun", "ft_launcher"):
-            raise bad("launcher", "must be torchrun or ft_launcher")
+        if self.launcher not in LAUNCHERS:
+            raise bad("launcher", f"must be {' or '.join(LAUNCHERS)}")
         for f in ("description", "sif", "bad_nodes_log", "log_dir", "cache_dir", "data_root", "ft_section_timeouts"):
             v = getattr(self, f)
             if not isinstance(v, str) or any(ord(c) < 32 or ord(c) == 127 for c in v):
@@ -214,22 +174,10 @@ class ClusterProfile:
         """The profile's binds as (host, container) pairs."""
         return [(h, g or h) for h, _, g in (b.partition(":") for b in self.binds)]
 
-    def knob_values(self, root: Path | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The shell knobs this profile fills (PIPELINE_RUNTIME, PIPELINE_SIF, ...), paths made absolute; W&B's
-        auto mode is resolved against ``environ``'s key or netrc."""
-        out = {}
-        for k, f in KNOBS.items():
-            v = getattr(self, f)
-            if f in PATH_FIELDS:
-                v = self.path(f, root)
-            elif f == "binds":
-                v = ",".join(v)
-            elif f == "hub_offline":
-                v = "1" if v else "0"
-            elif f == "wandb_mode" and v == "auto":
-                v = "online" if wandb_key_present(environ) else "offline"
-            out[k] = "" if v is None else str(v)
-        return out
+    def launcher_for(self, disable_ft: bool = False) -> Launcher:
+        """How each node starts its ranks: the profile's launcher, or plain torchrun with --disable-ft."""
+        launcher = LAUNCHERS[self.launcher]
+        return TORCHRUN if disable_ft and launcher.fault_tolerance else launcher
 
 
 def cluster_dir() -> Path:
@@ -238,91 +186,6 @@ def cluster_dir() -> Path:
 
 def available() -> list[str]:
     return sorted(p.stem for p in cluster_dir().glob("*.yaml"))
-
-
-# --- the flat YAML subset -------------------------------------------------------------------------------------
-
-def _scalar(text: str, where: str):
-    """One YAML scalar of the subset: null/~, true/false, integers, floats, quoted or plain strings."""
-    t = text.strip()
-    if t.startswith('"'):
-        m = re.match(r'^"((?:[^"\\]|\\.)*)"\s*(#.*)?$', t)
-        if not m:
-            raise UserError(f"{where}: unterminated double-quoted string")
-        return re.sub(r'\\(.)', lambda e: {"n": "\n", "t": "\t"}.get(e.group(1), e.group(1)), m.group(1))
-    if t.startswith("'"):
-        m = re.match(r"^'((?:[^']|'')*)'\s*(#.*)?$", t)
-        if not m:
-            raise UserError(f"{where}: unterminated single-quoted string")
-        return m.group(1).replace("''", "'")
-    t = re.split(r"\s+#", t, maxsplit=1)[0].strip()  # a comment starts at " #"
-    if t and t[0] in "[{&*!|>@`%":
-        raise UserError(f"{where}: {t[:40]!r}: only plain scalars are supported in a cluster profile "
-                        "(quote the value)")
-    if t in ("", "~", "null", "Null", "NULL"):
-        return None
-    if t in ("true", "True", "TRUE"):
-        return True
-    if t in ("false", "False", "FALSE"):
-        return False
-    if re.match(r"^[-+]?\d+$", t):
-        return int(t)
-    if re.match(r"^[-+]?(\d+\.\d*|\.\d+)([eE][-+]?\d+)?$", t):
-        return float(t)
-    return t
-
-
-def parse_profile_text(text: str, source: str) -> dict:
-    """The mapping of a profile file: ``key: value`` lines; ``env:`` alone on its line opens one nested mapping
-    of indented ``NAME: value`` lines, and a key alone on its line followed by ``- item`` lines is a list of strings
-    (``binds``). Anything else (lists, flow style, anchors, multi-line) is one-line error."""
-    data: dict = {}
-    nested: dict | None = None
-    listed: str | None = None  # the key whose "- item" lines follow
-    for n, raw in enumerate(text.splitlines(), 1):
-        where = f"{source}:{n}"
-        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
-            raise UserError(f"{where}: tabs are not allowed for indentation")
-        line = raw.rstrip()
-        if not line.strip() or line.lstrip().startswith("#") or line.strip() == "---":
-            continue
-        indented = line[0] == " "
-        item = re.match(r"^\s*-(?:\s+(.*))?$", line)
-        if item:
-            if listed is None or (data[listed] != {} and not isinstance(data[listed], list)):
-                raise UserError(f"{where}: a list item outside a list (only a key alone on its line, like binds:, "
-                                "opens one)")
-            if not isinstance(data[listed], list):
-                data[listed] = []
-            nested = None
-            value = _scalar(item.group(1) or "", where)
-            if not isinstance(value, str):
-                raise UserError(f"{where}: a list item must be a string")
-            data[listed].append(value)
-            continue
-        m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:(?:\s+(.*))?$", line)
-        if not m:
-            raise UserError(f"{where}: expected 'key: value' (a cluster profile is flat YAML), "
-                            f"got {line.strip()[:60]!r}")
-        key, value = m.group(1), (m.group(2) or "")
-        if indented:
-            if nested is None:
-                raise UserError(f"{where}: unexpected indentation (only the env: mapping is nested)")
-            listed = None
-            if key in nested:
-                raise UserError(f"{where}: duplicate key {key!r}")
-            nested[key] = _scalar(value, where)
-            continue
-        if key in data:
-            raise UserError(f"{where}: duplicate key {key!r}")
-        if value.strip() == "" or value.strip().startswith("#"):
-            data[key] = nested = {}  # a mapping or a list follows (or nothing: an empty mapping, like YAML's null)
-            listed = key
-            continue
-        nested = None
-        listed = None
-        data[key] = _scalar(value, where)
-    return {k: (None if v == {} and k != "env" else v) for k, v in data.items()}
 
 
 def load_cluster(name: str) -> ClusterProfile:
@@ -358,64 +221,6 @@ def load_cluster(name: str) -> ClusterProfile:
     return ClusterProfile(**data)
 
 
-# --- the environment of a job's ranks --------------------------------------------------------------------------
-
-def job_env(profile_env: Mapping[str, str], extra: Mapping[str, object] | None = None) -> dict[str, str]:
-    """The variables a GPU job sets for its ranks on top of the environment it starts in: the cluster profile's
-    ``env`` (NCCL over libfabric, CXI, socket interfaces), then ``extra`` (training's ``env_vars``, which win). The
-    one rule of every GPU job - training, export, upload-all, import, coherence - and what their dry runs show."""
-    return {**{str(k): str(v) for k, v in profile_env.items()},
-            **{str(k): str(v) for k, v in (extra or {}).items()}}
-
-
-def job_environ(profile_env: Mapping[str, str], base: Mapping[str, str] | None = None,
-                extra: Mapping[str, object] | None = None) -> dict[str, str]:
-    """The environment a job's ranks get: ``base`` (default: this process's environment) with :func:`job_env` on
-    top (a profile value wins over an inherited one, as the training launcher has always set it)."""
-    return {**(os.environ if base is None else base), **job_env(profile_env, extra)}
-
-
-def apply_job_env(profile_env: Mapping[str, str], extra: Mapping[str, object] | None = None) -> dict[str, str]:
-    """Sets :func:`job_env` in this process's own environment - for a job that runs in process or execs its
-    launcher (the exec'd torchrun and its ranks inherit it) - before torch.distributed / NCCL initialise.
-    Returns the variables set."""
-    env = job_env(profile_env, extra)
-    os.environ.update(env)
-    return env
-
-
-def env_words(env: Mapping[str, str]) -> list[str]:
-    """``NAME=value`` shell words (values quoted) for a dry run's launch line: what the launch sets."""
-    return [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-
-
-# --- the sbatch options a profile adds -------------------------------------------------------------------------
-
-def profile_sbatch_options(profile, user_opts: list[str], script_opts: list[str] | tuple[str, ...] = ()
-                           ) -> list[str]:
-    """The sbatch options the cluster profile adds to a submission (pure; sorted): --gpus-per-node (when > 0),
-    --partition, --account, --time, --exclusive - each only when neither the user's command line nor the
-    script's own #SBATCH header sets it (user > script header > profile). The values were validated by
-    ClusterProfile, and the result is an argv list, never shell text."""
-    given = [*user_opts, *script_opts]
-    out = []
-    asks_gpus = has_flag(given, "--gpus-per-node", "--gpus", "-G", "--gpus-per-task", "--gpus-per-socket") or any(
-        "gpu" in v for v in (*flag_values(given, "--gres"), *flag_values(given, "--tres-per-task")))
-    if profile.gpus_per_node > 0 and not asks_gpus:  # a --gres of other resources asks for no GPU
-        out.append(f"--gpus-per-node={profile.gpus_per_node}")
-    if profile.partition and not has_flag(given, "--partition", "-p"):
-        out.append(f"--partition={profile.partition}")
-    if profile.account and not has_flag(given, "--account", "-A"):
-        out.append(f"--account={profile.account}")
-    if profile.time_limit and not has_flag(given, "--time", "-t"):
-        out.append(f"--time={profile.time_limit}")
-    if profile.exclusive and not has_flag(given, "--exclusive", "--oversubscribe", "-s"):
-        out.append("--exclusive")
-    return sorted(out)
-
-
-# --- the shell side ---------------------------------------------------------------------------------------------
-
 def profile_name(requested: str | None = None, config_cluster: str | None = None,
                  environ: Mapping[str, str] | None = None, default: str | None = DEFAULT_PROFILE) -> str:
     """Which profile, in the one order of every entry point: the command's --cluster, else PIPELINE_CLUSTER (the
@@ -431,64 +236,8 @@ def profile_name(requested: str | None = None, config_cluster: str | None = None
 def resolve_profile(requested: str | None = None, config_cluster: str | None = None,
                     environ: Mapping[str, str] | None = None, default: str | None = DEFAULT_PROFILE) -> ClusterProfile:
     """The cluster profile of a command: the one resolver the launcher, isambard_sbatch, the checkpoint jobs and
-    the shell knobs (``python3 -m pipeline.config.cluster env``) share; its knobs as the job sees them (an exported
-    value wins) are :func:`effective_knobs`."""
+    the shell knobs (``python3 -m pipeline.config.knobs env``) share; its knobs as the job sees them (an exported
+    value wins) are ``config.knobs.effective_knobs``."""
     return load_cluster(profile_name(requested, config_cluster, environ, default))
 
 
-def user_set(environ: Mapping[str, str]) -> dict[str, str]:
-    """The profile knobs the user set: exported, and not a value that a profile filled earlier (an earlier
-    sourcing of pipeline_env_config.env records those in PIPELINE_PROFILE_FILLED as ``NAME:KEY,KEY``)."""
-    prev_name, _, keys = environ.get(FILLED, "").rpartition(":")
-    filled = set(keys.split(",")) if keys else set()
-    prev: dict[str, str] = {}
-    if filled:
-        try:
-            prev = load_cluster(prev_name).knob_values(environ=environ)
-        except UserError:
-            prev = {}
-    return {k: environ[k] for k in KNOBS if k in environ and not (k in filled and prev.get(k) == environ[k])}
-
-
-def effective_knobs(profile: ClusterProfile, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Each profile knob as a job would see it: the user's exported value wins, else the profile's."""
-    environ = os.environ if environ is None else environ
-    return {**profile.knob_values(environ=environ), **user_set(environ)}
-
-
-def env_lines(name: str, environ: Mapping[str, str] | None = None) -> list[str]:
-    """``KEY=VALUE`` lines for pipeline_env_config.env: every profile knob (the user's value where set) and the
-    record of what the profile filled. Values are printed raw - the reader assigns them with ``declare``, which
-    never evaluates them - so a value may not hold a newline (refused by the profile's validation)."""
-    environ = os.environ if environ is None else environ
-    profile = load_cluster(name)
-    mine = user_set(environ)
-    values = effective_knobs(profile, environ)
-    filled = [k for k in KNOBS if k not in mine]
-    lines = [f"{k}={v}" for k, v in values.items()]
-    lines.append(f"{FILLED}={name}:{','.join(filled)}")
-    for line in lines:
-        if "\n" in line or "\0" in line:
-            raise UserError(f"cluster profile '{name}': a value holds a newline: {line.splitlines()[0]!r}")
-    return lines
-
-
-@cli_main
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) not in (1, 2) or argv[0] not in ("env", "show"):
-        print(__doc__.split("\n\n")[1] if argv and argv[0] in ("-h", "--help") else
-              "usage: python3 -m pipeline.config.cluster env|show [NAME]", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    name = profile_name(argv[1] if len(argv) == 2 else None)
-    if argv[0] == "env":
-        print("\n".join(env_lines(name)))
-    else:
-        profile = load_cluster(name)
-        for f in dataclasses.fields(ClusterProfile):
-            print(f"{f.name}: {getattr(profile, f.name)!r}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

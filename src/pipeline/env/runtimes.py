@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from pipeline.common import paths
-from pipeline.config.cluster import effective_knobs
+from pipeline.config.knobs import effective_knobs
 
 RUNTIMES = ("venv", "apptainer", "charliecloud")
 # Environment passed into a container explicitly (apptainer runs with --cleanenv).

@@ -28,7 +28,8 @@ from pathlib import Path
 from pipeline import bridge
 from pipeline.common import paths
 from pipeline.common.errors import cli_main
-from pipeline.config.cluster import apply_job_env, resolve_profile
+from pipeline.config.cluster import resolve_profile
+from pipeline.config.job_env import apply_job_env
 from pipeline.config.models import get_model, require_local_model
 from pipeline.env import closure, device_check
 from pipeline.env.assets import smollm2_gguf_dir

@@ -9,7 +9,8 @@ from pathlib import Path
 from pipeline.checkpoint.plan import JobPlan, cluster_and_nodes, hf_gb, local_path
 from pipeline.coherence.plan import hf_size
 from pipeline.common.io import folder_problem
-from pipeline.config.cluster import job_env, resolve_profile
+from pipeline.config.cluster import resolve_profile
+from pipeline.config.job_env import job_env
 from pipeline.config.models import spec_for
 from pipeline.config.parallel import Layout
 from pipeline.env.runtimes import invisible_paths

@@ -28,7 +28,7 @@ from typing import Any
 from pipeline.common import layout
 from pipeline.common.errors import UserError
 from pipeline.common.io import read_json, write_json
-from pipeline.config.cluster import wandb_key_present
+from pipeline.config.knobs import wandb_key_present
 from pipeline.evaluation.tasks import local_tasks_dir, parse_tasks, results_name
 
 HEADLINE = ("acc", "acc_norm", "exact_match", "f1", "bleu", "mcc", "word_perplexity", "perplexity")

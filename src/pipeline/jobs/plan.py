@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import ClusterProfile, env_words
+from pipeline.config.cluster import ClusterProfile
+from pipeline.config.job_env import env_words
 from pipeline.config.parallel import Layout
 
 

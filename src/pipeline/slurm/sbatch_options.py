@@ -11,7 +11,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from pipeline.common.argv import flag_values, has_flag
 from pipeline.common.errors import UserError
+from pipeline.config.cluster import ClusterProfile
 
 # The option table used when the installed sbatch's --help cannot be read (no sbatch on a laptop's dry run, or one
 # that fails): Slurm 22.05's sbatch --help/--usage as parsed by sbatch_option_table, plus the value options of newer
@@ -356,3 +358,26 @@ def check_signal_lead(script: str, opts: list[str]) -> None:
             raise UserError(f"{names[0]}={limit} ({seconds} s{why}) is at or under the pre-limit save signal's lead "
                             f"(--signal={signal}: {lead} s before the limit): the job would save and requeue at once; "
                             f"ask for more than {lead // 60} minutes, or a shorter lead (--signal=B:USR1@S)")
+
+
+def profile_sbatch_options(profile: ClusterProfile, user_opts: list[str], script_opts: list[str] | tuple[str, ...] = ()
+                           ) -> list[str]:
+    """The sbatch options the cluster profile adds to a submission (pure; sorted): --gpus-per-node (when > 0),
+    --partition, --account, --time, --exclusive - each only when neither the user's command line nor the
+    script's own #SBATCH header sets it (user > script header > profile). The values were validated by
+    ClusterProfile, and the result is an argv list, never shell text."""
+    given = [*user_opts, *script_opts]
+    out = []
+    asks_gpus = has_flag(given, "--gpus-per-node", "--gpus", "-G", "--gpus-per-task", "--gpus-per-socket") or any(
+        "gpu" in v for v in (*flag_values(given, "--gres"), *flag_values(given, "--tres-per-task")))
+    if profile.gpus_per_node > 0 and not asks_gpus:  # a --gres of other resources asks for no GPU
+        out.append(f"--gpus-per-node={profile.gpus_per_node}")
+    if profile.partition and not has_flag(given, "--partition", "-p"):
+        out.append(f"--partition={profile.partition}")
+    if profile.account and not has_flag(given, "--account", "-A"):
+        out.append(f"--account={profile.account}")
+    if profile.time_limit and not has_flag(given, "--time", "-t"):
+        out.append(f"--time={profile.time_limit}")
+    if profile.exclusive and not has_flag(given, "--exclusive", "--oversubscribe", "-s"):
+        out.append("--exclusive")
+    return sorted(out)

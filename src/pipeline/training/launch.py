@@ -14,20 +14,15 @@ from pathlib import Path
 
 from pipeline.common import paths
 from pipeline.common.errors import UserError
-from pipeline.config.cluster import (
-    ClusterProfile,
-    effective_knobs,
-    job_env,
-    profile_sbatch_options,
-    resolve_profile,
-    user_set,
-)
+from pipeline.config.cluster import ClusterProfile, resolve_profile
+from pipeline.config.job_env import job_env
 from pipeline.config.kinds import MODES, is_mode
+from pipeline.config.knobs import effective_knobs, user_set
 from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
 from pipeline.slurm.allocation import Allocation, current, planned_nodes, rendezvous
-from pipeline.slurm.sbatch_options import directive_value, script_directives
+from pipeline.slurm.sbatch_options import directive_value, profile_sbatch_options, script_directives
 from pipeline.training.preflight import Plan, continues_from, run_preflight, unwritable_dir
 from pipeline.training.records import check_run_identity, check_save_owner
 from pipeline.training.views import RunView, build_view
@@ -78,7 +73,7 @@ class LaunchPlan:
     @property
     def env(self) -> dict[str, str]:
         """What the launch sets for the ranks on top of the node's environment: the cluster profile's env, then the
-        config's env_vars (which win) - the rule of every GPU job (:func:`pipeline.config.cluster.job_env`)."""
+        config's env_vars (which win) - the rule of every GPU job (:func:`pipeline.config.job_env.job_env`)."""
         return job_env(self.cluster.env, self.cfg.env_vars)
 
     def command(self) -> list[str]:
@@ -193,7 +188,7 @@ def finalize_config(cfg: TrainingConfig, spec: ModelSpec, run_dir: Path, config_
 
 def uses_ft_launcher(cluster: ClusterProfile, disable_ft: bool) -> bool:
     """Whether the ranks start under ft_launcher (fault tolerance): the profile's launcher, unless --disable-ft."""
-    return (not disable_ft) and cluster.launcher == "ft_launcher"
+    return cluster.launcher_for(disable_ft).fault_tolerance
 
 
 def nsys_prefix(run_dir: Path, node_rank: int) -> list[str]:
@@ -209,20 +204,15 @@ def launch_command(spec: ModelSpec, cluster: ClusterProfile, alloc: Allocation, 
                    disable_ft: bool, max_restarts: int, nsys: bool = False) -> list[str]:
     """torchrun / ft_launcher command line (pure function of its inputs); ``nsys``: under Nsight Systems
     (profiling.use_nsys_profiler on the Bridge engine, :func:`nsys_prefix`)."""
-    use_ft = uses_ft_launcher(cluster, disable_ft)
-    cmd = [*(nsys_prefix(run_dir, alloc.node_rank) if nsys else []), "ft_launcher" if use_ft else "torchrun"]
+    rdzv = None
     if alloc.in_slurm or nodes > 1:
         host, port = rendezvous(alloc, cluster.rdzv_port)
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={alloc.job_id or 'local'}",
-                f"--nnodes={nodes}", f"--node-rank={alloc.node_rank}"]
-    else:
-        cmd += ["--standalone", "--nnodes=1"]
-    cmd += [f"--nproc-per-node={cluster.ranks_per_node}", f"--max-restarts={max_restarts}"]
-    if use_ft:
-        cmd += [f"--ft-rank_section_timeouts={cluster.ft_section_timeouts}",
-                f"--ft-rank_out_of_section_timeout={cluster.ft_out_of_section_timeout}"]
-    cmd += ["-m", "pipeline.training.run", "--run-dir", str(run_dir)]
-    return cmd
+        rdzv = (host, port, alloc.job_id or "local", nodes, alloc.node_rank)
+    cmd = cluster.launcher_for(disable_ft).argv(
+        nproc=cluster.ranks_per_node, max_restarts=max_restarts, rendezvous=rdzv,
+        ft_section_timeouts=cluster.ft_section_timeouts, ft_out_of_section_timeout=cluster.ft_out_of_section_timeout,
+        prefix=nsys_prefix(run_dir, alloc.node_rank) if nsys else [])
+    return [*cmd, "-m", "pipeline.training.run", "--run-dir", str(run_dir)]
 
 
 def needs_fan_out(alloc: Allocation, env: Mapping[str, str] | None = None) -> bool:

@@ -35,9 +35,10 @@ from pipeline.common.errors import UserError, did_you_mean
 from pipeline.common.layout import TRACKER, iter_dir, iter_dirname, iteration_of, list_iterations, read_tracker
 from pipeline.common.mappings import flatten
 from pipeline.common.paths import ENV_SUBMIT, IMAGE_RECORD_SUFFIX
-from pipeline.config.cluster import ClusterProfile, effective_knobs
+from pipeline.config.cluster import ClusterProfile
 from pipeline.config.engines import engine
 from pipeline.config.kinds import EngineName, Mode
+from pipeline.config.knobs import effective_knobs
 from pipeline.config.loader import strip_suite_only
 from pipeline.config.models import ModelSpec, recipe_mode
 from pipeline.config.parallel import OVERHEAD_GB, Layout, model_shape_problems, node_local_problems
