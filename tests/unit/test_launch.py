@@ -136,3 +136,25 @@ def test_the_launcher_is_an_object_of_the_profile():
         "nsys", "profile", "ft_launcher", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29501", "--rdzv-id=7",
         "--nnodes=2", "--node-rank=1", "--nproc-per-node=4", "--max-restarts=3", "--ft-rank_section_timeouts=setup:1",
         "--ft-rank_out_of_section_timeout=5"]
+
+
+def test_under_nsys_the_ranks_still_know_their_launcher_is_ft_launcher(tmp_path):
+    """The launch exported PIPELINE_LAUNCHER as the launch line's first word, which is ``nsys`` under Nsight Systems:
+    the ranks of an ft_launcher launch with profiling.use_nsys_profiler then never turned on NVRx fault tolerance
+    (megatron_bridge.launch_overrides, fault_tolerance.connect). It is the launcher object's name."""
+    from pipeline.cli.train import plan_from_argv
+    from pipeline.training.engines.megatron_bridge import launch_overrides
+
+    base = ["configs/quickstart/nemotron_nano_quickstart_sft.yaml", "--model", "nano", "--mode", "sft", "--dry-run",
+            "--no-path-checks", "--nodes", "16", "--cluster", "isambard_gh200", "--run-dir", str(tmp_path / "run"),
+            f"checkpoint.save={tmp_path}/save", "profiling.use_nsys_profiler=true"]
+    plan = plan_from_argv(base)
+    env = plan.launch_environ(base={"PATH": "/usr/bin"})
+    assert plan.command()[0] == "nsys" and "ft_launcher" in plan.command() and plan.launcher.fault_tolerance
+    assert env["PIPELINE_LAUNCHER"] == "ft_launcher" and env["PIPELINE_RUN_DIR"] == str(plan.run_dir)
+    assert env["PATH"] == "/usr/bin" and env["NCCL_NET"] == "AWS Libfabric"  # the profile's env over the base
+    assert launch_overrides({**env, "TORCHELASTIC_RUN_ID": "1"}) == ["ft.enable_ft_package=true",
+                                                                     "ft.calc_ft_timeouts=true"]
+    plain = plan_from_argv([*base, "--disable-ft"])
+    assert plain.launch_environ(base={})["PIPELINE_LAUNCHER"] == "torchrun" == plain.command()[plain.command().index(
+        "torchrun")]

@@ -37,7 +37,7 @@ from pipeline.common import paths
 from pipeline.common.errors import UserError, cli_main
 from pipeline.common.log import setup_logging
 from pipeline.common.mappings import drop_unset
-from pipeline.config.job_env import env_words, job_environ
+from pipeline.config.job_env import env_words
 from pipeline.config.kinds import MODES
 from pipeline.config.models import REGISTRY, recipe_mode
 from pipeline.jobs.registry import Placement
@@ -233,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                                      view=plan.view)
     else:
         records.wait_for_records(run_dir)
-    env = job_environ(plan.cluster.env, extra=plan.cfg.env_vars)  # the same rule as plan.env and every GPU job
-    env["PIPELINE_RUN_DIR"] = str(run_dir)
-    env["PIPELINE_LAUNCHER"] = cmd[0]
+    env = plan.launch_environ()
     print(f"run directory: {run_dir}", flush=True)
     print("launching: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 
+from pipeline.config.launchers import FT_LAUNCHER
 from pipeline.config.schema import TrainingConfig
 from pipeline.training.faults import FaultHook
 
@@ -49,7 +50,7 @@ class FaultTolerance:
     @classmethod
     def connect(cls) -> FaultTolerance | None:
         """The client when this process runs under ft_launcher, else None."""
-        under_ft = os.environ.get("PIPELINE_LAUNCHER") == "ft_launcher"
+        under_ft = os.environ.get("PIPELINE_LAUNCHER") == FT_LAUNCHER.name
         if not os.environ.get(SOCKET_ENV):
             if under_ft:
                 log.warning("PIPELINE_LAUNCHER=ft_launcher but %s is not set: no hang detection", SOCKET_ENV)

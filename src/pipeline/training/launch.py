@@ -15,9 +15,10 @@ from pathlib import Path
 from pipeline.common import paths
 from pipeline.common.errors import UserError
 from pipeline.config.cluster import ClusterProfile, resolve_profile
-from pipeline.config.job_env import job_env
+from pipeline.config.job_env import job_env, job_environ
 from pipeline.config.kinds import MODES, is_mode
 from pipeline.config.knobs import effective_knobs, user_set
+from pipeline.config.launchers import Launcher
 from pipeline.config.loader import load_config
 from pipeline.config.models import ModelSpec, get_model
 from pipeline.config.schema import TrainingConfig
@@ -75,6 +76,20 @@ class LaunchPlan:
         """What the launch sets for the ranks on top of the node's environment: the cluster profile's env, then the
         config's env_vars (which win) - the rule of every GPU job (:func:`pipeline.config.job_env.job_env`)."""
         return job_env(self.cluster.env, self.cfg.env_vars)
+
+    @property
+    def launcher(self) -> Launcher:
+        """How each node starts its ranks: the profile's launcher, plain torchrun with --disable-ft."""
+        return self.cluster.launcher_for(self.request.disable_ft)
+
+    def launch_environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment the launcher is exec'd with: ``base`` (this process's) with :attr:`env` on top, the run
+        directory, and the launcher's name (``PIPELINE_LAUNCHER``: the ranks turn on NVRx fault tolerance when it is
+        ft_launcher; the launch line's first word is nsys under Nsight Systems, so it is not that)."""
+        env = job_environ(self.cluster.env, base, extra=self.cfg.env_vars)  # the same rule as every GPU job's
+        env["PIPELINE_RUN_DIR"] = str(self.run_dir)
+        env["PIPELINE_LAUNCHER"] = self.launcher.name
+        return env
 
     def command(self) -> list[str]:
         """The per-node torchrun / ft_launcher command line (the plan's ``launch``, made once when it was planned)."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from pipeline import bridge
 from pipeline.common import layout
 from pipeline.common.errors import UserError
+from pipeline.config.launchers import FT_LAUNCHER
 from pipeline.config.schema import TrainingConfig
 from pipeline.training import preflight, profiling, records
 from pipeline.training.views import read_view
@@ -86,7 +87,7 @@ def launch_overrides(environ: Mapping[str, str]) -> list[str]:
     ``TORCHELASTIC_RUN_ID``; the launch script sets ``PIPELINE_LAUNCHER``), NVRx fault tolerance inside Megatron,
     with the section timeouts learnt. Bridge's recipes leave ``ConfigContainer.ft`` unset; ``bridge.build_config``
     gives it a ``FaultToleranceConfig`` first."""
-    if "TORCHELASTIC_RUN_ID" in environ and environ.get("PIPELINE_LAUNCHER") == "ft_launcher":
+    if "TORCHELASTIC_RUN_ID" in environ and environ.get("PIPELINE_LAUNCHER") == FT_LAUNCHER.name:
         return ["ft.enable_ft_package=true", "ft.calc_ft_timeouts=true"]
     return []
 
