@@ -28,7 +28,7 @@ from pipeline.config.parallel import Layout
 class BasePlan:
     """A planned job: the facts every job has (the module docstring)."""
 
-    kind: str  # train, export, import, upload-all, coherence, eval
+    kind: str  # train, export, import, upload-all, coherence, evaluate (jobs/registry.py)
     model: str
     engine: str  # the word its record has always held: a training engine's name, or the checkpoint's format
     cluster: str  # the cluster profile's name
@@ -37,7 +37,7 @@ class BasePlan:
     layout: Layout
     memory_gb: dict[str, float] = field(default_factory=dict)  # GB per GPU (training: by part, with its total)
     memory_budget_gb: float = 0.0  # the profile's usable GB per GPU (0: no budget, nothing checked)
-    env: dict[str, str] = field(default_factory=dict)  # what the launch sets for its ranks (config.cluster.job_env)
+    env: dict[str, str] = field(default_factory=dict)  # what the launch sets for its ranks (config.job_env.job_env)
     launch: list[str] = field(default_factory=list)  # the command each node runs
     gpus_needed: int | None = None  # GPUs per node the job uses (None: one per rank; 0: none)
     problems: list[str] = field(default_factory=list)
@@ -96,8 +96,9 @@ class BasePlan:
         return {"kind": self.kind, "model": self.model, "engine": self.engine, "cluster": self.cluster,
                 "nodes": self.nodes, "ranks_per_node": self.ranks_per_node, **self.layout.as_record(),
                 "memory_per_gpu_gb": self.memory_per_gpu_gb, "memory_gb": dict(self.memory_gb),
-                "memory_budget_gb": self.memory_budget_gb, "env": dict(self.env), "launch": list(self.launch),
-                "ok": self.ok, "problems": list(self.problems), "notes": list(self.notes)}
+                "memory_budget_gb": self.memory_budget_gb, "gpus_per_node": self.gpus_per_node, "env": dict(self.env),
+                "launch": list(self.launch), "ok": self.ok, "problems": list(self.problems), "notes": list(self.notes),
+                "warnings": list(self.warnings)}
 
     def detail_lines(self) -> list[str]:
         """A job's own lines of :meth:`format`, after the memory line (none here)."""
