@@ -4,6 +4,11 @@ words into a request, its planner returns a plan on the plan base (``jobs/plan.p
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
 from pipeline.cli import sbatch as sbatch_cli
@@ -103,3 +108,53 @@ def test_a_submission_of_a_kind_whose_planner_is_missing_says_how_to_make_one(tm
         submission.check_job("pipeline_coherence_submit.sbatch", [NANO], [])
     assert submission.check_job("pipeline_coherence_submit.sbatch", [NANO], [], required=False) == \
         submission.JobCheck()
+
+
+@pytest.fixture
+def gh200(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_CLUSTER", "isambard_gh200")
+    monkeypatch.setenv("PIPELINE_BINDS", str(tmp_path))
+    monkeypatch.setenv("BAD_NODES_LOG", str(tmp_path / "bad.log"))
+    monkeypatch.setattr(sbatch_cli, "cluster_nodes", lambda: None)
+    return tmp_path
+
+
+SUPER = get_model("super").hf_id
+
+
+@pytest.mark.parametrize("opts, words, line", [
+    # --gpus is a total over the nodes Slurm allocates (sbatch's --nodes), not the job's own count (the review of the
+    # registry: the plan's node count had been used, and these passed)
+    (["--nodes=4", "--gpus=8"], ["import", "super"], "--gpus=8 is a total over the job's 4 nodes"),
+    (["--nodes=2", "--gpus=4"], [NANO, "--tasks", "pipeline_smoke"], "--gpus=4 is a total over the job's 2 nodes"),
+    # a job's own --nodes (a dry run's option) that is not the allocation's: it would plan and run on its own count
+    (["--nodes=2", "--gpus=4"], ["import", "super", "--nodes", "1"],
+     "the job's --nodes 1 and sbatch's --nodes=2 disagree"),
+    (["--gpus=8"], ["import", "super", "--nodes", "2"], "the job's --nodes 2 and sbatch's --nodes=1 disagree"),
+    (["--nodes=2"], [SUPER, "--backend", "megatron", "--hf-model", SUPER, "--nodes", "4"],
+     "the job's --nodes 4 and sbatch's --nodes=2 disagree"),
+    ([], [*TINY_SFT, "--nodes", "2"], "the launcher's --nodes 2 and sbatch's --nodes=1 (its default: neither the "
+                                      "command line nor the script sets it) disagree"),
+])
+def test_a_submission_counts_nodes_as_slurm_allocates_them(gh200, opts, words, line):
+    script = {"import": "pipeline_checkpoint_submit.sbatch", NANO: "pipeline_eval_submit.sbatch",
+              SUPER: "pipeline_coherence_submit.sbatch"}.get(words[0], "pipeline_training_submit.sbatch")
+    words = [*words, "--output", str(gh200 / "out")] if words[0] == "import" else words
+    with pytest.raises(submission.UserError, match=re.escape(line)):
+        sbatch_cli.build_submission(["--dry-run", *opts, str(ROOT / script), *words])
+
+
+def test_agreeing_node_counts_pass(gh200, capsys):
+    cmd, _, _ = sbatch_cli.build_submission(["--dry-run", "--nodes=4", str(ROOT / "pipeline_checkpoint_submit.sbatch"),
+                                             "import", "super", "--nodes", "4", "--output", str(gh200 / "out")])
+    assert "--nodes=4" in cmd and "Plan: PASS - import: world 16 on 4 node(s)" in capsys.readouterr().err
+
+
+def test_the_old_profile_command_says_where_it_went():
+    """``python3 -m pipeline.config.cluster env NAME`` printed the knobs; after the split it printed nothing with exit
+    0 (a script reading its output got none). It now exits 2 naming the command."""
+    res = subprocess.run([sys.executable, "-S", "-m", "pipeline.config.cluster", "env", "isambard_gh200"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == ("error: the cluster profile command is python3 -m pipeline.config.knobs env|show [NAME] "
+                          "(or pipeline-cluster)\n")

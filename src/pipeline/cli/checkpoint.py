@@ -314,7 +314,9 @@ parse_job = parse  # the registry's parser (jobs/registry.py): the batch script'
 
 
 def plan_job(req: ConvertRequest, placement: Placement) -> jobs.JobPlan:
-    """The registry's planner: the request placed as a submission places it."""
+    """The registry's planner: the request placed as a submission places it (its own --nodes, a dry run's
+    option, must be the allocation's)."""
+    placement.check_own_nodes(req.nodes, "the job's")
     return plan_request(req, placement.nodes, placement.inputs_later, cluster=placement.cluster)
 
 

@@ -109,7 +109,9 @@ def plan_request(req: Request, nodes: int | None = None, inputs_later: bool = Fa
 
 
 def plan_job(req: Request, placement: Placement) -> JobPlan:
-    """The registry's planner: the request placed as a submission places it."""
+    """The registry's planner: the request placed as a submission places it (its own --nodes, a dry run's
+    option, must be the allocation's)."""
+    placement.check_own_nodes(req.nodes, "the job's")
     return plan_request(req, placement.nodes, placement.inputs_later, placement.cluster)
 
 

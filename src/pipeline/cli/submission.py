@@ -112,7 +112,8 @@ def plan_job(job: registry.JobSpec, script: str, script_args: list[str], opts: l
                             "nothing was submitted") from None
         print(f"warning: {planner_skipped(job, exc)}", file=sys.stderr)
         return None
-    asked = gpus_per_node_asked(opts, script, plan.nodes)  # every form: --gpus-per-node, --gres=gpu:N, --gpus/-G N
+    # every form: --gpus-per-node, --gres=gpu:N, --gpus/-G N (a total over the nodes Slurm allocates)
+    asked = gpus_per_node_asked(opts, script, placement.nodes)
     if asked is not None:
         plan.check_gpus_asked(*asked)
     return plan

@@ -124,9 +124,7 @@ def plan_job(request: LaunchRequest, placement: Placement) -> Plan:
     checks them when it starts) -> the training plan (``launch.preflight``, the plan base's)."""
     if placement.inputs_later:
         request = dataclasses.replace(request, path_checks=False)
-    if request.nodes is not None and placement.nodes_named and request.nodes != placement.nodes:
-        raise UserError(f"the launcher's --nodes {request.nodes} and sbatch's --nodes={placement.nodes} disagree: the "
-                        "job would plan one node count on an allocation of another; give the count once, to sbatch")
+    placement.check_own_nodes(request.nodes, "the launcher's")
     request = dataclasses.replace(request, nodes=request.nodes or placement.nodes,
                                   cluster=request.cluster or placement.cluster)
     return plan_launch(request).preflight

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from pipeline.common.errors import UserError
 from pipeline.common.paths import (
     CHECKPOINT_SUBMIT,
     COHERENCE_SUBMIT,
@@ -44,6 +45,17 @@ class Placement:
     nodes_named: bool = False
     cluster: str | None = None
     inputs_later: bool = False
+
+    def check_own_nodes(self, own: int | None, whose: str) -> None:
+        """A job's own --nodes (``whose``: "the launcher's") against the allocation's count: the job plans and runs
+        on its own count inside an allocation of another (the launch refuses it when it starts, or waits for nodes
+        that are not there), so a submission that disagrees is refused (UserError, one line)."""
+        if own is None or own == self.nodes:
+            return
+        sbatch = f"sbatch's --nodes={self.nodes}" + ("" if self.nodes_named else
+                                                     " (its default: neither the command line nor the script sets it)")
+        raise UserError(f"{whose} --nodes {own} and {sbatch} disagree: the job would plan one node count on an "
+                        f"allocation of another; give the count once, to sbatch (--nodes={own})")
 
 
 @dataclass(frozen=True)
